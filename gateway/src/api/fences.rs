@@ -1,0 +1,51 @@
+//! `/v1/fences/{resource}`: read a fence, or advance it without writing an object.
+
+use std::sync::Arc;
+
+use fencegate_proto::body::FenceState;
+use fencegate_proto::headers::Fencing;
+use fencegate_proto::ResourceName;
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+
+use super::{json_response, Body};
+use crate::app::App;
+use crate::error::ApiError;
+
+pub async fn get(app: &Arc<App>, resource: ResourceName) -> Result<Response<Body>, ApiError> {
+    tracing::Span::current().record("resource", resource.as_str());
+    let result = app.store.fence(&resource).await;
+    app.backend_result(&result);
+    let highest = result?;
+    if let Some(highest) = highest {
+        // Read from committed state: safe to cache.
+        app.committed(&resource, highest);
+    }
+    Ok(json_response(
+        StatusCode::OK,
+        &FenceState { resource, highest },
+    ))
+}
+
+/// Raises the fence to the presented token. A new leader calls this right after it
+/// acquires its lease, so that writes still in flight from the previous term are
+/// rejected before its own first write.
+pub async fn advance(
+    app: &Arc<App>,
+    resource: ResourceName,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let span = tracing::Span::current();
+    span.record("resource", resource.as_str());
+    let fencing = Fencing::from_headers(request.headers())?;
+    span.record("presented", fencing.token.get());
+    app.check_cached(&resource, None, &fencing)?;
+    app.advance(&resource, &fencing).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &FenceState {
+            resource,
+            highest: Some(fencing.token),
+        },
+    ))
+}

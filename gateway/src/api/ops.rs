@@ -1,0 +1,38 @@
+//! Operational endpoints: metrics, liveness, readiness.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{HeaderValue, Response, StatusCode};
+use http_body_util::Full;
+
+use super::{json_response, Body};
+use crate::app::App;
+use crate::error::ApiError;
+
+pub fn metrics(app: &App) -> Response<Body> {
+    app.metrics.fence_cache_entries.set(app.cache.len() as i64);
+    let mut response = Response::new(Full::new(Bytes::from(app.metrics.encode())));
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
+/// The process is up and serving HTTP; says nothing about the backend.
+pub fn healthz() -> Response<Body> {
+    json_response(StatusCode::OK, &serde_json::json!({ "status": "ok" }))
+}
+
+/// The backend answers: the gateway can accept writes now.
+pub async fn readyz(app: &Arc<App>) -> Result<Response<Body>, ApiError> {
+    let result = app.store.ping().await;
+    app.backend_result(&result);
+    result?;
+    Ok(json_response(
+        StatusCode::OK,
+        &serde_json::json!({ "status": "ready" }),
+    ))
+}

@@ -1,0 +1,158 @@
+//! Shared state of a running gateway, and the steps every fenced write goes through.
+
+use std::sync::Arc;
+
+use fencegate_proto::headers::Fencing;
+use fencegate_proto::{ObjectKey, ResourceName, Token};
+
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::fence_cache::FenceCache;
+use crate::metrics::Metrics;
+use crate::store::{AdvanceOutcome, Store, StoreError, Write, WriteOutcome};
+
+/// Everything a request handler needs.
+pub struct App {
+    pub store: Store,
+    /// Highest committed token per resource; see its module for the invariant.
+    pub cache: FenceCache,
+    pub metrics: Metrics,
+    pub max_body: usize,
+}
+
+impl App {
+    pub fn new(config: &Config, store: Store) -> App {
+        App {
+            store,
+            cache: FenceCache::new(config.cache_size),
+            metrics: Metrics::new(config.metrics_resource_cap),
+            max_body: config.max_body,
+        }
+    }
+
+    /// The fast path: rejects `fencing` from memory if the cache already knows a higher
+    /// committed token. `Ok` means only "not known to be stale": the backend decides.
+    pub fn check_cached(
+        &self,
+        resource: &ResourceName,
+        key: Option<&ObjectKey>,
+        fencing: &Fencing,
+    ) -> Result<(), ApiError> {
+        match self.cache.highest(resource) {
+            Some(highest) if fencing.token < highest => {
+                Err(self.stale(resource, key, fencing, highest))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Applies a fenced write.
+    ///
+    /// The backend call runs in its own task, so that a client that disconnects
+    /// cannot cancel it between commit and cache update: whatever the backend commits
+    /// is recorded, whether or not anyone is still waiting for the answer.
+    pub async fn write(
+        self: &Arc<Self>,
+        write: Write,
+        fencing: &Fencing,
+    ) -> Result<WriteOutcome, ApiError> {
+        let app = Arc::clone(self);
+        let (write, outcome) = tokio::spawn(async move {
+            let outcome = app.store.write(&write).await;
+            if let Ok(WriteOutcome::Applied { .. }) = outcome {
+                app.committed(&write.resource, write.token);
+            }
+            app.backend_result(&outcome);
+            (write, outcome)
+        })
+        .await
+        .map_err(|error| StoreError::Internal(format!("write task failed: {error}")))?;
+        match outcome? {
+            WriteOutcome::Stale { highest } => {
+                Err(self.stale(&write.resource, Some(&write.key), fencing, highest))
+            }
+            WriteOutcome::PreconditionFailed { current } => {
+                Err(ApiError::VersionMismatch { current })
+            }
+            applied => Ok(applied),
+        }
+    }
+
+    /// Raises a resource's fence without writing an object; see [`App::write`].
+    pub async fn advance(
+        self: &Arc<Self>,
+        resource: &ResourceName,
+        fencing: &Fencing,
+    ) -> Result<(), ApiError> {
+        let app = Arc::clone(self);
+        let (task_resource, token) = (resource.clone(), fencing.token);
+        let outcome = tokio::spawn(async move {
+            let outcome = app.store.advance(&task_resource, token).await;
+            if let Ok(AdvanceOutcome::Applied) = outcome {
+                app.committed(&task_resource, token);
+            }
+            app.backend_result(&outcome);
+            outcome
+        })
+        .await
+        .map_err(|error| StoreError::Internal(format!("advance task failed: {error}")))?;
+        match outcome? {
+            AdvanceOutcome::Applied => Ok(()),
+            AdvanceOutcome::Stale { highest } => Err(self.stale(resource, None, fencing, highest)),
+        }
+    }
+
+    /// Records that `token` is committed for `resource`.
+    pub fn committed(&self, resource: &ResourceName, token: Token) {
+        if self.cache.raise(resource, token).changed {
+            self.metrics.highest_raised(resource, token);
+        }
+    }
+
+    /// Counts and logs a stale rejection, and returns the error to answer with.
+    /// `highest` must be a committed token above the presented one.
+    pub fn stale(
+        &self,
+        resource: &ResourceName,
+        key: Option<&ObjectKey>,
+        fencing: &Fencing,
+        highest: Token,
+    ) -> ApiError {
+        let rejections = self.cache.count_rejection(resource, highest);
+        self.metrics
+            .stale_rejected(resource, fencing.token, highest);
+        tracing::warn!(
+            resource = resource.as_str(),
+            key = key.map(ObjectKey::as_str),
+            presented = fencing.token.get(),
+            highest = highest.get(),
+            holder = fencing.holder.as_deref(),
+            outcome = "stale_token",
+            rejections,
+            "stale write rejected"
+        );
+        ApiError::Stale {
+            resource: resource.clone(),
+            presented: fencing.token,
+            highest,
+        }
+    }
+
+    /// Keeps `fencegate_backend_errors_total` and `fencegate_backend_ready` current.
+    pub fn backend_result<T>(&self, result: &Result<T, StoreError>) {
+        match result {
+            Ok(_) => self.metrics.backend_ready.set(1),
+            Err(error) => {
+                self.metrics
+                    .backend_errors
+                    .with_label_values(&[error.kind()])
+                    .inc();
+                if let StoreError::Unavailable { .. } = error {
+                    self.metrics.backend_ready.set(0);
+                } else {
+                    tracing::error!(%error, "backend error");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! The gateway's configuration: one struct, every field a flag and an environment variable.
+//!
+//! Tests build it with [`Cli::try_parse_from`] (or [`Config::for_tests`]); nothing here
+//! reads the process environment except through clap.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
+pub const DEFAULT_POOL_SIZE: usize = 16;
+pub const DEFAULT_MAX_BODY: &str = "1MiB";
+pub const DEFAULT_CACHE_SIZE: usize = 1_000_000;
+pub const DEFAULT_METRICS_RESOURCE_CAP: usize = 1000;
+pub const DEFAULT_BACKEND_TIMEOUT: &str = "5s";
+pub const DEFAULT_SHUTDOWN_TIMEOUT: &str = "30s";
+
+/// fencegate: a fencing gateway in front of your storage.
+///
+/// Writers send their writes here instead of to the database, each with the fencing
+/// token of the lease term it was issued under (header `Fencing-Token`). A write is
+/// applied only if its token is at least the highest token the resource has accepted,
+/// checked and applied in one database transaction; stale writes get `409 stale_token`.
+#[derive(Debug, Parser)]
+#[command(name = "fencegate", version, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub serve: Config,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the gateway (the default when no command is given).
+    Serve(Config),
+}
+
+impl Cli {
+    /// The configuration to serve with, whether or not `serve` was spelled out.
+    pub fn into_config(self) -> Config {
+        match self.command {
+            Some(Command::Serve(config)) => config,
+            None => self.serve,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Config {
+    /// Address to listen on for HTTP/1.1 and cleartext HTTP/2 (h2c). Use port 0 for any free port.
+    #[arg(long, env = "FENCEGATE_LISTEN", default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+
+    /// Postgres connection string, e.g. postgres://postgres@127.0.0.1:5432/app.
+    /// The gateway creates its tables in schema `fencegate` of that database.
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+
+    /// Largest number of Postgres connections the gateway opens.
+    #[arg(long, env = "FENCEGATE_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE)]
+    pub pool_size: usize,
+
+    /// Largest accepted request body: bytes, or with a KiB/MiB/GiB suffix. Larger bodies get 413.
+    #[arg(long, env = "FENCEGATE_MAX_BODY", default_value = DEFAULT_MAX_BODY, value_parser = parse_size)]
+    pub max_body: usize,
+
+    /// Most resources whose highest token is kept in memory to reject stale writes without a
+    /// database round trip. Evicting one only loses that shortcut, never correctness.
+    #[arg(long, env = "FENCEGATE_CACHE_SIZE", default_value_t = DEFAULT_CACHE_SIZE)]
+    pub cache_size: usize,
+
+    /// Most distinct values of the `resource` metric label; further resources are counted
+    /// under `resource="_other"` so that metrics cannot grow without bound.
+    #[arg(long, env = "FENCEGATE_METRICS_RESOURCE_CAP", default_value_t = DEFAULT_METRICS_RESOURCE_CAP)]
+    pub metrics_resource_cap: usize,
+
+    /// Longest wait for the database, per request: for a pooled connection, and for the
+    /// statements of one write. Past it the request gets 503 backend_unavailable.
+    #[arg(long, env = "FENCEGATE_BACKEND_TIMEOUT", default_value = DEFAULT_BACKEND_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub backend_timeout: Duration,
+
+    /// On SIGTERM/SIGINT, how long in-flight requests may take to finish before the
+    /// remaining connections are closed.
+    #[arg(long, env = "FENCEGATE_SHUTDOWN_TIMEOUT", default_value = DEFAULT_SHUTDOWN_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub shutdown_timeout: Duration,
+
+    /// Log format: `text` for people, `json` for log pipelines.
+    #[arg(long, env = "FENCEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    /// Log filter, in tracing's EnvFilter syntax (e.g. `info`, `fencegate_gateway=debug`).
+    #[arg(long, env = "FENCEGATE_LOG", default_value = "info")]
+    pub log: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// A setting that cannot work, with the sentence that says why.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(String);
+
+impl Config {
+    /// Rejects settings that are individually well-formed but cannot work.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let fail = |msg: &str| Err(ConfigError(msg.to_owned()));
+        if self.database_url.is_none() {
+            return fail("--database-url (or DATABASE_URL) is required: the gateway keeps its fences in Postgres");
+        }
+        if self.pool_size == 0 {
+            return fail("--pool-size must be at least 1");
+        }
+        if self.max_body == 0 {
+            return fail("--max-body must be at least 1 byte");
+        }
+        if self.cache_size == 0 {
+            return fail("--cache-size must be at least 1");
+        }
+        if self.backend_timeout < Duration::from_millis(10) {
+            return fail("--backend-timeout must be at least 10ms");
+        }
+        Ok(())
+    }
+
+    /// A configuration for tests: every default, the given database, any free port.
+    pub fn for_tests(database_url: &str) -> Config {
+        Cli::try_parse_from([
+            "fencegate",
+            "--listen",
+            "127.0.0.1:0",
+            "--database-url",
+            database_url,
+        ])
+        .expect("the test configuration parses")
+        .into_config()
+    }
+}
+
+/// Parses `1048576`, `512KiB`, `1MiB` or `1GiB`.
+fn parse_size(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let number: usize = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size such as 1048576 or 1MiB"))?;
+    let scale: usize = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        other => {
+            return Err(format!(
+                "unknown size unit {other:?}: use B, KiB, MiB or GiB"
+            ))
+        }
+    };
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+        Cli::try_parse_from(std::iter::once("fencegate").chain(args.iter().copied()))
+            .map(Cli::into_config)
+    }
+
+    #[test]
+    fn serve_is_the_default_command() {
+        let implicit = parse(&["--database-url", "postgres://x", "--pool-size", "3"]).unwrap();
+        let explicit = parse(&[
+            "serve",
+            "--database-url",
+            "postgres://x",
+            "--pool-size",
+            "3",
+        ])
+        .unwrap();
+        assert_eq!(implicit.pool_size, 3);
+        assert_eq!(explicit.pool_size, 3);
+        assert_eq!(implicit.listen, DEFAULT_LISTEN.parse().unwrap());
+    }
+
+    #[test]
+    fn sizes_and_durations() {
+        assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+        assert_eq!(parse_size("512KiB"), Ok(512 << 10));
+        assert_eq!(parse_size("100"), Ok(100));
+        assert!(parse_size("1MB").is_err());
+        assert!(parse_size("lots").is_err());
+        let config = parse(&["--database-url", "x", "--backend-timeout", "250ms"]).unwrap();
+        assert_eq!(config.backend_timeout, Duration::from_millis(250));
+    }
+
+    #[test]
+    fn validation_names_the_flag() {
+        let mut config = parse(&["--database-url", "x"]).unwrap();
+        config.database_url = None;
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("--database-url"), "{err}");
+        let err = parse(&["--database-url", "x", "--pool-size", "0"])
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--pool-size"), "{err}");
+        assert!(parse(&["--database-url", "x"]).unwrap().validate().is_ok());
+    }
+}

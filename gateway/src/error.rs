@@ -1,0 +1,102 @@
+//! API errors, and the one function that turns them into a status, a stable code and
+//! a client-facing body.
+
+use fencegate_proto::body::ErrorBody;
+use fencegate_proto::path::PathError;
+use fencegate_proto::{ErrorCode, ProtoError, ResourceName, Token};
+
+use crate::store::StoreError;
+
+/// Everything a request can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(transparent)]
+    Proto(#[from] ProtoError),
+    #[error("{0}")]
+    NotFound(&'static str),
+    #[error("this path does not support the method")]
+    MethodNotAllowed { allow: &'static str },
+    #[error("the request body is larger than the limit of {limit} bytes")]
+    BodyTooLarge { limit: usize },
+    #[error("the request body could not be read")]
+    InvalidBody,
+    #[error("stale fencing token {presented} for resource {resource}: its highest accepted token is {highest}")]
+    Stale {
+        resource: ResourceName,
+        presented: Token,
+        highest: Token,
+    },
+    #[error("the object's version does not match the precondition")]
+    VersionMismatch { current: Option<u64> },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<PathError> for ApiError {
+    fn from(error: PathError) -> ApiError {
+        match error {
+            PathError::NotFound => ApiError::NotFound("no such path"),
+            PathError::Invalid(error) => ApiError::Proto(error),
+        }
+    }
+}
+
+impl ApiError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ApiError::Proto(error) => error.code(),
+            ApiError::NotFound(_) => ErrorCode::NotFound,
+            ApiError::MethodNotAllowed { .. } => ErrorCode::MethodNotAllowed,
+            ApiError::BodyTooLarge { .. } => ErrorCode::BodyTooLarge,
+            ApiError::InvalidBody => ErrorCode::InvalidBody,
+            ApiError::Stale { .. } => ErrorCode::StaleToken,
+            ApiError::VersionMismatch { .. } => ErrorCode::VersionMismatch,
+            ApiError::Store(StoreError::Unavailable { .. }) => ErrorCode::BackendUnavailable,
+            ApiError::Store(StoreError::Internal(_)) => ErrorCode::Internal,
+        }
+    }
+
+    /// The body a client sees. Internal details (SQL, addresses) stay in the logs.
+    pub fn body(&self) -> ErrorBody {
+        let code = self.code();
+        let mut body = ErrorBody::new(code, self.to_string());
+        match self {
+            ApiError::Stale {
+                resource,
+                presented,
+                highest,
+            } => {
+                body.resource = Some(resource.clone());
+                body.presented = Some(*presented);
+                body.highest = Some(*highest);
+            }
+            ApiError::VersionMismatch { current } => {
+                body.message = match current {
+                    Some(version) => {
+                        format!("the object is at version {version}; the precondition did not hold")
+                    }
+                    None => "the object does not exist; the precondition did not hold".to_owned(),
+                };
+                body.current = Some(*current);
+            }
+            ApiError::Store(StoreError::Unavailable { reason, applied }) => {
+                body.message = match applied {
+                    Some(false) => {
+                        format!("the database is unavailable ({reason}); the write was not applied")
+                    }
+                    _ => format!(
+                        "the database became unavailable ({reason}) after receiving the request; \
+                         whether a write was applied is unknown: read it back before retrying"
+                    ),
+                };
+                body.write_applied = Some(*applied);
+            }
+            ApiError::Store(StoreError::Internal(_)) => {
+                body.message =
+                    "an internal error occurred; nothing is known to have been applied".to_owned();
+            }
+            _ => {}
+        }
+        body
+    }
+}

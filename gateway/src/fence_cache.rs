@@ -1,0 +1,157 @@
+//! The fence cache: resource -> highest token known to be committed.
+//!
+//! # Invariant
+//!
+//! An entry is never above the durable highest token of its resource: it is raised
+//! only from results the backend has committed (or read after commit), and only
+//! upwards. So a rejection from the cache is always correct, and the cache may only
+//! reject early — the database decides everything else. Losing an entry (eviction,
+//! restart) loses the shortcut, never correctness.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+use dashmap::DashMap;
+use fencegate_proto::{ResourceName, Token};
+
+/// What the cache knows about one resource.
+#[derive(Debug, Default)]
+struct Entry {
+    /// Highest committed token seen; 0 only transiently, before the first raise.
+    highest: AtomicU64,
+    /// Stale rejections since this entry was created, for logs.
+    rejections: AtomicU64,
+}
+
+/// A bounded map of resource -> highest committed token.
+#[derive(Debug)]
+pub struct FenceCache {
+    map: DashMap<Box<str>, Entry>,
+    /// Tracks `map.len()` without visiting every shard.
+    len: AtomicUsize,
+    capacity: usize,
+}
+
+/// The outcome of [`FenceCache::raise`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Raised {
+    /// Whether the value went up (false if the cache already knew this token or a higher one).
+    pub changed: bool,
+}
+
+impl FenceCache {
+    pub fn new(capacity: usize) -> FenceCache {
+        FenceCache {
+            map: DashMap::new(),
+            len: AtomicUsize::new(0),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// The highest committed token known for `resource`, if cached.
+    pub fn highest(&self, resource: &ResourceName) -> Option<Token> {
+        let entry = self.map.get(resource.as_str())?;
+        Token::new(entry.highest.load(Ordering::Acquire)).ok()
+    }
+
+    /// Records that `token` is committed for `resource` (never lowers the entry).
+    ///
+    /// Callers pass only tokens read from a committed result: this is what keeps the
+    /// cache's invariant.
+    pub fn raise(&self, resource: &ResourceName, token: Token) -> Raised {
+        if let Some(entry) = self.map.get(resource.as_str()) {
+            let previous = entry.highest.fetch_max(token.get(), Ordering::AcqRel);
+            return Raised {
+                changed: previous < token.get(),
+            };
+        }
+        self.make_room();
+        let entry = self.map.entry(resource.as_str().into()).or_insert_with(|| {
+            self.len.fetch_add(1, Ordering::Relaxed);
+            Entry::default()
+        });
+        let previous = entry.highest.fetch_max(token.get(), Ordering::AcqRel);
+        Raised {
+            changed: previous < token.get(),
+        }
+    }
+
+    /// Counts a stale rejection for `resource` and returns the count since the entry was
+    /// created. `highest` is the committed token that caused the rejection.
+    pub fn count_rejection(&self, resource: &ResourceName, highest: Token) -> u64 {
+        self.raise(resource, highest);
+        match self.map.get(resource.as_str()) {
+            Some(entry) => entry.rejections.fetch_add(1, Ordering::Relaxed) + 1,
+            // Evicted between the two calls; the count restarts.
+            None => 1,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Evicts about an eighth of the entries when the cache is full.
+    ///
+    /// Which entries go is arbitrary (hash order): any choice is safe, and a sweep over
+    /// the map every `capacity / 8` insertions keeps the amortised cost per insertion
+    /// constant without any per-entry bookkeeping on the read path.
+    fn make_room(&self) {
+        if self.len() < self.capacity {
+            return;
+        }
+        let target = self.capacity - self.capacity / 8 - 1;
+        let mut excess = self.len().saturating_sub(target);
+        self.map.retain(|_, _| {
+            if excess == 0 {
+                return true;
+            }
+            excess -= 1;
+            self.len.fetch_sub(1, Ordering::Relaxed);
+            false
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn res(name: &str) -> ResourceName {
+        ResourceName::new(name).unwrap()
+    }
+    fn tok(value: u64) -> Token {
+        Token::new(value).unwrap()
+    }
+
+    #[test]
+    fn raises_never_lower() {
+        let cache = FenceCache::new(10);
+        assert_eq!(cache.highest(&res("a")), None);
+        assert!(cache.raise(&res("a"), tok(42)).changed);
+        assert!(!cache.raise(&res("a"), tok(41)).changed);
+        assert!(!cache.raise(&res("a"), tok(42)).changed);
+        assert_eq!(cache.highest(&res("a")), Some(tok(42)));
+        assert_eq!(cache.count_rejection(&res("a"), tok(42)), 1);
+        assert_eq!(cache.count_rejection(&res("a"), tok(43)), 2);
+        assert_eq!(cache.highest(&res("a")), Some(tok(43)));
+    }
+
+    #[test]
+    fn stays_within_capacity() {
+        let cache = FenceCache::new(100);
+        for i in 0..1000 {
+            cache.raise(&res(&format!("r{i}")), tok(i + 1));
+            assert!(cache.len() <= 100, "len {} after {i}", cache.len());
+        }
+        assert_eq!(cache.len(), cache.map.len());
+        // Whatever survived still holds exactly what was raised.
+        for entry in cache.map.iter() {
+            let i: u64 = entry.key()[1..].parse().unwrap();
+            assert_eq!(entry.highest.load(Ordering::Relaxed), i + 1);
+        }
+    }
+}

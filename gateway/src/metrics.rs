@@ -1,0 +1,255 @@
+//! Prometheus metrics. Names and labels are a public contract: dashboards and alerts
+//! rely on them, so rename nothing.
+//!
+//! Label values come from closed sets (route, outcome, error kind), except `resource`,
+//! which is unbounded and therefore admitted only up to a cap ([`ResourceLabels`]);
+//! later resources are folded into `resource="_other"`.
+
+use std::sync::Mutex;
+
+use std::collections::HashSet;
+
+use fencegate_proto::{ResourceName, Token};
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+
+/// The label value for resources beyond the cap.
+pub const OTHER_RESOURCE: &str = "_other";
+
+/// Request latency buckets: 100 µs (an answer from the fence cache) to 10 s (a request
+/// that waited out the backend timeout).
+const DURATION_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+
+/// Token lag buckets (highest − presented): a lag of 1 is the usual "previous term";
+/// large lags mean a writer that slept through many terms.
+const LAG_BUCKETS: &[f64] = &[
+    1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0, 10000.0, 1e6,
+];
+
+/// Every metric the gateway exports.
+pub struct Metrics {
+    registry: Registry,
+    pub requests: IntCounterVec,
+    pub request_duration: HistogramVec,
+    stale_rejections: IntCounterVec,
+    highest_token: IntGaugeVec,
+    last_rejected_token: IntGaugeVec,
+    rejected_token_lag: Histogram,
+    pub backend_errors: IntCounterVec,
+    pub backend_ready: IntGauge,
+    pub fence_cache_entries: IntGauge,
+    labels: ResourceLabels,
+}
+
+impl Metrics {
+    pub fn new(resource_label_cap: usize) -> Metrics {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "fencegate_requests_total",
+                "HTTP requests answered, by route and outcome.",
+            ),
+            &["route", "outcome"],
+        )
+        .unwrap();
+        let request_duration = HistogramVec::new(
+            HistogramOpts::new(
+                "fencegate_request_duration_seconds",
+                "Time from request head to response, by route and outcome.",
+            )
+            .buckets(DURATION_BUCKETS.to_vec()),
+            &["route", "outcome"],
+        )
+        .unwrap();
+        let stale_rejections = IntCounterVec::new(
+            Opts::new(
+                "fencegate_stale_rejections_total",
+                "Writes rejected because their token was below the resource's highest.",
+            ),
+            &["resource"],
+        )
+        .unwrap();
+        let highest_token = IntGaugeVec::new(
+            Opts::new(
+                "fencegate_highest_token",
+                "Highest accepted fencing token, per resource, as seen by this gateway.",
+            ),
+            &["resource"],
+        )
+        .unwrap();
+        let last_rejected_token = IntGaugeVec::new(
+            Opts::new(
+                "fencegate_last_rejected_token",
+                "Token presented by the latest stale write, per resource.",
+            ),
+            &["resource"],
+        )
+        .unwrap();
+        let rejected_token_lag = Histogram::with_opts(
+            HistogramOpts::new(
+                "fencegate_rejected_token_lag",
+                "Highest token minus presented token, per stale rejection.",
+            )
+            .buckets(LAG_BUCKETS.to_vec()),
+        )
+        .unwrap();
+        let backend_errors = IntCounterVec::new(
+            Opts::new(
+                "fencegate_backend_errors_total",
+                "Backend operations that failed, by kind.",
+            ),
+            &["kind"],
+        )
+        .unwrap();
+        let backend_ready = IntGauge::new(
+            "fencegate_backend_ready",
+            "1 if the latest backend operation or readiness probe succeeded, else 0.",
+        )
+        .unwrap();
+        let fence_cache_entries = IntGauge::new(
+            "fencegate_fence_cache_entries",
+            "Resources whose highest token is cached in memory.",
+        )
+        .unwrap();
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "fencegate_build_info",
+                "Always 1; labelled with the gateway's version.",
+            ),
+            &["version"],
+        )
+        .unwrap();
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+
+        for collector in [
+            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(request_duration.clone()),
+            Box::new(stale_rejections.clone()),
+            Box::new(highest_token.clone()),
+            Box::new(last_rejected_token.clone()),
+            Box::new(rejected_token_lag.clone()),
+            Box::new(backend_errors.clone()),
+            Box::new(backend_ready.clone()),
+            Box::new(fence_cache_entries.clone()),
+            Box::new(build_info),
+        ] {
+            registry
+                .register(collector)
+                .expect("metric names are unique");
+        }
+        Metrics {
+            registry,
+            requests,
+            request_duration,
+            stale_rejections,
+            highest_token,
+            last_rejected_token,
+            rejected_token_lag,
+            backend_errors,
+            backend_ready,
+            fence_cache_entries,
+            labels: ResourceLabels::new(resource_label_cap),
+        }
+    }
+
+    /// Records that `resource`'s highest token went up to `token`.
+    pub fn highest_raised(&self, resource: &ResourceName, token: Token) {
+        let label = self.labels.label(resource);
+        self.highest_token
+            .with_label_values(&[label])
+            .set(token.as_i64());
+    }
+
+    /// Records a stale rejection.
+    pub fn stale_rejected(&self, resource: &ResourceName, presented: Token, highest: Token) {
+        let label = self.labels.label(resource);
+        self.stale_rejections.with_label_values(&[label]).inc();
+        self.last_rejected_token
+            .with_label_values(&[label])
+            .set(presented.as_i64());
+        self.rejected_token_lag
+            .observe((highest.get() - presented.get()) as f64);
+    }
+
+    /// The text exposition of every metric.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 * 1024);
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("encoding to a Vec cannot fail");
+        out
+    }
+}
+
+/// Admits at most `cap` distinct resource label values; the rest become `_other`.
+///
+/// The first `cap` resources seen keep their own series for the life of the process:
+/// a series that came and went would break `rate()` for anyone watching it.
+struct ResourceLabels {
+    admitted: Mutex<HashSet<Box<str>>>,
+    cap: usize,
+}
+
+impl ResourceLabels {
+    fn new(cap: usize) -> ResourceLabels {
+        ResourceLabels {
+            admitted: Mutex::new(HashSet::new()),
+            cap,
+        }
+    }
+
+    fn label<'a>(&self, resource: &'a ResourceName) -> &'a str {
+        let mut admitted = self.admitted.lock().unwrap_or_else(|e| e.into_inner());
+        if admitted.contains(resource.as_str()) {
+            return resource.as_str();
+        }
+        if admitted.len() < self.cap {
+            admitted.insert(resource.as_str().into());
+            return resource.as_str();
+        }
+        OTHER_RESOURCE
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_labels_are_capped() {
+        let metrics = Metrics::new(2);
+        for (name, token) in [("a", 5), ("b", 6), ("c", 7), ("d", 8), ("a", 9)] {
+            let resource = ResourceName::new(name).unwrap();
+            metrics.stale_rejected(
+                &resource,
+                Token::new(token).unwrap(),
+                Token::new(token + 1).unwrap(),
+            );
+        }
+        let text = String::from_utf8(metrics.encode()).unwrap();
+        assert!(
+            text.contains("fencegate_stale_rejections_total{resource=\"a\"} 2"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fencegate_stale_rejections_total{resource=\"b\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fencegate_stale_rejections_total{resource=\"_other\"} 2"),
+            "{text}"
+        );
+        assert!(!text.contains("resource=\"c\""), "{text}");
+        assert!(
+            text.contains("fencegate_last_rejected_token{resource=\"a\"} 9"),
+            "{text}"
+        );
+    }
+}

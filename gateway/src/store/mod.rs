@@ -1,0 +1,219 @@
+//! Backends: where fences and objects are kept.
+//!
+//! Every backend upholds the same contract, which is the whole point of the gateway:
+//!
+//! 1. A write is applied only if, at commit, its token is >= the durable highest token
+//!    of its resource, and the durable highest becomes `max(highest, token)` in the same
+//!    transaction as the write.
+//! 2. A rejected, failed or rolled-back write changes nothing: neither object nor fence.
+//! 3. Tokens never go down for a resource, across restarts and across gateway replicas.
+//!
+//! Operations report what was committed; callers update the fence cache only from
+//! those reports.
+
+use bytes::Bytes;
+use fencegate_proto::headers::Precondition;
+use fencegate_proto::{ObjectKey, ResourceName, Token};
+
+pub mod postgres;
+
+pub use postgres::PgStore;
+
+/// The configured backend. An enum rather than a trait object: there are few
+/// backends, and static dispatch keeps their async methods plain.
+pub enum Store {
+    Postgres(PgStore),
+}
+
+/// A fenced write of one object.
+#[derive(Debug, Clone)]
+pub struct Write {
+    pub resource: ResourceName,
+    pub key: ObjectKey,
+    pub token: Token,
+    pub precondition: Precondition,
+    pub op: WriteOp,
+}
+
+#[derive(Debug, Clone)]
+pub enum WriteOp {
+    Put(Bytes),
+    Delete,
+}
+
+/// What happened to a write. Every variant describes committed state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// Applied and committed. `version` is the object's version after the write;
+    /// `created` is true if the object did not exist before (a put only).
+    Applied { version: u64, created: bool },
+    /// Rejected: the resource's committed highest token is above the presented one.
+    Stale { highest: Token },
+    /// Rejected: the precondition did not hold; `current` is the object's version
+    /// (`None` if it does not exist).
+    PreconditionFailed { current: Option<u64> },
+}
+
+/// What happened to a fence advance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdvanceOutcome {
+    Applied,
+    Stale { highest: Token },
+}
+
+/// A stored object, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredObject {
+    pub value: Bytes,
+    pub version: u64,
+    pub token: Token,
+}
+
+/// Why a backend operation failed. Messages never contain connection strings or SQL.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The backend could not be reached or went away. `applied` is `Some(false)` when
+    /// the write certainly did not commit, `None` when it may have.
+    #[error("the database is unavailable ({reason})")]
+    Unavailable {
+        reason: UnavailableReason,
+        applied: Option<bool>,
+    },
+    /// The backend answered something this gateway does not expect: a bug, or a schema
+    /// changed under it. Details go to the log, not to the client.
+    #[error("unexpected backend error: {0}")]
+    Internal(String),
+}
+
+/// Why the backend is unavailable; doubles as the `kind` label of
+/// `fencegate_backend_errors_total`, so the set is closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnavailableReason {
+    /// No connection could be made or none became free in time.
+    Connect,
+    /// The operation did not finish within the backend timeout.
+    Timeout,
+    /// The connection broke during the operation.
+    ConnectionLost,
+    /// The server refused or cancelled the statement (shutting down, statement timeout).
+    ServerAborted,
+}
+
+impl UnavailableReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnavailableReason::Connect => "connect",
+            UnavailableReason::Timeout => "timeout",
+            UnavailableReason::ConnectionLost => "connection_lost",
+            UnavailableReason::ServerAborted => "server_aborted",
+        }
+    }
+}
+
+impl std::fmt::Display for UnavailableReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            UnavailableReason::Connect => "no connection could be made in time",
+            UnavailableReason::Timeout => "it did not answer in time",
+            UnavailableReason::ConnectionLost => "the connection was lost",
+            UnavailableReason::ServerAborted => "the server aborted the statement",
+        })
+    }
+}
+
+impl StoreError {
+    /// The `kind` label of `fencegate_backend_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            StoreError::Unavailable { reason, .. } => reason.as_str(),
+            StoreError::Internal(_) => "internal",
+        }
+    }
+}
+
+/// Whether `precondition` holds for an object whose current version is `current`
+/// (`None` if it does not exist or was deleted). Shared by every backend.
+pub fn precondition_holds(precondition: Precondition, current: Option<u64>) -> bool {
+    match precondition {
+        Precondition::None => true,
+        Precondition::MustNotExist => current.is_none(),
+        Precondition::MustExist => current.is_some(),
+        Precondition::Version(version) => current == Some(version),
+    }
+}
+
+impl Store {
+    pub async fn write(&self, write: &Write) -> Result<WriteOutcome, StoreError> {
+        match self {
+            Store::Postgres(store) => store.write(write).await,
+        }
+    }
+
+    pub async fn advance(
+        &self,
+        resource: &ResourceName,
+        token: Token,
+    ) -> Result<AdvanceOutcome, StoreError> {
+        match self {
+            Store::Postgres(store) => store.advance(resource, token).await,
+        }
+    }
+
+    pub async fn get(
+        &self,
+        resource: &ResourceName,
+        key: &ObjectKey,
+    ) -> Result<Option<StoredObject>, StoreError> {
+        match self {
+            Store::Postgres(store) => store.get(resource, key).await,
+        }
+    }
+
+    pub async fn fence(&self, resource: &ResourceName) -> Result<Option<Token>, StoreError> {
+        match self {
+            Store::Postgres(store) => store.fence(resource).await,
+        }
+    }
+
+    /// Succeeds if the backend can serve requests now.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            Store::Postgres(store) => store.ping().await,
+        }
+    }
+
+    /// One line for the start-up log: which backend, and where (no secrets).
+    pub fn describe(&self) -> String {
+        match self {
+            Store::Postgres(store) => store.describe(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preconditions() {
+        use Precondition::*;
+        let cases = [
+            (None, Option::<u64>::None, true),
+            (None, Some(3), true),
+            (MustNotExist, Option::None, true),
+            (MustNotExist, Some(3), false),
+            (MustExist, Option::None, false),
+            (MustExist, Some(3), true),
+            (Version(3), Some(3), true),
+            (Version(3), Some(4), false),
+            (Version(3), Option::None, false),
+        ];
+        for (precondition, current, holds) in cases {
+            assert_eq!(
+                precondition_holds(precondition, current),
+                holds,
+                "{precondition:?} on {current:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,157 @@
+//! Stable error codes and the errors raised while parsing a request.
+//!
+//! The `error` field of every error body is one of [`ErrorCode`]'s strings. Codes
+//! are part of the public contract: clients branch on them, dashboards count them.
+//! Add new codes; never rename or repurpose one.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Every error the API answers with, with its HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// 409: the presented token is below the highest accepted for the resource.
+    StaleToken,
+    /// 412: `If-Match` / `If-None-Match` did not hold.
+    VersionMismatch,
+    /// 428: a write without a `Fencing-Token` header.
+    MissingToken,
+    /// 400: the `Fencing-Token` header is not a decimal in `1..=i64::MAX`, or appears twice.
+    InvalidToken,
+    /// 400: the `Fencing-Holder` header is not short printable text.
+    InvalidHolder,
+    /// 400: `If-Match` / `If-None-Match` is not of a supported form.
+    InvalidPrecondition,
+    /// 400: the resource name is not 1–200 bytes of `[A-Za-z0-9._-]`.
+    InvalidResource,
+    /// 400: the key is not 1–1024 bytes of percent-decoded UTF-8 without control characters.
+    InvalidKey,
+    /// 400: the request body could not be read (the client stopped sending it).
+    InvalidBody,
+    /// 413: the body is larger than the gateway's `--max-body`.
+    BodyTooLarge,
+    /// 404: no such object, or no such path.
+    NotFound,
+    /// 405: the path exists but not with this method.
+    MethodNotAllowed,
+    /// 503: the backend could not be reached; the body says whether the write was applied.
+    BackendUnavailable,
+    /// 501: the endpoint needs a backend other than the one this gateway runs.
+    NotSupportedByBackend,
+    /// 500: a bug or an unexpected backend answer; nothing is known to have been applied.
+    Internal,
+}
+
+impl ErrorCode {
+    /// Every code, for documentation and for exhaustive tests.
+    pub const ALL: [ErrorCode; 15] = [
+        ErrorCode::StaleToken,
+        ErrorCode::VersionMismatch,
+        ErrorCode::MissingToken,
+        ErrorCode::InvalidToken,
+        ErrorCode::InvalidHolder,
+        ErrorCode::InvalidPrecondition,
+        ErrorCode::InvalidResource,
+        ErrorCode::InvalidKey,
+        ErrorCode::InvalidBody,
+        ErrorCode::BodyTooLarge,
+        ErrorCode::NotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::BackendUnavailable,
+        ErrorCode::NotSupportedByBackend,
+        ErrorCode::Internal,
+    ];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::StaleToken => "stale_token",
+            ErrorCode::VersionMismatch => "version_mismatch",
+            ErrorCode::MissingToken => "missing_token",
+            ErrorCode::InvalidToken => "invalid_token",
+            ErrorCode::InvalidHolder => "invalid_holder",
+            ErrorCode::InvalidPrecondition => "invalid_precondition",
+            ErrorCode::InvalidResource => "invalid_resource",
+            ErrorCode::InvalidKey => "invalid_key",
+            ErrorCode::InvalidBody => "invalid_body",
+            ErrorCode::BodyTooLarge => "body_too_large",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::MethodNotAllowed => "method_not_allowed",
+            ErrorCode::BackendUnavailable => "backend_unavailable",
+            ErrorCode::NotSupportedByBackend => "not_supported_by_backend",
+            ErrorCode::Internal => "internal",
+        }
+    }
+
+    /// The HTTP status this code is always answered with.
+    pub const fn status(self) -> u16 {
+        match self {
+            ErrorCode::StaleToken => 409,
+            ErrorCode::VersionMismatch => 412,
+            ErrorCode::MissingToken => 428,
+            ErrorCode::InvalidToken
+            | ErrorCode::InvalidHolder
+            | ErrorCode::InvalidPrecondition
+            | ErrorCode::InvalidResource
+            | ErrorCode::InvalidKey
+            | ErrorCode::InvalidBody => 400,
+            ErrorCode::BodyTooLarge => 413,
+            ErrorCode::NotFound => 404,
+            ErrorCode::MethodNotAllowed => 405,
+            ErrorCode::BackendUnavailable => 503,
+            ErrorCode::NotSupportedByBackend => 501,
+            ErrorCode::Internal => 500,
+        }
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A request that does not follow the contract. The message is safe to show a client.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtoError {
+    #[error("this request needs a Fencing-Token header")]
+    MissingToken,
+    #[error("invalid Fencing-Token: {0}")]
+    InvalidToken(&'static str),
+    #[error("invalid Fencing-Holder: {0}")]
+    InvalidHolder(&'static str),
+    #[error("invalid precondition: {0}")]
+    InvalidPrecondition(&'static str),
+    #[error("invalid resource: {0}")]
+    InvalidResource(&'static str),
+    #[error("invalid key: {0}")]
+    InvalidKey(&'static str),
+}
+
+impl ProtoError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            ProtoError::MissingToken => ErrorCode::MissingToken,
+            ProtoError::InvalidToken(_) => ErrorCode::InvalidToken,
+            ProtoError::InvalidHolder(_) => ErrorCode::InvalidHolder,
+            ProtoError::InvalidPrecondition(_) => ErrorCode::InvalidPrecondition,
+            ProtoError::InvalidResource(_) => ErrorCode::InvalidResource,
+            ProtoError::InvalidKey(_) => ErrorCode::InvalidKey,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_serialize_as_their_strings() {
+        for code in ErrorCode::ALL {
+            let json = serde_json::to_string(&code).unwrap();
+            assert_eq!(json, format!("\"{}\"", code.as_str()));
+            assert_eq!(serde_json::from_str::<ErrorCode>(&json).unwrap(), code);
+        }
+    }
+}
