@@ -1,1 +1,46 @@
+//! The end-to-end test harness: real Postgres databases, the real `fencegate` binary,
+//! a plain HTTP client, and a TCP proxy that can hold and cut traffic.
+//!
+//! # Layout
+//!
+//! - [`db`]: a fresh database per test on the machine's Postgres, dropped afterwards.
+//! - [`gateway`]: spawns the built `fencegate` binary on a free port and waits for its
+//!   "ready" log line; SIGTERM, SIGKILL, restart, captured logs.
+//! - [`http`]: a small client for the gateway's API.
+//! - [`proxy`]: a loopback TCP proxy whose traffic a test can hold, release and cut.
+//!
+//! Services a test needs are never skipped: if Postgres is unreachable the test fails
+//! with a message that says how to start it.
+#![forbid(unsafe_code)]
 
+pub mod db;
+pub mod gateway;
+pub mod http;
+pub mod proxy;
+
+/// A fresh database and a gateway binary serving it.
+pub async fn postgres_gateway() -> (db::TestDb, gateway::Gateway) {
+    postgres_gateway_with(|builder| builder).await
+}
+
+/// As [`postgres_gateway`], with extra flags.
+pub async fn postgres_gateway_with(
+    configure: impl FnOnce(gateway::GatewayBuilder) -> gateway::GatewayBuilder,
+) -> (db::TestDb, gateway::Gateway) {
+    let db = db::TestDb::create().await;
+    let gateway = configure(gateway::Gateway::builder().database(&db.url())).spawn().await;
+    (db, gateway)
+}
+
+/// Polls `condition` every 10 ms until it holds, or panics after `timeout` with `what`.
+pub async fn eventually<F, Fut>(timeout: std::time::Duration, what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !condition().await {
+        assert!(tokio::time::Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}

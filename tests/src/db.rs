@@ -1,0 +1,111 @@
+//! One fresh Postgres database per test.
+//!
+//! The server is the machine's Postgres (`FENCEGATE_TEST_PG`, default
+//! `postgres://postgres@127.0.0.1:5432`). Each [`TestDb`] creates a uniquely named
+//! database and drops it when the value is dropped, so tests never see each other's
+//! fences and can run in parallel.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use tokio_postgres::{Client, NoTls};
+
+const DEFAULT_SERVER: &str = "postgres://postgres@127.0.0.1:5432";
+
+/// The Postgres server tests run against.
+pub fn server_url() -> String {
+    std::env::var("FENCEGATE_TEST_PG").unwrap_or_else(|_| DEFAULT_SERVER.to_owned())
+}
+
+/// A database that exists for the life of this value.
+pub struct TestDb {
+    name: String,
+    server: String,
+}
+
+impl TestDb {
+    /// Creates an empty database. Panics, with instructions, if Postgres is unreachable.
+    pub async fn create() -> TestDb {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let name = format!(
+            "fg_test_{}_{}_{:08x}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            rand::random::<u32>()
+        );
+        let server = server_url();
+        let admin = connect(&format!("{server}/postgres")).await;
+        admin
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .unwrap_or_else(|e| panic!("could not create test database {name}: {e}"));
+        TestDb { name, server }
+    }
+
+    /// The connection string of this database.
+    pub fn url(&self) -> String {
+        format!("{}/{}", self.server, self.name)
+    }
+
+    /// A direct connection to this database, for checking what the gateway stored.
+    pub async fn client(&self) -> Client {
+        connect(&self.url()).await
+    }
+
+    /// The durable highest token of `resource`, read straight from the gateway's table.
+    pub async fn highest(&self, resource: &str) -> Option<i64> {
+        self.client()
+            .await
+            .query_opt("SELECT highest FROM fencegate.fences WHERE resource = $1", &[&resource])
+            .await
+            .expect("fencegate.fences is readable")
+            .map(|row| row.get(0))
+    }
+
+    /// The stored object `(value, token, version)`, `None` if absent or deleted.
+    pub async fn object(&self, resource: &str, key: &str) -> Option<(Vec<u8>, i64, i64)> {
+        self.client()
+            .await
+            .query_opt(
+                "SELECT value, token, version FROM fencegate.objects
+                 WHERE resource = $1 AND key = $2 AND value IS NOT NULL",
+                &[&resource, &key],
+            )
+            .await
+            .expect("fencegate.objects is readable")
+            .map(|row| (row.get(0), row.get(1), row.get(2)))
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        // Drop runs outside any runtime we may use, so clean up on a thread of its own.
+        let (server, name) = (self.server.clone(), self.name.clone());
+        let cleanup = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            runtime.block_on(async move {
+                let (client, connection) = tokio_postgres::connect(&format!("{server}/postgres"), NoTls).await.ok()?;
+                tokio::spawn(connection);
+                client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.ok()
+            })
+        });
+        let _ = cleanup.join();
+    }
+}
+
+/// Connects or panics with a message that says how to start Postgres.
+pub async fn connect(url: &str) -> Client {
+    match tokio_postgres::connect(url, NoTls).await {
+        Ok((client, connection)) => {
+            tokio::spawn(async move {
+                let _ = connection.await;
+            });
+            client
+        }
+        Err(error) => panic!(
+            "cannot reach Postgres at {url}: {error}\n\
+             These tests need a real Postgres server. Start the machine's cluster with\n  \
+             pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start\n\
+             or point FENCEGATE_TEST_PG at another server (trust auth, user postgres)."
+        ),
+    }
+}

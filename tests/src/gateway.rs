@@ -1,0 +1,214 @@
+//! Spawns the real `fencegate` binary.
+//!
+//! The gateway is started with `--listen 127.0.0.1:0 --log-format json`; the harness
+//! learns its address from the "fencegate ready" log line, which is also the readiness
+//! signal: no sleeping, no fixed ports. Every later log line is kept for assertions.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use crate::http::Client;
+
+/// How long a gateway may take to print its ready line.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The built gateway binary: `FENCEGATE_BIN`, or `fencegate` in this test's target dir.
+pub fn binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("FENCEGATE_BIN") {
+        return path.into();
+    }
+    let exe = std::env::current_exe().expect("the test binary has a path");
+    // target/<profile>/deps/<test> -> target/<profile>/fencegate
+    let path = exe.parent().and_then(|deps| deps.parent()).expect("test binaries live in target/<profile>/deps").join("fencegate");
+    assert!(
+        path.exists(),
+        "{} does not exist: build it first with `cargo build -p fencegate-gateway` (cargo test --workspace does)",
+        path.display()
+    );
+    path
+}
+
+/// How to start a gateway.
+#[derive(Debug, Clone, Default)]
+pub struct GatewayBuilder {
+    args: Vec<String>,
+    listen: Option<SocketAddr>,
+}
+
+impl GatewayBuilder {
+    /// `--database-url`.
+    pub fn database(self, url: &str) -> Self {
+        self.arg("--database-url").arg(url)
+    }
+
+    /// Any other flag or value.
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Listen on this address instead of a free port (for restarts in place).
+    pub fn listen(mut self, addr: SocketAddr) -> Self {
+        self.listen = Some(addr);
+        self
+    }
+
+    /// Starts the gateway and waits until it is ready; panics with its logs if it is not.
+    pub async fn spawn(self) -> Gateway {
+        match self.try_spawn().await {
+            Ok(gateway) => gateway,
+            Err(failure) => panic!("the gateway did not start: {failure}"),
+        }
+    }
+
+    /// Starts the gateway; on failure returns its exit status and everything it logged.
+    pub async fn try_spawn(self) -> Result<Gateway, StartFailure> {
+        let listen = self.listen.map_or_else(|| "127.0.0.1:0".to_owned(), |a| a.to_string());
+        let mut child = Command::new(binary())
+            .args(["--listen", &listen, "--log-format", "json"])
+            .args(&self.args)
+            // Only what is passed here configures the gateway.
+            .env_clear()
+            .env("RUST_BACKTRACE", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the gateway binary can be executed");
+        let mut lines = BufReader::new(child.stderr.take().expect("stderr is piped")).lines();
+        let logs = Arc::new(Mutex::new(Vec::new()));
+        let ready = tokio::time::timeout(START_TIMEOUT, async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let addr = ready_addr(&line);
+                logs.lock().unwrap().push(line);
+                if let Some(addr) = addr {
+                    return Some(addr);
+                }
+            }
+            None
+        })
+        .await;
+        let addr = match ready {
+            Ok(Some(addr)) => addr,
+            Ok(None) | Err(_) => {
+                let _ = child.start_kill();
+                let status = child.wait().await.ok();
+                let logs = logs.lock().unwrap().join("\n");
+                return Err(StartFailure { status, logs });
+            }
+        };
+        let sink = Arc::clone(&logs);
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Ok(Gateway { child, addr, logs, builder: self })
+    }
+}
+
+/// A gateway that failed to start.
+#[derive(Debug)]
+pub struct StartFailure {
+    pub status: Option<ExitStatus>,
+    pub logs: String,
+}
+
+impl std::fmt::Display for StartFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit status {:?}; output:\n{}", self.status, self.logs)
+    }
+}
+
+fn ready_addr(line: &str) -> Option<SocketAddr> {
+    let event: Value = serde_json::from_str(line).ok()?;
+    let fields = event.get("fields")?;
+    if fields.get("message")?.as_str()? != "fencegate ready" {
+        return None;
+    }
+    fields.get("addr")?.as_str()?.parse().ok()
+}
+
+/// A running gateway process. Killed when dropped.
+pub struct Gateway {
+    child: Child,
+    addr: SocketAddr,
+    logs: Arc<Mutex<Vec<String>>>,
+    builder: GatewayBuilder,
+}
+
+impl Gateway {
+    pub fn builder() -> GatewayBuilder {
+        GatewayBuilder::default()
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(self.url())
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the gateway is running")
+    }
+
+    /// Sends SIGTERM and waits for the process to exit.
+    pub async fn terminate(&mut self) -> ExitStatus {
+        signal(self.pid(), "TERM");
+        tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("the gateway exits within 30 s of SIGTERM")
+            .expect("waiting for the gateway works")
+    }
+
+    /// Sends SIGKILL and waits for the process to exit.
+    pub async fn kill(&mut self) {
+        self.child.kill().await.expect("the gateway can be killed");
+    }
+
+    /// Stops the gateway with SIGTERM and starts it again, with the same flags, on the
+    /// same address.
+    pub async fn restart(&mut self) {
+        let status = self.terminate().await;
+        assert!(status.success(), "the gateway exited with {status} on SIGTERM");
+        let next = self.builder.clone().listen(self.addr).spawn().await;
+        *self = next;
+    }
+
+    /// Every JSON log event so far.
+    pub fn logs(&self) -> Vec<Value> {
+        self.logs.lock().unwrap().iter().filter_map(|line| serde_json::from_str(line).ok()).collect()
+    }
+
+    /// The log events whose message is `message`.
+    pub fn events(&self, message: &str) -> Vec<Value> {
+        self.logs()
+            .into_iter()
+            .filter(|event| event["fields"]["message"].as_str() == Some(message))
+            .collect()
+    }
+}
+
+/// Sends a signal with the system's `kill` command (no unsafe code in this crate).
+pub fn signal(pid: u32, name: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{name}"), &pid.to_string()])
+        .status()
+        .expect("the kill command runs");
+    assert!(status.success(), "kill -{name} {pid} failed");
+}
