@@ -55,7 +55,10 @@ impl TestDb {
     pub async fn highest(&self, resource: &str) -> Option<i64> {
         self.client()
             .await
-            .query_opt("SELECT highest FROM fencegate.fences WHERE resource = $1", &[&resource])
+            .query_opt(
+                "SELECT highest FROM fencegate.fences WHERE resource = $1",
+                &[&resource],
+            )
             .await
             .expect("fencegate.fences is readable")
             .map(|row| row.get(0))
@@ -81,11 +84,20 @@ impl Drop for TestDb {
         // Drop runs outside any runtime we may use, so clean up on a thread of its own.
         let (server, name) = (self.server.clone(), self.name.clone());
         let cleanup = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
             runtime.block_on(async move {
-                let (client, connection) = tokio_postgres::connect(&format!("{server}/postgres"), NoTls).await.ok()?;
+                let (client, connection) =
+                    tokio_postgres::connect(&format!("{server}/postgres"), NoTls)
+                        .await
+                        .ok()?;
                 tokio::spawn(connection);
-                client.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.ok()
+                client
+                    .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .await
+                    .ok()
             })
         });
         let _ = cleanup.join();

@@ -26,7 +26,11 @@ pub fn binary() -> PathBuf {
     }
     let exe = std::env::current_exe().expect("the test binary has a path");
     // target/<profile>/deps/<test> -> target/<profile>/fencegate
-    let path = exe.parent().and_then(|deps| deps.parent()).expect("test binaries live in target/<profile>/deps").join("fencegate");
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test binaries live in target/<profile>/deps")
+        .join("fencegate");
     assert!(
         path.exists(),
         "{} does not exist: build it first with `cargo build -p fencegate-gateway` (cargo test --workspace does)",
@@ -70,7 +74,9 @@ impl GatewayBuilder {
 
     /// Starts the gateway; on failure returns its exit status and everything it logged.
     pub async fn try_spawn(self) -> Result<Gateway, StartFailure> {
-        let listen = self.listen.map_or_else(|| "127.0.0.1:0".to_owned(), |a| a.to_string());
+        let listen = self
+            .listen
+            .map_or_else(|| "127.0.0.1:0".to_owned(), |a| a.to_string());
         let mut child = Command::new(binary())
             .args(["--listen", &listen, "--log-format", "json"])
             .args(&self.args)
@@ -111,7 +117,12 @@ impl GatewayBuilder {
                 sink.lock().unwrap().push(line);
             }
         });
-        Ok(Gateway { child, addr, logs, builder: self })
+        Ok(Gateway {
+            child,
+            addr,
+            logs,
+            builder: self,
+        })
     }
 }
 
@@ -169,10 +180,20 @@ impl Gateway {
 
     /// Sends SIGTERM and waits for the process to exit.
     pub async fn terminate(&mut self) -> ExitStatus {
-        signal(self.pid(), "TERM");
+        self.signal("TERM");
+        self.wait().await
+    }
+
+    /// Sends a signal (`TERM`, `INT`, `STOP`, `CONT`, ...) without waiting.
+    pub fn signal(&self, name: &str) {
+        signal(self.pid(), name);
+    }
+
+    /// Waits for the process to exit (30 s at most).
+    pub async fn wait(&mut self) -> ExitStatus {
         tokio::time::timeout(Duration::from_secs(30), self.child.wait())
             .await
-            .expect("the gateway exits within 30 s of SIGTERM")
+            .expect("the gateway exits within 30 s")
             .expect("waiting for the gateway works")
     }
 
@@ -185,14 +206,22 @@ impl Gateway {
     /// same address.
     pub async fn restart(&mut self) {
         let status = self.terminate().await;
-        assert!(status.success(), "the gateway exited with {status} on SIGTERM");
+        assert!(
+            status.success(),
+            "the gateway exited with {status} on SIGTERM"
+        );
         let next = self.builder.clone().listen(self.addr).spawn().await;
         *self = next;
     }
 
     /// Every JSON log event so far.
     pub fn logs(&self) -> Vec<Value> {
-        self.logs.lock().unwrap().iter().filter_map(|line| serde_json::from_str(line).ok()).collect()
+        self.logs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
     }
 
     /// The log events whose message is `message`.

@@ -19,8 +19,12 @@ pub struct Reply {
 impl Reply {
     /// The body as JSON; panics if it is not.
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {:?}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
     }
 
     pub fn header(&self, name: &str) -> Option<&str> {
@@ -29,7 +33,10 @@ impl Reply {
 
     /// The `error` code of an error body.
     pub fn error_code(&self) -> String {
-        self.json()["error"].as_str().unwrap_or_else(|| panic!("no error code in {:?}", self.json())).to_owned()
+        self.json()["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no error code in {:?}", self.json()))
+            .to_owned()
     }
 }
 
@@ -43,7 +50,10 @@ pub struct Client {
 impl Client {
     pub fn new(base: impl Into<String>) -> Client {
         let inner = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http();
-        Client { base: base.into(), inner }
+        Client {
+            base: base.into(),
+            inner,
+        }
     }
 
     /// Sends a request; `Err` only for transport failures.
@@ -54,53 +64,108 @@ impl Client {
         headers: &[(&str, &str)],
         body: impl Into<Bytes>,
     ) -> Result<Reply, String> {
-        let mut request = Request::builder().method(method).uri(format!("{}{path}", self.base));
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        let request = request.body(Full::new(body.into())).map_err(|e| e.to_string())?;
-        let response = self.inner.request(request).await.map_err(|e| format!("{e:?}"))?;
+        let request = request
+            .body(Full::new(body.into()))
+            .map_err(|e| e.to_string())?;
+        let response = self
+            .inner
+            .request(request)
+            .await
+            .map_err(|e| format!("{e:?}"))?;
         let status = response.status().as_u16();
         let headers = response.headers().clone();
-        let body = response.into_body().collect().await.map_err(|e| e.to_string())?.to_bytes();
-        Ok(Reply { status, headers, body })
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        Ok(Reply {
+            status,
+            headers,
+            body,
+        })
     }
 
     /// Sends a request; panics on a transport failure.
-    pub async fn request(&self, method: Method, path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Reply {
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Reply {
         let path = path.to_owned();
         self.try_request(method, &path, headers, body)
             .await
             .unwrap_or_else(|e| panic!("request to {}{path} failed: {e}", self.base))
     }
 
-    pub async fn put(&self, resource: &str, key: &str, token: u64, value: impl Into<Bytes>) -> Reply {
+    pub async fn put(
+        &self,
+        resource: &str,
+        key: &str,
+        token: u64,
+        value: impl Into<Bytes>,
+    ) -> Reply {
         let token = token.to_string();
-        self.request(Method::PUT, &kv_path(resource, key), &[("fencing-token", &token)], value).await
+        self.request(
+            Method::PUT,
+            &kv_path(resource, key),
+            &[("fencing-token", &token)],
+            value,
+        )
+        .await
     }
 
     pub async fn delete(&self, resource: &str, key: &str, token: u64) -> Reply {
         let token = token.to_string();
-        self.request(Method::DELETE, &kv_path(resource, key), &[("fencing-token", &token)], Bytes::new()).await
+        self.request(
+            Method::DELETE,
+            &kv_path(resource, key),
+            &[("fencing-token", &token)],
+            Bytes::new(),
+        )
+        .await
     }
 
     pub async fn get(&self, resource: &str, key: &str) -> Reply {
-        self.request(Method::GET, &kv_path(resource, key), &[], Bytes::new()).await
+        self.request(Method::GET, &kv_path(resource, key), &[], Bytes::new())
+            .await
     }
 
     pub async fn fence(&self, resource: &str) -> Reply {
-        self.request(Method::GET, &format!("/v1/fences/{resource}"), &[], Bytes::new()).await
+        self.request(
+            Method::GET,
+            &format!("/v1/fences/{resource}"),
+            &[],
+            Bytes::new(),
+        )
+        .await
     }
 
     pub async fn advance(&self, resource: &str, token: u64) -> Reply {
         let token = token.to_string();
-        self.request(Method::POST, &format!("/v1/fences/{resource}/advance"), &[("fencing-token", &token)], Bytes::new())
-            .await
+        self.request(
+            Method::POST,
+            &format!("/v1/fences/{resource}/advance"),
+            &[("fencing-token", &token)],
+            Bytes::new(),
+        )
+        .await
     }
 
     /// The `/metrics` text.
     pub async fn metrics(&self) -> String {
-        let reply = self.request(Method::GET, "/metrics", &[], Bytes::new()).await;
+        let reply = self
+            .request(Method::GET, "/metrics", &[], Bytes::new())
+            .await;
         assert_eq!(reply.status, 200);
         String::from_utf8(reply.body.to_vec()).expect("metrics are UTF-8")
     }
@@ -120,5 +185,11 @@ pub fn kv_path(resource: &str, key: &str) -> String {
 pub fn metric_value(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .filter(|line| !line.starts_with('#'))
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+        .find_map(|line| {
+            line.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
 }

@@ -4,6 +4,8 @@
 //! # Layout
 //!
 //! - [`db`]: a fresh database per test on the machine's Postgres, dropped afterwards.
+//! - [`deployment`]: a gateway with its own fresh store, for tests run against every
+//!   backend (`backend_tests!`).
 //! - [`gateway`]: spawns the built `fencegate` binary on a free port and waits for its
 //!   "ready" log line; SIGTERM, SIGKILL, restart, captured logs.
 //! - [`http`]: a small client for the gateway's API.
@@ -14,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod db;
+pub mod deployment;
 pub mod gateway;
 pub mod http;
 pub mod proxy;
@@ -28,7 +31,9 @@ pub async fn postgres_gateway_with(
     configure: impl FnOnce(gateway::GatewayBuilder) -> gateway::GatewayBuilder,
 ) -> (db::TestDb, gateway::Gateway) {
     let db = db::TestDb::create().await;
-    let gateway = configure(gateway::Gateway::builder().database(&db.url())).spawn().await;
+    let gateway = configure(gateway::Gateway::builder().database(&db.url()))
+        .spawn()
+        .await;
     (db, gateway)
 }
 
@@ -40,7 +45,10 @@ where
 {
     let deadline = tokio::time::Instant::now() + timeout;
     while !condition().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }

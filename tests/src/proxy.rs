@@ -73,18 +73,28 @@ impl Proxy {
     async fn listen(mut self) -> Proxy {
         let socket = TcpSocket::new_v4().expect("a socket can be made");
         socket.set_reuseaddr(true).expect("SO_REUSEADDR can be set");
-        socket.bind(self.addr).unwrap_or_else(|e| panic!("proxy cannot bind {}: {e}", self.addr));
+        socket
+            .bind(self.addr)
+            .unwrap_or_else(|e| panic!("proxy cannot bind {}: {e}", self.addr));
         let listener: TcpListener = socket.listen(128).expect("the proxy can listen");
-        self.addr = listener.local_addr().expect("a bound socket has an address");
+        self.addr = listener
+            .local_addr()
+            .expect("a bound socket has an address");
         let (target, held, tasks) = (self.target, self.held.subscribe(), Arc::clone(&self.tasks));
         let waiting = Arc::clone(&self.waiting);
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = TcpStream::connect(target).await else { continue };
+                let Ok(server) = TcpStream::connect(target).await else {
+                    continue;
+                };
                 let _ = (client.set_nodelay(true), server.set_nodelay(true));
                 let (client_read, client_write) = client.into_split();
                 let (server_read, server_write) = server.into_split();
-                let upstream = tokio::spawn(pump(client_read, server_write, Some((held.clone(), Arc::clone(&waiting)))));
+                let upstream = tokio::spawn(pump(
+                    client_read,
+                    server_write,
+                    Some((held.clone(), Arc::clone(&waiting))),
+                ));
                 let downstream = tokio::spawn(pump(server_read, client_write, None));
                 tasks.lock().unwrap().extend([upstream, downstream]);
             }

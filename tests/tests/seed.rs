@@ -2,16 +2,17 @@
 
 use std::time::Duration;
 
-use fencegate_tests::http::Client;
+use fencegate_tests::http::{metric_value, Client};
 use fencegate_tests::proxy::Proxy;
-use fencegate_tests::{eventually, postgres_gateway};
+use fencegate_tests::{backend_tests, eventually};
 use http::Method;
+
+backend_tests! {
 
 /// Seed 002: 41 accepted, 42 accepted, 41 rejected with presented 41 / highest 42 —
 /// answered, stored, counted and logged.
-#[tokio::test]
-async fn tokens_41_42_41() {
-    let (db, gateway) = postgres_gateway().await;
+async fn tokens_41_42_41(deployment) {
+    let gateway = &deployment.gateway;
     let client = gateway.client();
 
     let first = client
@@ -38,11 +39,11 @@ async fn tokens_41_42_41() {
     assert_eq!(&read.body[..], b"from 42");
     assert_eq!(read.header("etag"), Some("\"2\""));
     assert_eq!(read.header("fencing-token"), Some("42"));
-    assert_eq!(db.highest("orders").await, Some(42));
-    assert_eq!(db.object("orders", "o-1").await, Some((b"from 42".to_vec(), 42, 2)));
+    assert_eq!(deployment.highest("orders").await, Some(42));
+    assert_eq!(deployment.object("orders", "o-1").await, Some((b"from 42".to_vec(), 42, 2)));
 
     let metrics = client.metrics().await;
-    let value = |series| fencegate_tests::http::metric_value(&metrics, series);
+    let value = |series| metric_value(&metrics, series);
     assert_eq!(value("fencegate_stale_rejections_total{resource=\"orders\"}"), Some(1.0));
     assert_eq!(value("fencegate_last_rejected_token{resource=\"orders\"}"), Some(41.0));
     assert_eq!(value("fencegate_highest_token{resource=\"orders\"}"), Some(42.0));
@@ -63,9 +64,8 @@ async fn tokens_41_42_41() {
 
 /// Seed 002, delayed request: A's write(7) is sent, then held in the network while
 /// B writes with 8; delivered afterwards, it is rejected with presented 7, highest 8.
-#[tokio::test]
-async fn delayed_request_from_an_old_term_is_rejected() {
-    let (db, gateway) = postgres_gateway().await;
+async fn delayed_request_from_an_old_term_is_rejected(deployment) {
+    let gateway = &deployment.gateway;
     let direct = gateway.client();
     let network = Proxy::start(gateway.addr()).await;
     let via_network = Client::new(format!("http://{}", network.addr()));
@@ -87,14 +87,13 @@ async fn delayed_request_from_an_old_term_is_rejected() {
     let late = delayed.await.unwrap();
     assert_eq!(late.status, 409);
     assert_eq!((late.json()["presented"].as_u64(), late.json()["highest"].as_u64()), (Some(7), Some(8)));
-    assert_eq!(db.object("ledger", "balance").await, Some((b"b-1".to_vec(), 8, 2)));
+    assert_eq!(deployment.object("ledger", "balance").await, Some((b"b-1".to_vec(), 8, 2)));
 }
 
 /// The promise step: a new holder advances the fence before writing anything, and
 /// the old term's writes are rejected at once; the advance itself writes no object.
-#[tokio::test]
-async fn advance_fences_out_the_old_term_before_the_first_write() {
-    let (db, gateway) = postgres_gateway().await;
+async fn advance_fences_out_the_old_term_before_the_first_write(deployment) {
+    let gateway = &deployment.gateway;
     let client = gateway.client();
     assert_eq!(client.put("jobs", "cursor", 7, "a").await.status, 201);
 
@@ -112,13 +111,12 @@ async fn advance_fences_out_the_old_term_before_the_first_write() {
 
     assert_eq!(client.fence("jobs").await.json(), serde_json::json!({"resource": "jobs", "highest": 8}));
     assert_eq!(client.fence("never-written").await.json(), serde_json::json!({"resource": "never-written", "highest": null}));
-    assert_eq!(db.object("jobs", "cursor").await, Some((b"a".to_vec(), 7, 1)));
+    assert_eq!(deployment.object("jobs", "cursor").await, Some((b"a".to_vec(), 7, 1)));
 }
 
 /// Same token, ordered by If-Match; a failed precondition leaves the fence untouched.
-#[tokio::test]
-async fn if_match_orders_writes_within_one_epoch() {
-    let (db, gateway) = postgres_gateway().await;
+async fn if_match_orders_writes_within_one_epoch(deployment) {
+    let gateway = &deployment.gateway;
     let client = gateway.client();
     let put = |token: &'static str, condition: (&'static str, &'static str), value: &'static str| {
         let client = client.clone();
@@ -144,13 +142,13 @@ async fn if_match_orders_writes_within_one_epoch() {
     // A newer term whose precondition fails must not raise the fence.
     let failed = put("9", ("if-match", "\"1\""), "never").await;
     assert_eq!(failed.status, 412);
-    assert_eq!(db.highest("accounts").await, Some(5));
+    assert_eq!(deployment.highest("accounts").await, Some(5));
     assert_eq!(client.put("accounts", "acct-1", 6, "v3 from term 6").await.status, 200);
 
     // The fence is checked before the precondition.
     let stale = put("5", ("if-match", "\"3\""), "stale").await;
     assert_eq!(stale.status, 409);
-    assert_eq!(db.object("accounts", "acct-1").await, Some((b"v3 from term 6".to_vec(), 6, 3)));
+    assert_eq!(deployment.object("accounts", "acct-1").await, Some((b"v3 from term 6".to_vec(), 6, 3)));
     let missing = client
         .request(Method::PUT, "/v1/kv/accounts/acct-2", &[("fencing-token", "6"), ("if-match", "*")], "x")
         .await;
@@ -160,15 +158,14 @@ async fn if_match_orders_writes_within_one_epoch() {
 
 /// Deletes leave a tombstone: versions keep rising, and a delete raises the fence even
 /// when there is nothing to delete.
-#[tokio::test]
-async fn deletes_raise_the_fence_and_keep_versions_rising() {
-    let (db, gateway) = postgres_gateway().await;
+async fn deletes_raise_the_fence_and_keep_versions_rising(deployment) {
+    let gateway = &deployment.gateway;
     let client = gateway.client();
 
     let nothing = client.delete("files", "a.txt", 3).await;
     assert_eq!(nothing.status, 200);
     assert_eq!(nothing.json()["version"], 0);
-    assert_eq!(db.highest("files").await, Some(3));
+    assert_eq!(deployment.highest("files").await, Some(3));
 
     assert_eq!(client.put("files", "a.txt", 3, "one").await.json()["version"], 1);
     let deleted = client.delete("files", "a.txt", 4).await;
@@ -182,17 +179,17 @@ async fn deletes_raise_the_fence_and_keep_versions_rising() {
     assert_eq!(recreated.status, 201, "re-created after a delete");
     assert_eq!(recreated.json()["version"], 3);
     assert_eq!(client.delete("files", "a.txt", 3).await.status, 409);
-    assert_eq!(db.object("files", "a.txt").await, Some((b"two".to_vec(), 4, 3)));
+    assert_eq!(deployment.object("files", "a.txt").await, Some((b"two".to_vec(), 4, 3)));
 }
 
 /// A token fences only its own resource; keys of one resource share its fence.
-#[tokio::test]
-async fn the_fence_scope_is_the_resource() {
-    let (_db, gateway) = postgres_gateway().await;
+async fn the_fence_scope_is_the_resource(deployment) {
+    let gateway = &deployment.gateway;
     let client = gateway.client();
     assert_eq!(client.put("shard-a", "k", 100, "a").await.status, 201);
     assert_eq!(client.put("shard-b", "k", 1, "b").await.status, 201, "shard-a's token must not fence shard-b");
     assert_eq!(client.put("shard-a", "other-key", 99, "x").await.status, 409, "keys share their resource's fence");
     assert_eq!(client.put("shard-a", "nested/key with spaces", 100, "y").await.status, 201);
     assert_eq!(&client.get("shard-a", "nested/key with spaces").await.body[..], b"y");
+}
 }
