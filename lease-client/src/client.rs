@@ -1,0 +1,378 @@
+//! Writes through the gateway under a term's fencing token.
+//!
+//! # Behavior
+//!
+//! - Every write carries `Fencing-Token: <term epoch>` and `Fencing-Holder: <holder>`.
+//! - A write is not sent once its term has ended ([`WriteError::TermOver`]).
+//! - `409 stale_token` ends the term with [`LossReason::StaleRejection`] and returns
+//!   [`WriteError::Stale`] with the presented and highest tokens. The client never
+//!   resends that write, and never fetches a newer token to push it through: a newer
+//!   term decides afresh what to write.
+//! - A transport failure (no answer) is retried, with the same token, only while the
+//!   term is live and only for writes that cannot apply twice: those with a version
+//!   precondition (`If-Match: "<n>"`, or "must not exist"). If the first attempt did
+//!   apply, the retry answers `version_mismatch`: the caller reads before deciding.
+//! - Error answers are decoded into the wire contract's [`ErrorBody`]; branching is on
+//!   [`ErrorCode`], never on message text.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use fencegate_proto::body::{ErrorBody, FenceState, WriteAccepted};
+use fencegate_proto::headers::{
+    etag, parse_etag, Precondition, FENCING_HIGHEST, FENCING_HOLDER, FENCING_TOKEN,
+};
+use fencegate_proto::path::encode_key;
+use fencegate_proto::{ErrorCode, ObjectKey, ResourceName, Token};
+use http::header::{ETAG, IF_MATCH, IF_NONE_MATCH};
+use http::{HeaderValue, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use crate::term::{LossReason, Term};
+
+/// How long one request may take unless configured otherwise.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many times an idempotent write is resent after a transport failure.
+pub const DEFAULT_RETRIES: u32 = 2;
+/// The first pause before a resend; doubled for each further one.
+const RETRY_BACKOFF: Duration = Duration::from_millis(50);
+
+/// A write the gateway did not accept, or could not be asked.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    /// A newer term has written to the resource; this term is over.
+    #[error("stale token for {resource}: presented {presented}, highest accepted {highest:?}")]
+    Stale {
+        resource: ResourceName,
+        presented: Token,
+        highest: Option<Token>,
+    },
+    /// The term had already ended; nothing was sent.
+    #[error("the term at epoch {epoch} has ended ({reason:?}); the write was not sent")]
+    TermOver {
+        epoch: Token,
+        reason: Option<LossReason>,
+    },
+    /// Any other error answer (a precondition, a bad request, the backend down).
+    #[error("the gateway refused the request ({}): {}", .body.error, .body.message)]
+    Refused { status: u16, body: Box<ErrorBody> },
+    /// No answer: connection refused or broken, or the request timed out.
+    #[error("the gateway could not be reached: {0}")]
+    Transport(String),
+    /// An answer outside the contract.
+    #[error("unexpected answer from the gateway: {0}")]
+    Protocol(String),
+}
+
+impl WriteError {
+    /// The contract's code, for answers that carried one.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            WriteError::Stale { .. } => Some(ErrorCode::StaleToken),
+            WriteError::Refused { body, .. } => Some(body.error),
+            _ => None,
+        }
+    }
+}
+
+/// A stored object, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Object {
+    pub value: Bytes,
+    pub version: u64,
+    /// The token of the term that wrote it.
+    pub token: Token,
+}
+
+/// An HTTP client for one gateway.
+#[derive(Clone)]
+pub struct FencedClient {
+    base: String,
+    http: hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>>,
+    timeout: Duration,
+    retries: u32,
+}
+
+impl FencedClient {
+    /// A client for the gateway at `base_url` (`http://host:port`; plain HTTP).
+    pub fn new(base_url: &str) -> Result<FencedClient, WriteError> {
+        let base = base_url.trim_end_matches('/').to_owned();
+        let uri: http::Uri = base
+            .parse()
+            .map_err(|_| WriteError::Protocol(format!("{base_url:?} is not a URL")))?;
+        if uri.scheme_str() != Some("http") || uri.host().is_none() {
+            return Err(WriteError::Protocol(format!(
+                "{base_url:?}: expected http://host:port"
+            )));
+        }
+        let http = hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http();
+        Ok(FencedClient {
+            base,
+            http,
+            timeout: DEFAULT_REQUEST_TIMEOUT,
+            retries: DEFAULT_RETRIES,
+        })
+    }
+
+    /// Sets how long one request may take.
+    pub fn with_timeout(mut self, timeout: Duration) -> FencedClient {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sets how many times an idempotent write is resent after a transport failure.
+    pub fn with_retries(mut self, retries: u32) -> FencedClient {
+        self.retries = retries;
+        self
+    }
+
+    /// `PUT /v1/kv/{resource}/{key}` under `term`.
+    pub async fn put(
+        &self,
+        term: &Term,
+        resource: &ResourceName,
+        key: &ObjectKey,
+        value: impl Into<Bytes>,
+        precondition: Precondition,
+    ) -> Result<WriteAccepted, WriteError> {
+        let path = kv_path(resource, key);
+        let (_, body) = self
+            .fenced(
+                term,
+                Method::PUT,
+                &path,
+                resource,
+                precondition,
+                value.into(),
+            )
+            .await?;
+        decode(&body)
+    }
+
+    /// `DELETE /v1/kv/{resource}/{key}` under `term`.
+    pub async fn delete(
+        &self,
+        term: &Term,
+        resource: &ResourceName,
+        key: &ObjectKey,
+        precondition: Precondition,
+    ) -> Result<WriteAccepted, WriteError> {
+        let path = kv_path(resource, key);
+        let (_, body) = self
+            .fenced(
+                term,
+                Method::DELETE,
+                &path,
+                resource,
+                precondition,
+                Bytes::new(),
+            )
+            .await?;
+        decode(&body)
+    }
+
+    /// `POST /v1/fences/{resource}/advance`: raises the resource's fence to the term's
+    /// token, so that writes still in flight from older terms are rejected from now on.
+    /// Idempotent, so retried like a versioned write.
+    pub async fn advance(
+        &self,
+        term: &Term,
+        resource: &ResourceName,
+    ) -> Result<FenceState, WriteError> {
+        let path = format!("/v1/fences/{resource}/advance");
+        let (_, body) = self
+            .fenced(
+                term,
+                Method::POST,
+                &path,
+                resource,
+                Precondition::None,
+                Bytes::new(),
+            )
+            .await?;
+        decode(&body)
+    }
+
+    /// `GET /v1/kv/{resource}/{key}`; `None` if there is no such object. Reads are not
+    /// fenced.
+    pub async fn get(
+        &self,
+        resource: &ResourceName,
+        key: &ObjectKey,
+    ) -> Result<Option<Object>, WriteError> {
+        let request = Request::get(format!("{}{}", self.base, kv_path(resource, key)))
+            .body(Full::new(Bytes::new()))
+            .expect("a GET request is valid");
+        let response = self.send(request).await?;
+        let (status, headers, body) = response;
+        if status == StatusCode::OK {
+            let version = headers
+                .get(ETAG)
+                .and_then(|v| parse_etag(v.as_bytes()).ok())
+                .ok_or_else(|| WriteError::Protocol("an object without a valid ETag".into()))?;
+            let token = headers
+                .get(FENCING_TOKEN)
+                .and_then(|v| Token::parse(v.as_bytes()).ok())
+                .ok_or_else(|| WriteError::Protocol("an object without its token".into()))?;
+            return Ok(Some(Object {
+                value: body,
+                version,
+                token,
+            }));
+        }
+        match refusal(status, &headers, &body)? {
+            WriteError::Refused { body, .. } if body.error == ErrorCode::NotFound => Ok(None),
+            other => Err(other),
+        }
+    }
+
+    /// Sends one fenced request, resending it after transport failures when allowed.
+    async fn fenced(
+        &self,
+        term: &Term,
+        method: Method,
+        path: &str,
+        resource: &ResourceName,
+        precondition: Precondition,
+        body: Bytes,
+    ) -> Result<(StatusCode, Bytes), WriteError> {
+        // Raising a fence to the same token twice changes nothing, and a versioned
+        // write cannot apply twice: those may be resent.
+        let idempotent = method == Method::POST
+            || matches!(
+                precondition,
+                Precondition::Version(_) | Precondition::MustNotExist
+            );
+        let mut attempt = 0;
+        loop {
+            if !term.is_live() {
+                return Err(WriteError::TermOver {
+                    epoch: term.epoch(),
+                    reason: term.loss_reason(),
+                });
+            }
+            let request = self.request(term, &method, path, precondition, body.clone());
+            let error = match self.send(request).await {
+                Ok((status, _, body)) if status.is_success() => return Ok((status, body)),
+                Ok((status, headers, body)) => refusal(status, &headers, &body)?,
+                Err(error) => error,
+            };
+            match error {
+                WriteError::Refused { body, .. } if body.error == ErrorCode::StaleToken => {
+                    return Err(stale(term, resource, *body))
+                }
+                WriteError::Transport(_) if idempotent && attempt < self.retries => {
+                    tracing::debug!(%error, attempt, "resending an idempotent write");
+                    tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt)).await;
+                    attempt += 1;
+                }
+                error => return Err(error),
+            }
+        }
+    }
+
+    fn request(
+        &self,
+        term: &Term,
+        method: &Method,
+        path: &str,
+        precondition: Precondition,
+        body: Bytes,
+    ) -> Request<Full<Bytes>> {
+        let mut request = Request::builder()
+            .method(method.clone())
+            .uri(format!("{}{path}", self.base))
+            .header(FENCING_TOKEN, HeaderValue::from(term.epoch().get()));
+        if let Ok(holder) = HeaderValue::from_str(term.holder()) {
+            request = request.header(FENCING_HOLDER, holder);
+        }
+        request = match precondition {
+            Precondition::None => request,
+            Precondition::MustNotExist => request.header(IF_NONE_MATCH, "*"),
+            Precondition::MustExist => request.header(IF_MATCH, "*"),
+            Precondition::Version(version) => request.header(IF_MATCH, etag(version)),
+        };
+        request
+            .body(Full::new(body))
+            .expect("method, URI and headers were validated")
+    }
+
+    async fn send(
+        &self,
+        request: Request<Full<Bytes>>,
+    ) -> Result<(StatusCode, http::HeaderMap, Bytes), WriteError> {
+        let exchange = async {
+            let response = self
+                .http
+                .request(request)
+                .await
+                .map_err(|e| WriteError::Transport(e.to_string()))?;
+            let (parts, body) = response.into_parts();
+            let body = body
+                .collect()
+                .await
+                .map_err(|e| WriteError::Transport(e.to_string()))?
+                .to_bytes();
+            Ok((parts.status, parts.headers, body))
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .unwrap_or_else(|_| {
+                Err(WriteError::Transport(format!(
+                    "no answer within {:?}",
+                    self.timeout
+                )))
+            })
+    }
+}
+
+/// Ends the term: a newer one has written. Logged once, with the facts.
+fn stale(term: &Term, resource: &ResourceName, body: ErrorBody) -> WriteError {
+    let presented = body.presented.unwrap_or(term.epoch());
+    let highest = body.highest;
+    if term.end(LossReason::StaleRejection) {
+        tracing::warn!(
+            lease = term.lease(),
+            holder = term.holder(),
+            resource = resource.as_str(),
+            presented = presented.get(),
+            highest = highest.map(Token::get),
+            "write rejected as stale: leadership lost"
+        );
+    }
+    WriteError::Stale {
+        resource: body.resource.unwrap_or_else(|| resource.clone()),
+        presented,
+        highest,
+    }
+}
+
+fn kv_path(resource: &ResourceName, key: &ObjectKey) -> String {
+    format!("/v1/kv/{resource}/{}", encode_key(key.as_str()))
+}
+
+fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, WriteError> {
+    serde_json::from_slice(body)
+        .map_err(|e| WriteError::Protocol(format!("a success body that does not decode: {e}")))
+}
+
+/// Decodes an error answer. `Err` only when it is outside the contract.
+fn refusal(
+    status: StatusCode,
+    headers: &http::HeaderMap,
+    body: &[u8],
+) -> Result<WriteError, WriteError> {
+    let mut error: ErrorBody = serde_json::from_slice(body)
+        .map_err(|_| WriteError::Protocol(format!("status {status} without an error body")))?;
+    if error.error == ErrorCode::StaleToken && error.highest.is_none() {
+        error.highest = headers
+            .get(FENCING_HIGHEST)
+            .and_then(|v| Token::parse(v.as_bytes()).ok());
+    }
+    Ok(WriteError::Refused {
+        status: status.as_u16(),
+        body: Box::new(error),
+    })
+}

@@ -1,0 +1,110 @@
+//! Where leases live.
+//!
+//! A store answers three compare-and-swap questions, each decided by the store in one
+//! atomic step and on the store's own clock:
+//!
+//! - **acquire**: take the lease if it is free, expired, or already ours, and return a
+//!   new epoch, strictly above every epoch the store has handed out for this lease.
+//! - **renew**: extend the lease only if it is still ours *at the epoch we name* and
+//!   not yet expired; never change the epoch.
+//! - **release**: free the lease only if it is still ours at that epoch (a late release
+//!   from a replaced holder must not free its successor's lease).
+//!
+//! # Re-acquiring a lease this holder already holds
+//!
+//! Acquire always mints a new epoch, also when the store finds the lease held by the
+//! same holder identity (a process that restarted under the same name). The old
+//! process's term might already have looked expired to someone, and its writes may
+//! still be in flight: the new term must fence them. A restarted holder thus takes its
+//! lease back at once, without waiting for expiry, and with a new token.
+//!
+//! Holder identities must therefore be unique among *running* processes: two live
+//! processes under one identity would take the lease from each other (safely fenced,
+//! but neither would get work done).
+//!
+//! - [`postgres`]: the seed's `leader_lease` table.
+//! - [`redis`] (feature `redis`): `SET NX PX` with a counter minted in the same script.
+
+pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
+
+use std::future::Future;
+use std::time::Duration;
+
+use fencegate_proto::Token;
+
+/// A lease backend. Implementations must make each operation one atomic step in the
+/// store, judged on the store's clock.
+pub trait LeaseStore: Send + Sync + 'static {
+    /// Takes the lease for `holder` for `ttl` if it is free, expired or already held by
+    /// `holder`; `Ok(None)` if someone else holds it.
+    fn acquire(
+        &self,
+        lease: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<Token>, StoreError>> + Send;
+
+    /// Extends the lease by `ttl` if `holder` still holds it at `epoch` and it has not
+    /// expired; `Ok(false)` if not (the holder was replaced).
+    fn renew(
+        &self,
+        lease: &str,
+        holder: &str,
+        epoch: Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Frees the lease if `holder` still holds it at `epoch`; `Ok(false)` if not.
+    fn release(
+        &self,
+        lease: &str,
+        holder: &str,
+        epoch: Token,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
+
+/// A store operation that did not give an answer. The holder cannot tell whether it
+/// still leads: it keeps trying until its renew deadline.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("the lease store is unreachable: {0}")]
+    Unavailable(String),
+    #[error("the lease store answered something unexpected: {0}")]
+    Unexpected(String),
+    #[error("invalid lease store settings: {0}")]
+    Invalid(String),
+}
+
+/// A shared store: several electors (or an elector and an operator tool) on one
+/// connection.
+impl<S: LeaseStore> LeaseStore for std::sync::Arc<S> {
+    fn acquire(
+        &self,
+        lease: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<Token>, StoreError>> + Send {
+        (**self).acquire(lease, holder, ttl)
+    }
+
+    fn renew(
+        &self,
+        lease: &str,
+        holder: &str,
+        epoch: Token,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).renew(lease, holder, epoch, ttl)
+    }
+
+    fn release(
+        &self,
+        lease: &str,
+        holder: &str,
+        epoch: Token,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).release(lease, holder, epoch)
+    }
+}
