@@ -13,7 +13,7 @@
 //!   discarded, not returned to the pool; a broken one is dropped by the pool's recycle
 //!   check, and new connections are made as the database comes back.
 
-mod sql;
+pub mod sql;
 
 use std::time::Duration;
 
