@@ -15,6 +15,9 @@ pub const DEFAULT_CACHE_SIZE: usize = 1_000_000;
 pub const DEFAULT_METRICS_RESOURCE_CAP: usize = 1000;
 pub const DEFAULT_BACKEND_TIMEOUT: &str = "5s";
 pub const DEFAULT_SHUTDOWN_TIMEOUT: &str = "30s";
+pub const DEFAULT_SQL_MAX_STATEMENTS: usize = 100;
+pub const DEFAULT_SQL_STATEMENT_TIMEOUT: &str = "2s";
+pub const DEFAULT_SQL_MAX_ROWS: usize = 10_000;
 
 /// fencegate: a fencing gateway in front of your storage.
 ///
@@ -93,6 +96,36 @@ pub struct Config {
     /// Log filter, in tracing's EnvFilter syntax (e.g. `info`, `fencegate_gateway=debug`).
     #[arg(long, env = "FENCEGATE_LOG", default_value = "info")]
     pub log: String,
+
+    /// Enable fenced SQL transactions (`POST /v1/sql/{resource}`): writers' own
+    /// statements run in the fence check's transaction. Postgres backend only.
+    #[arg(long, env = "FENCEGATE_SQL")]
+    pub sql: bool,
+
+    /// Role every SQL transaction switches to (`SET LOCAL ROLE`) before the writer's
+    /// statements, so that writers get only its privileges. The gateway's database user
+    /// must be a member of it.
+    #[arg(long, env = "FENCEGATE_SQL_ROLE")]
+    pub sql_role: Option<String>,
+
+    /// Also run DDL in SQL transactions: CREATE/ALTER/DROP of tables, views, indexes,
+    /// sequences, types and schemas, TRUNCATE, COMMENT.
+    #[arg(long, env = "FENCEGATE_SQL_ALLOW_DDL")]
+    pub sql_allow_ddl: bool,
+
+    /// Most statements in one SQL transaction.
+    #[arg(long, env = "FENCEGATE_SQL_MAX_STATEMENTS", default_value_t = DEFAULT_SQL_MAX_STATEMENTS)]
+    pub sql_max_statements: usize,
+
+    /// `statement_timeout` of SQL transactions: the longest one statement may run. At most
+    /// --backend-timeout, which bounds the whole transaction.
+    #[arg(long, env = "FENCEGATE_SQL_STATEMENT_TIMEOUT", default_value = DEFAULT_SQL_STATEMENT_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub sql_statement_timeout: Duration,
+
+    /// Most rows returned by one SQL transaction, over all its statements; further rows
+    /// are counted but left out, and the answer says so (`truncated`).
+    #[arg(long, env = "FENCEGATE_SQL_MAX_ROWS", default_value_t = DEFAULT_SQL_MAX_ROWS)]
+    pub sql_max_rows: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -124,6 +157,40 @@ impl Config {
         }
         if self.backend_timeout < Duration::from_millis(10) {
             return fail("--backend-timeout must be at least 10ms");
+        }
+        self.validate_sql()
+    }
+
+    /// The `--sql-*` rules: limits that can work, and no SQL setting without `--sql`.
+    fn validate_sql(&self) -> Result<(), ConfigError> {
+        let fail = |msg: &str| Err(ConfigError(msg.to_owned()));
+        if !self.sql {
+            if self.sql_role.is_some() || self.sql_allow_ddl {
+                return fail("--sql-role and --sql-allow-ddl need --sql");
+            }
+            return Ok(());
+        }
+        if self.database_url.is_none() {
+            return fail("--sql needs the Postgres backend (--database-url)");
+        }
+        if self
+            .sql_role
+            .as_deref()
+            .is_some_and(|role| role.is_empty() || role.contains('\0'))
+        {
+            return fail("--sql-role must be a role name");
+        }
+        if self.sql_max_statements == 0 {
+            return fail("--sql-max-statements must be at least 1");
+        }
+        if self.sql_max_rows == 0 {
+            return fail("--sql-max-rows must be at least 1");
+        }
+        if self.sql_statement_timeout < Duration::from_millis(1) {
+            return fail("--sql-statement-timeout must be at least 1ms");
+        }
+        if self.sql_statement_timeout > self.backend_timeout {
+            return fail("--sql-statement-timeout must not exceed --backend-timeout, which bounds the whole transaction");
         }
         Ok(())
     }
@@ -217,5 +284,43 @@ mod tests {
             .to_string();
         assert!(err.contains("--pool-size"), "{err}");
         assert!(parse(&["--database-url", "x"]).unwrap().validate().is_ok());
+    }
+
+    #[test]
+    fn sql_settings() {
+        let sql = |extra: &[&str]| {
+            let mut args = vec!["--database-url", "x", "--sql"];
+            args.extend_from_slice(extra);
+            parse(&args).unwrap().validate().map_err(|e| e.to_string())
+        };
+        assert!(sql(&[]).is_ok());
+        let config = parse(&["--database-url", "x", "--sql"]).unwrap();
+        assert_eq!(config.sql_max_statements, DEFAULT_SQL_MAX_STATEMENTS);
+        assert_eq!(config.sql_statement_timeout, Duration::from_secs(2));
+        assert!(sql(&["--sql-role", "writer", "--sql-allow-ddl"]).is_ok());
+        for (extra, flag) in [
+            (&["--sql-max-statements", "0"][..], "--sql-max-statements"),
+            (&["--sql-max-rows", "0"], "--sql-max-rows"),
+            (&["--sql-role", ""], "--sql-role"),
+            (
+                &["--sql-statement-timeout", "10s"],
+                "--sql-statement-timeout",
+            ),
+        ] {
+            let err = sql(extra).unwrap_err();
+            assert!(err.contains(flag), "{extra:?}: {err}");
+        }
+        let err = parse(&["--database-url", "x", "--sql-role", "writer"])
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("need --sql"), "{err}");
+        let err = parse(&["--sql"])
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--database-url"), "{err}");
     }
 }

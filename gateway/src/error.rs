@@ -5,6 +5,7 @@ use fencegate_proto::body::ErrorBody;
 use fencegate_proto::path::PathError;
 use fencegate_proto::{ErrorCode, ProtoError, ResourceName, Token};
 
+use crate::store::postgres::SqlRefusal;
 use crate::store::StoreError;
 
 /// Everything a request can fail with.
@@ -30,6 +31,16 @@ pub enum ApiError {
     VersionMismatch { current: Option<u64> },
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("SQL transactions are not enabled on this gateway (--sql, Postgres backend)")]
+    SqlDisabled,
+    #[error("invalid SQL request: {0}")]
+    InvalidSqlRequest(String),
+    #[error("{given} statements in one transaction; the limit is {limit}")]
+    TooManyStatements { given: usize, limit: usize },
+    #[error("statement {statement} is not allowed: {reason}")]
+    StatementNotAllowed { statement: usize, reason: String },
+    #[error(transparent)]
+    Sql(#[from] SqlRefusal),
 }
 
 impl From<PathError> for ApiError {
@@ -53,6 +64,14 @@ impl ApiError {
             ApiError::VersionMismatch { .. } => ErrorCode::VersionMismatch,
             ApiError::Store(StoreError::Unavailable { .. }) => ErrorCode::BackendUnavailable,
             ApiError::Store(StoreError::Internal(_)) => ErrorCode::Internal,
+            ApiError::SqlDisabled => ErrorCode::SqlDisabled,
+            ApiError::InvalidSqlRequest(_) => ErrorCode::InvalidBody,
+            ApiError::TooManyStatements { .. } => ErrorCode::TooManyStatements,
+            ApiError::StatementNotAllowed { .. } => ErrorCode::StatementNotAllowed,
+            ApiError::Sql(SqlRefusal::Failed { .. }) => ErrorCode::SqlError,
+            ApiError::Sql(SqlRefusal::InvalidParam { .. }) => ErrorCode::InvalidParam,
+            ApiError::Sql(SqlRefusal::UnsupportedType { .. }) => ErrorCode::UnsupportedType,
+            ApiError::Sql(SqlRefusal::NotSupportedByBackend) => ErrorCode::NotSupportedByBackend,
         }
     }
 
@@ -94,6 +113,33 @@ impl ApiError {
             ApiError::Store(StoreError::Internal(_)) => {
                 body.message =
                     "an internal error occurred; nothing is known to have been applied".to_owned();
+            }
+            ApiError::StatementNotAllowed { statement, .. } => body.statement = Some(*statement),
+            ApiError::Sql(SqlRefusal::Failed {
+                statement,
+                sqlstate,
+                ..
+            }) => {
+                body.statement = *statement;
+                body.sqlstate = Some(sqlstate.clone());
+            }
+            ApiError::Sql(
+                SqlRefusal::InvalidParam {
+                    statement,
+                    parameter,
+                    ..
+                }
+                | SqlRefusal::UnsupportedType {
+                    statement,
+                    parameter: Some(parameter),
+                    ..
+                },
+            ) => {
+                body.statement = Some(*statement);
+                body.parameter = Some(*parameter);
+            }
+            ApiError::Sql(SqlRefusal::UnsupportedType { statement, .. }) => {
+                body.statement = Some(*statement);
             }
             _ => {}
         }

@@ -14,6 +14,7 @@
 //! - [`app`]: shared state, and the steps of a fenced write (cache check, backend, record).
 //! - [`fence_cache`]: resource -> highest committed token, for rejecting stale writes early.
 //! - [`store`]: the backends, with the contract every one of them keeps.
+//! - [`sqlguard`]: which writer SQL a fenced SQL transaction may run, and its limits.
 //! - [`metrics`], [`telemetry`]: Prometheus metrics and logging.
 //!
 //! # Invariants
@@ -36,6 +37,7 @@ pub mod error;
 pub mod fence_cache;
 pub mod metrics;
 pub mod server;
+pub mod sqlguard;
 pub mod store;
 pub mod telemetry;
 
@@ -76,6 +78,7 @@ pub async fn run(
         .expect("validate() requires a database URL");
     let store =
         Store::Postgres(PgStore::connect(url, config.pool_size, config.backend_timeout).await?);
+    let store = store.with_sql(sqlguard::SqlPolicy::from_config(&config));
     let app = Arc::new(App::new(&config, store));
     let addr = listener.local_addr().map_err(StartError::Listener)?;
     tracing::info!(%addr, backend = %app.store.describe(), "fencegate ready");

@@ -1,6 +1,7 @@
 //! JSON bodies.
 
 use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
 
 use crate::error::ErrorCode;
 use crate::names::{ObjectKey, ResourceName};
@@ -57,6 +58,17 @@ pub struct ErrorBody {
         deserialize_with = "present"
     )]
     pub write_applied: Option<Option<bool>>,
+    /// The index of the SQL statement at fault, from 0 (`sql_error`, `invalid_param`,
+    /// `statement_not_allowed`, `unsupported_type`); absent when a transaction failed
+    /// at commit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub statement: Option<usize>,
+    /// The parameter at fault, `1` for `$1` (`invalid_param`, `unsupported_type`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameter: Option<usize>,
+    /// The Postgres SQLSTATE of a failed statement (`sql_error`), e.g. `23505`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sqlstate: Option<String>,
 }
 
 impl ErrorBody {
@@ -69,8 +81,59 @@ impl ErrorBody {
             highest: None,
             current: None,
             write_applied: None,
+            statement: None,
+            parameter: None,
+            sqlstate: None,
         }
     }
+}
+
+/// The body of `POST /v1/sql/{resource}`: statements run in order, in one
+/// transaction, after the resource's fence check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SqlRequest {
+    pub statements: Vec<SqlStatement>,
+}
+
+/// One statement: a single SQL command with `$1..$n` placeholders, and their values.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SqlStatement {
+    pub sql: String,
+    /// Bound to `$1..$n` by the types the database reports for them; `null` is SQL NULL.
+    #[serde(default)]
+    pub params: Vec<Value>,
+}
+
+/// The answer to a committed SQL transaction: one result per statement, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SqlAccepted {
+    pub resource: ResourceName,
+    pub token: Token,
+    pub results: Vec<SqlResult>,
+}
+
+/// What one statement did and returned.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SqlResult {
+    /// Rows inserted, updated, deleted or selected, as Postgres reports them; counts
+    /// every row, also those left out of `rows` by truncation.
+    pub rows_affected: u64,
+    /// The statement's result columns (empty for a write without `RETURNING`).
+    pub columns: Vec<SqlColumn>,
+    pub rows: Vec<Vec<Value>>,
+    /// True if rows were left out because the answer reached `--sql-max-rows`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+/// A result column: its name and its Postgres type name (`int8`, `text`, `uuid[]`...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SqlColumn {
+    pub name: String,
+    #[serde(rename = "type")]
+    pub type_name: String,
 }
 
 /// Distinguishes a field that is present but `null` from one that is absent.

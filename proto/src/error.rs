@@ -42,11 +42,26 @@ pub enum ErrorCode {
     NotSupportedByBackend,
     /// 500: a bug or an unexpected backend answer; nothing is known to have been applied.
     Internal,
+    /// 400: a statement of a SQL transaction failed in the database (syntax, constraint,
+    /// permission, statement timeout...); the body names the statement and the SQLSTATE.
+    /// Nothing of the transaction was applied, the fence included.
+    SqlError,
+    /// 400: a SQL parameter does not fit the type the database expects for it.
+    InvalidParam,
+    /// 400: a SQL statement is not of a kind the gateway runs (transaction control,
+    /// `SET`, `GRANT`, DDL without `--sql-allow-ddl`...); nothing was run.
+    StatementNotAllowed,
+    /// 400: a SQL parameter or result column has a type the gateway cannot convert.
+    UnsupportedType,
+    /// 400: more statements in one SQL transaction than `--sql-max-statements`.
+    TooManyStatements,
+    /// 403: SQL transactions are not enabled on this gateway (`--sql`).
+    SqlDisabled,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and for exhaustive tests.
-    pub const ALL: [ErrorCode; 15] = [
+    pub const ALL: [ErrorCode; 21] = [
         ErrorCode::StaleToken,
         ErrorCode::VersionMismatch,
         ErrorCode::MissingToken,
@@ -62,6 +77,12 @@ impl ErrorCode {
         ErrorCode::BackendUnavailable,
         ErrorCode::NotSupportedByBackend,
         ErrorCode::Internal,
+        ErrorCode::SqlError,
+        ErrorCode::InvalidParam,
+        ErrorCode::StatementNotAllowed,
+        ErrorCode::UnsupportedType,
+        ErrorCode::TooManyStatements,
+        ErrorCode::SqlDisabled,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -81,6 +102,12 @@ impl ErrorCode {
             ErrorCode::BackendUnavailable => "backend_unavailable",
             ErrorCode::NotSupportedByBackend => "not_supported_by_backend",
             ErrorCode::Internal => "internal",
+            ErrorCode::SqlError => "sql_error",
+            ErrorCode::InvalidParam => "invalid_param",
+            ErrorCode::StatementNotAllowed => "statement_not_allowed",
+            ErrorCode::UnsupportedType => "unsupported_type",
+            ErrorCode::TooManyStatements => "too_many_statements",
+            ErrorCode::SqlDisabled => "sql_disabled",
         }
     }
 
@@ -95,7 +122,13 @@ impl ErrorCode {
             | ErrorCode::InvalidPrecondition
             | ErrorCode::InvalidResource
             | ErrorCode::InvalidKey
-            | ErrorCode::InvalidBody => 400,
+            | ErrorCode::InvalidBody
+            | ErrorCode::SqlError
+            | ErrorCode::InvalidParam
+            | ErrorCode::StatementNotAllowed
+            | ErrorCode::UnsupportedType
+            | ErrorCode::TooManyStatements => 400,
+            ErrorCode::SqlDisabled => 403,
             ErrorCode::BodyTooLarge => 413,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,

@@ -4,6 +4,7 @@
 //! /v1/kv/{resource}/{key}        key: percent-decoded, may contain '/'
 //! /v1/fences/{resource}
 //! /v1/fences/{resource}/advance
+//! /v1/sql/{resource}
 //! /metrics  /healthz  /readyz
 //! ```
 
@@ -23,6 +24,10 @@ pub enum Target {
         resource: ResourceName,
     },
     FenceAdvance {
+        resource: ResourceName,
+    },
+    /// A fenced SQL transaction on the resource's fence.
+    Sql {
         resource: ResourceName,
     },
     Metrics,
@@ -69,6 +74,14 @@ impl Target {
                 }),
                 Some(_) => Err(PathError::NotFound),
             };
+        }
+        if let Some(resource) = path.strip_prefix("/v1/sql/") {
+            if resource.contains('/') {
+                return Err(PathError::NotFound);
+            }
+            return Ok(Target::Sql {
+                resource: resource_segment(resource)?,
+            });
         }
         Err(PathError::NotFound)
     }
@@ -147,6 +160,12 @@ mod tests {
                 resource: res("orders")
             })
         );
+        assert_eq!(
+            Target::parse("/v1/sql/sweeper"),
+            Ok(Target::Sql {
+                resource: res("sweeper")
+            })
+        );
         assert_eq!(Target::parse("/metrics"), Ok(Target::Metrics));
     }
 
@@ -157,6 +176,11 @@ mod tests {
             Target::parse("/v1/fences/orders/retreat"),
             Err(PathError::NotFound)
         );
+        assert_eq!(Target::parse("/v1/sql/a/b"), Err(PathError::NotFound));
+        assert!(matches!(
+            Target::parse("/v1/sql/"),
+            Err(PathError::Invalid(ProtoError::InvalidResource(_)))
+        ));
         assert!(matches!(
             Target::parse("/v1/kv/orders"),
             Err(PathError::Invalid(ProtoError::InvalidKey(_)))

@@ -6,11 +6,13 @@
 //!
 //! - [`kv`]: `GET/PUT/DELETE /v1/kv/{resource}/{key}`
 //! - [`fences`]: `GET /v1/fences/{resource}`, `POST /v1/fences/{resource}/advance`
+//! - [`sql`]: `POST /v1/sql/{resource}`
 //! - [`ops`]: `/metrics`, `/healthz`, `/readyz`
 
 mod fences;
 mod kv;
 mod ops;
+mod sql;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -87,6 +89,8 @@ async fn dispatch(app: &Arc<App>, request: Request<Incoming>) -> Result<Response
             fences::advance(app, resource, request).await
         }
         (_, Target::FenceAdvance { .. }) => Err(ApiError::MethodNotAllowed { allow: "POST" }),
+        (Method::POST, Target::Sql { resource }) => sql::post(app, resource, request).await,
+        (_, Target::Sql { .. }) => Err(ApiError::MethodNotAllowed { allow: "POST" }),
         (Method::GET, Target::Metrics) => Ok(ops::metrics(app)),
         (Method::GET, Target::Healthz) => Ok(ops::healthz()),
         (Method::GET, Target::Readyz) => ops::readyz(app).await,
@@ -113,6 +117,9 @@ fn route_label(method: &Method, path: &str) -> &'static str {
         } else {
             "fence_get"
         };
+    }
+    if path.starts_with("/v1/sql/") {
+        return "sql";
     }
     match path {
         "/metrics" => "metrics",
@@ -183,6 +190,7 @@ mod tests {
             "fence_advance"
         );
         assert_eq!(route_label(&Method::GET, "/v1/fences/a"), "fence_get");
+        assert_eq!(route_label(&Method::POST, "/v1/sql/a"), "sql");
         assert_eq!(route_label(&Method::GET, "/nope"), "unknown");
     }
 }

@@ -7,6 +7,8 @@
 //! - A write with a precondition (`If-Match`) runs in an explicit transaction: raise the
 //!   fence and read the object's version (pipelined), check the precondition, then write
 //!   and commit — or roll back, so that a failed precondition leaves the fence as it was.
+//! - A SQL transaction (`/v1/sql`, [`sql_tx`]) runs the same fence step first, then
+//!   the writer's own statements, then commits — or rolls everything back.
 //! - A stale answer is followed by a read of the committed highest token, in a new
 //!   statement: it sees the value that caused the rejection, or a later one.
 //! - Every operation is bounded by the backend timeout. A connection that timed out is
@@ -14,6 +16,10 @@
 //!   check, and new connections are made as the database comes back.
 
 pub mod sql;
+mod sql_tx;
+mod values;
+
+pub use sql_tx::{SqlFailure, SqlOutcome, SqlRefusal, SqlTransaction};
 
 use std::time::Duration;
 
@@ -35,6 +41,8 @@ pub struct PgStore {
     pool: Pool,
     timeout: Duration,
     description: String,
+    /// SQL transactions (`/v1/sql`): enabled only with a policy; see [`sql_tx`].
+    sql: Option<crate::sqlguard::SqlPolicy>,
 }
 
 /// Why the backend could not start.
@@ -79,6 +87,7 @@ impl PgStore {
             pool,
             timeout,
             description,
+            sql: None,
         };
         store.migrate().await?;
         Ok(store)

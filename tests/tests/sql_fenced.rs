@@ -1,0 +1,455 @@
+//! Fenced SQL transactions (`POST /v1/sql/{resource}`) through the real gateway and a
+//! real Postgres: the seed's sweeper, atomicity, concurrent writers, an outage.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use fencegate_tests::db::{server_url, TestDb};
+use fencegate_tests::eventually;
+use fencegate_tests::gateway::Gateway;
+use fencegate_tests::http::{metric_value, Client, Reply};
+use fencegate_tests::proxy::Proxy;
+use http::Method;
+use serde_json::{json, Value};
+
+async fn sql(client: &Client, resource: &str, token: u64, body: Value) -> Reply {
+    let token = token.to_string();
+    client
+        .request(
+            Method::POST,
+            &format!("/v1/sql/{resource}"),
+            &[("fencing-token", &token)],
+            body.to_string(),
+        )
+        .await
+}
+
+async fn sql_gateway(db: &TestDb) -> Gateway {
+    Gateway::builder()
+        .database(&db.url())
+        .arg("--sql")
+        .spawn()
+        .await
+}
+
+/// The seed's tables: the sweeper's own state row, and the invoices it reminds.
+async fn sweeper_tables(db: &TestDb) {
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE TABLE sweep_state (id int PRIMARY KEY, last_epoch bigint NOT NULL, note text);
+             INSERT INTO sweep_state VALUES (1, 0, 'never swept');
+             CREATE TABLE invoices (id bigint PRIMARY KEY, reminded_at timestamptz, reminded_by text);
+             INSERT INTO invoices (id) VALUES (123), (124);",
+        )
+        .await
+        .unwrap();
+}
+
+/// One sweep: the sweeper's state row and one invoice, in one fenced transaction.
+fn sweep(node: &str, epoch: u64, invoice: i64) -> Value {
+    json!({"statements": [
+        {"sql": "UPDATE sweep_state SET last_epoch = $1, note = $2 WHERE id = 1", "params": [epoch, format!("sweep by {node}")]},
+        {"sql": "UPDATE invoices SET reminded_at = now(), reminded_by = $2 WHERE id = $1 AND reminded_at IS NULL RETURNING id", "params": [invoice, node]},
+    ]})
+}
+
+async fn state_note(db: &TestDb) -> String {
+    db.client()
+        .await
+        .query_one("SELECT note FROM sweep_state WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+async fn reminded_by(db: &TestDb, invoice: i64) -> Option<String> {
+    db.client()
+        .await
+        .query_one(
+            "SELECT reminded_by FROM invoices WHERE id = $1",
+            &[&invoice],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Seed 000: node-a (epoch 1) sends its sweep, which the network delays; node-b takes
+/// over with epoch 2 and sweeps through the gateway; node-a's sweep arrives late and
+/// is rejected: the row still says `sweep by node-b`, and node-a's invoice is untouched.
+#[tokio::test]
+async fn stale_sweeper_updates_never_reach_the_tables() {
+    let db = TestDb::create().await;
+    sweeper_tables(&db).await;
+    let gateway = sql_gateway(&db).await;
+    let direct = gateway.client();
+    let network = Proxy::start(gateway.addr()).await;
+    let via_network = Client::new(format!("http://{}", network.addr()));
+
+    // node-a, epoch 1: its sweep is held in the network.
+    network.hold();
+    let delayed =
+        tokio::spawn(async move { sql(&via_network, "sweeper", 1, sweep("node-a", 1, 124)).await });
+    eventually(
+        Duration::from_secs(5),
+        "node-a's sweep to reach the network",
+        || async { network.held_bytes() > 0 },
+    )
+    .await;
+
+    // node-b, epoch 2: accepted.
+    let b = sql(&direct, "sweeper", 2, sweep("node-b", 2, 123)).await;
+    assert_eq!(b.status, 200, "{:?}", b.body);
+    let body = b.json();
+    assert_eq!(
+        (body["resource"].as_str(), body["token"].as_u64()),
+        (Some("sweeper"), Some(2))
+    );
+    assert_eq!(body["results"][0]["rows_affected"], 1);
+    assert_eq!(body["results"][0]["columns"], json!([]));
+    assert_eq!(body["results"][1]["rows"], json!([[123]]));
+    assert_eq!(
+        body["results"][1]["columns"],
+        json!([{"name": "id", "type": "int8"}])
+    );
+
+    // node-a's delayed sweep arrives.
+    network.release();
+    let late = delayed.await.unwrap();
+    assert_eq!(late.status, 409, "{:?}", late.body);
+    assert_eq!(late.header("fencing-highest"), Some("2"));
+    let body = late.json();
+    assert_eq!(body["error"], "stale_token");
+    assert_eq!(
+        (body["presented"].as_u64(), body["highest"].as_u64()),
+        (Some(1), Some(2))
+    );
+
+    assert_eq!(state_note(&db).await, "sweep by node-b");
+    assert_eq!(reminded_by(&db, 123).await.as_deref(), Some("node-b"));
+    assert_eq!(
+        reminded_by(&db, 124).await,
+        None,
+        "node-a's invoice update must not land"
+    );
+    assert_eq!(db.highest("sweeper").await, Some(2));
+
+    // Counted and logged like every stale rejection.
+    let metrics = direct.metrics().await;
+    assert_eq!(
+        metric_value(
+            &metrics,
+            "fencegate_stale_rejections_total{resource=\"sweeper\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric_value(
+            &metrics,
+            "fencegate_requests_total{outcome=\"stale_token\",route=\"sql\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric_value(
+            &metrics,
+            "fencegate_requests_total{outcome=\"ok\",route=\"sql\"}"
+        ),
+        Some(1.0)
+    );
+    let events = gateway.events("stale write rejected");
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(
+        (
+            events[0]["fields"]["presented"].as_u64(),
+            events[0]["fields"]["highest"].as_u64()
+        ),
+        (Some(1), Some(2))
+    );
+
+    // A rejection from the fence cache is the same answer.
+    let again = sql(&direct, "sweeper", 1, sweep("node-a", 1, 124)).await;
+    assert_eq!(again.status, 409);
+    assert_eq!(reminded_by(&db, 124).await, None);
+}
+
+/// The control run: the same late UPDATE sent straight to Postgres lands, overwriting
+/// node-b's sweep — what the gateway exists to prevent.
+#[tokio::test]
+async fn control_the_same_stale_update_sent_directly_lands() {
+    let db = TestDb::create().await;
+    sweeper_tables(&db).await;
+    let gateway = sql_gateway(&db).await;
+    assert_eq!(
+        sql(&gateway.client(), "sweeper", 2, sweep("node-b", 2, 123))
+            .await
+            .status,
+        200
+    );
+
+    let postgres = db.client().await;
+    let updated = postgres
+        .execute(
+            "UPDATE sweep_state SET last_epoch = $1, note = $2 WHERE id = 1",
+            &[&1i64, &"sweep by node-a"],
+        )
+        .await
+        .unwrap();
+    assert_eq!(updated, 1);
+    assert_eq!(
+        state_note(&db).await,
+        "sweep by node-a",
+        "without the gateway the stale write wins"
+    );
+}
+
+/// A failing statement rolls back everything: the earlier statements' effects and the
+/// fence raise alike.
+#[tokio::test]
+async fn a_failing_statement_rolls_back_the_transaction_and_the_fence() {
+    let db = TestDb::create().await;
+    db.client()
+        .await
+        .batch_execute("CREATE TABLE ledger (id int PRIMARY KEY, amount int NOT NULL)")
+        .await
+        .unwrap();
+    let gateway = sql_gateway(&db).await;
+    let client = gateway.client();
+
+    let insert = |id: i64| json!({"sql": "INSERT INTO ledger VALUES ($1, 10)", "params": [id]});
+    let failed = sql(
+        &client,
+        "ledger",
+        5,
+        json!({"statements": [insert(1), insert(1)]}),
+    )
+    .await;
+    assert_eq!(failed.status, 400, "{:?}", failed.body);
+    let body = failed.json();
+    assert_eq!(body["error"], "sql_error");
+    assert_eq!(body["statement"], 1);
+    assert_eq!(body["sqlstate"], "23505");
+    assert!(
+        body["message"].as_str().unwrap().contains("duplicate key"),
+        "{body}"
+    );
+
+    let rows: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM ledger", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 0, "the first statement's insert was rolled back");
+    assert_eq!(
+        db.highest("ledger").await,
+        None,
+        "the fence raise was rolled back"
+    );
+
+    // With a fence in place, a failed transaction with a higher token leaves it as it was.
+    assert_eq!(
+        sql(&client, "ledger", 3, json!({"statements": [insert(1)]}))
+            .await
+            .status,
+        200
+    );
+    let failed = sql(
+        &client,
+        "ledger",
+        9,
+        json!({"statements": [insert(2), {"sql": "SELECT 1/0"}]}),
+    )
+    .await;
+    assert_eq!(failed.json()["sqlstate"], "22012");
+    assert_eq!(db.highest("ledger").await, Some(3));
+    assert_eq!(
+        sql(&client, "ledger", 4, json!({"statements": [insert(2)]}))
+            .await
+            .status,
+        200,
+        "token 4 >= 3 still accepted"
+    );
+
+    // An error at commit (a deferred constraint) names no statement.
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE TABLE parent (id int PRIMARY KEY);
+             CREATE TABLE child (id int REFERENCES parent DEFERRABLE INITIALLY DEFERRED);",
+        )
+        .await
+        .unwrap();
+    let failed = sql(
+        &client,
+        "ledger",
+        4,
+        json!({"statements": [{"sql": "INSERT INTO child VALUES (7)"}]}),
+    )
+    .await;
+    assert_eq!(failed.status, 400);
+    let body = failed.json();
+    assert_eq!(body["sqlstate"], "23503");
+    assert!(body.get("statement").is_none(), "{body}");
+    let children: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM child", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(children, 0);
+}
+
+/// Many writers with random tokens increment one counter: the counter ends at the number
+/// of accepted transactions, and in commit order no accepted token is below an earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writers_commit_in_token_order() {
+    let db = TestDb::create().await;
+    db.client()
+        .await
+        .batch_execute("CREATE TABLE counter (id int PRIMARY KEY, n bigint NOT NULL); INSERT INTO counter VALUES (1, 0);")
+        .await
+        .unwrap();
+    let gateway = sql_gateway(&db).await;
+    let client = gateway.client();
+
+    let mut writers = Vec::new();
+    for _ in 0..8 {
+        let client = client.clone();
+        writers.push(tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            for _ in 0..15 {
+                let token = rand::random_range(1..=40u64);
+                let reply = sql(
+                    &client,
+                    "counter",
+                    token,
+                    json!({"statements": [{"sql": "UPDATE counter SET n = n + 1 WHERE id = 1 RETURNING n"}]}),
+                )
+                .await;
+                match reply.status {
+                    // The value this transaction committed orders it among the others.
+                    200 => outcomes.push(Some((reply.json()["results"][0]["rows"][0][0].as_i64().unwrap(), token))),
+                    409 => outcomes.push(None),
+                    other => panic!("unexpected {other}: {:?}", reply.body),
+                }
+            }
+            outcomes
+        }));
+    }
+    let mut accepted = Vec::new();
+    let mut rejected = 0;
+    for writer in writers {
+        for outcome in writer.await.unwrap() {
+            match outcome {
+                Some(commit) => accepted.push(commit),
+                None => rejected += 1,
+            }
+        }
+    }
+    accepted.sort();
+    let n: i64 = db
+        .client()
+        .await
+        .query_one("SELECT n FROM counter WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        n as usize,
+        accepted.len(),
+        "the counter counts exactly the accepted transactions"
+    );
+    assert_eq!(accepted.len() + rejected, 8 * 15);
+    let counts: Vec<i64> = accepted.iter().map(|(n, _)| *n).collect();
+    assert_eq!(
+        counts,
+        (1..=n).collect::<Vec<_>>(),
+        "every accepted transaction committed once"
+    );
+    for pair in accepted.windows(2) {
+        assert!(
+            pair[0].1 <= pair[1].1,
+            "commit {} had token {} after commit {} with token {}",
+            pair[1].0,
+            pair[1].1,
+            pair[0].0,
+            pair[0].1
+        );
+    }
+    let highest = accepted.last().map(|(_, token)| *token as i64);
+    assert_eq!(db.highest("counter").await, highest);
+}
+
+fn postgres_addr() -> SocketAddr {
+    let url = server_url();
+    let host_port = url
+        .trim_start_matches("postgres://")
+        .rsplit('@')
+        .next()
+        .unwrap()
+        .trim_end_matches('/');
+    host_port
+        .parse()
+        .unwrap_or_else(|_| panic!("FENCEGATE_TEST_PG must name host:port as an IP address: {url}"))
+}
+
+/// The database unreachable: 503 within the backend timeout, nothing applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_database_answers_503() {
+    let db = TestDb::create().await;
+    db.client()
+        .await
+        .batch_execute("CREATE TABLE t (id int)")
+        .await
+        .unwrap();
+    let network = Proxy::start(postgres_addr()).await;
+    let url = db
+        .url()
+        .replace(&postgres_addr().to_string(), &network.addr().to_string());
+    let gateway = Gateway::builder()
+        .database(&url)
+        .arg("--sql")
+        .arg("--backend-timeout")
+        .arg("1s")
+        .arg("--sql-statement-timeout")
+        .arg("500ms")
+        .spawn()
+        .await;
+    let client = gateway.client();
+    let insert = json!({"statements": [{"sql": "INSERT INTO t VALUES (1)"}]});
+    assert_eq!(sql(&client, "t", 1, insert.clone()).await.status, 200);
+
+    network.cut();
+    let reply = tokio::time::timeout(
+        Duration::from_secs(10),
+        sql(&client, "t", 2, insert.clone()),
+    )
+    .await
+    .expect("answered within 10 s, not a hang");
+    assert_eq!(reply.status, 503, "{:?}", reply.body);
+    assert_eq!(reply.json()["error"], "backend_unavailable");
+    let rows: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM t", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1);
+    assert_eq!(db.highest("t").await, Some(1));
+
+    let _network = network.restore().await;
+    eventually(
+        Duration::from_secs(10),
+        "SQL transactions to work again",
+        || {
+            let (client, insert) = (client.clone(), insert.clone());
+            async move { sql(&client, "t", 2, insert).await.status == 200 }
+        },
+    )
+    .await;
+}
