@@ -1,6 +1,6 @@
 //! The gateway's configuration: one struct, every field a flag and an environment variable.
 //!
-//! Tests build it with [`Cli::try_parse_from`] (or [`Config::for_tests`]); nothing here
+//! Tests build it with [`Cli::try_parse_from`]; nothing here
 //! reads the process environment except through clap.
 
 use std::net::SocketAddr;
@@ -18,6 +18,8 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: &str = "30s";
 pub const DEFAULT_SQL_MAX_STATEMENTS: usize = 100;
 pub const DEFAULT_SQL_STATEMENT_TIMEOUT: &str = "2s";
 pub const DEFAULT_SQL_MAX_ROWS: usize = 10_000;
+pub const DEFAULT_DATA_DIR: &str = "./fencegate-data";
+pub const DEFAULT_GROUP_COMMIT_MAX: usize = 256;
 
 /// fencegate: a fencing gateway in front of your storage.
 ///
@@ -56,10 +58,21 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
 
-    /// Postgres connection string, e.g. postgres://postgres@127.0.0.1:5432/app.
-    /// The gateway creates its tables in schema `fencegate` of that database.
+    /// Postgres connection string, e.g. postgres://postgres@127.0.0.1:5432/app. The gateway
+    /// creates its tables in schema `fencegate` of that database. Without it, the gateway
+    /// keeps its fences in an embedded store under --data-dir.
     #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<String>,
+
+    /// Directory of the embedded store (used when no --database-url is given); the file
+    /// `fencegate.redb` is created there on first start.
+    #[arg(long, env = "FENCEGATE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
+    pub data_dir: std::path::PathBuf,
+
+    /// Embedded store: most concurrent writes committed together in one durable
+    /// transaction (one fsync). 1 commits every write on its own.
+    #[arg(long, env = "FENCEGATE_GROUP_COMMIT_MAX", default_value_t = DEFAULT_GROUP_COMMIT_MAX)]
+    pub group_commit_max: usize,
 
     /// Largest number of Postgres connections the gateway opens.
     #[arg(long, env = "FENCEGATE_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE)]
@@ -143,8 +156,8 @@ impl Config {
     /// Rejects settings that are individually well-formed but cannot work.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let fail = |msg: &str| Err(ConfigError(msg.to_owned()));
-        if self.database_url.is_none() {
-            return fail("--database-url (or DATABASE_URL) is required: the gateway keeps its fences in Postgres");
+        if self.group_commit_max == 0 {
+            return fail("--group-commit-max must be at least 1");
         }
         if self.pool_size == 0 {
             return fail("--pool-size must be at least 1");
@@ -193,19 +206,6 @@ impl Config {
             return fail("--sql-statement-timeout must not exceed --backend-timeout, which bounds the whole transaction");
         }
         Ok(())
-    }
-
-    /// A configuration for tests: every default, the given database, any free port.
-    pub fn for_tests(database_url: &str) -> Config {
-        Cli::try_parse_from([
-            "fencegate",
-            "--listen",
-            "127.0.0.1:0",
-            "--database-url",
-            database_url,
-        ])
-        .expect("the test configuration parses")
-        .into_config()
     }
 }
 
@@ -273,10 +273,12 @@ mod tests {
 
     #[test]
     fn validation_names_the_flag() {
-        let mut config = parse(&["--database-url", "x"]).unwrap();
-        config.database_url = None;
-        let err = config.validate().unwrap_err().to_string();
-        assert!(err.contains("--database-url"), "{err}");
+        let err = parse(&["--group-commit-max", "0"])
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--group-commit-max"), "{err}");
         let err = parse(&["--database-url", "x", "--pool-size", "0"])
             .unwrap()
             .validate()

@@ -50,8 +50,9 @@ pub use config::{Cli, Config};
 
 use crate::app::App;
 use crate::config::ConfigError;
+use crate::store::embedded::EmbeddedStartError;
 use crate::store::postgres::PgStartError;
-use crate::store::{PgStore, Store};
+use crate::store::{EmbeddedStore, PgStore, Store};
 
 /// Why the gateway could not start.
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +61,8 @@ pub enum StartError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Postgres(#[from] PgStartError),
+    #[error(transparent)]
+    Embedded(#[from] EmbeddedStartError),
     #[error("the listener has no local address: {0}")]
     Listener(std::io::Error),
 }
@@ -79,6 +82,17 @@ pub async fn run(
     let store =
         Store::Postgres(PgStore::connect(url, config.pool_size, config.backend_timeout).await?);
     let store = store.with_sql(sqlguard::SqlPolicy::from_config(&config));
+    // Backend selection: a database URL means Postgres; otherwise the embedded store.
+    let store = match config.database_url.as_deref() {
+        Some(url) => {
+            Store::Postgres(PgStore::connect(url, config.pool_size, config.backend_timeout).await?)
+        }
+        None => Store::Embedded(EmbeddedStore::open(
+            &config.data_dir,
+            config.group_commit_max,
+            config.backend_timeout,
+        )?),
+    };
     let app = Arc::new(App::new(&config, store));
     let addr = listener.local_addr().map_err(StartError::Listener)?;
     tracing::info!(%addr, backend = %app.store.describe(), "fencegate ready");

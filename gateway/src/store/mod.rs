@@ -15,14 +15,17 @@ use bytes::Bytes;
 use fencegate_proto::headers::Precondition;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
 
+pub mod embedded;
 pub mod postgres;
 
+pub use embedded::EmbeddedStore;
 pub use postgres::PgStore;
 
 /// The configured backend. An enum rather than a trait object: there are few
 /// backends, and static dispatch keeps their async methods plain.
 pub enum Store {
     Postgres(PgStore),
+    Embedded(EmbeddedStore),
 }
 
 /// A fenced write of one object.
@@ -97,6 +100,8 @@ pub enum UnavailableReason {
     ConnectionLost,
     /// The server refused or cancelled the statement (shutting down, statement timeout).
     ServerAborted,
+    /// The embedded store's file could not be read or written.
+    Storage,
 }
 
 impl UnavailableReason {
@@ -106,6 +111,7 @@ impl UnavailableReason {
             UnavailableReason::Timeout => "timeout",
             UnavailableReason::ConnectionLost => "connection_lost",
             UnavailableReason::ServerAborted => "server_aborted",
+            UnavailableReason::Storage => "storage",
         }
     }
 }
@@ -117,6 +123,7 @@ impl std::fmt::Display for UnavailableReason {
             UnavailableReason::Timeout => "it did not answer in time",
             UnavailableReason::ConnectionLost => "the connection was lost",
             UnavailableReason::ServerAborted => "the server aborted the statement",
+            UnavailableReason::Storage => "the store's file could not be read or written",
         })
     }
 }
@@ -146,6 +153,7 @@ impl Store {
     pub async fn write(&self, write: &Write) -> Result<WriteOutcome, StoreError> {
         match self {
             Store::Postgres(store) => store.write(write).await,
+            Store::Embedded(store) => store.write(write).await,
         }
     }
 
@@ -156,6 +164,7 @@ impl Store {
     ) -> Result<AdvanceOutcome, StoreError> {
         match self {
             Store::Postgres(store) => store.advance(resource, token).await,
+            Store::Embedded(store) => store.advance(resource, token).await,
         }
     }
 
@@ -166,12 +175,14 @@ impl Store {
     ) -> Result<Option<StoredObject>, StoreError> {
         match self {
             Store::Postgres(store) => store.get(resource, key).await,
+            Store::Embedded(store) => store.get(resource, key).await,
         }
     }
 
     pub async fn fence(&self, resource: &ResourceName) -> Result<Option<Token>, StoreError> {
         match self {
             Store::Postgres(store) => store.fence(resource).await,
+            Store::Embedded(store) => store.fence(resource).await,
         }
     }
 
@@ -179,6 +190,7 @@ impl Store {
     pub async fn ping(&self) -> Result<(), StoreError> {
         match self {
             Store::Postgres(store) => store.ping().await,
+            Store::Embedded(store) => store.ping().await,
         }
     }
 
@@ -186,6 +198,7 @@ impl Store {
     pub fn describe(&self) -> String {
         match self {
             Store::Postgres(store) => store.describe(),
+            Store::Embedded(store) => store.describe(),
         }
     }
 }

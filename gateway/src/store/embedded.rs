@@ -1,0 +1,454 @@
+//! The embedded backend: fences and objects in one redb file, no database server.
+//!
+//! # Behavior
+//!
+//! - One writer thread owns every write transaction. Writes and advances queue to it;
+//!   it takes the requests waiting (up to the group-commit size), applies them in
+//!   arrival order inside one write transaction — each checked against its resource's
+//!   fence as the writes before it left it — commits once, and only then answers each
+//!   of them. A commit is durable when it returns (redb's default `Durability::Immediate`
+//!   fsyncs), so an acknowledged write survives a crash, and a batch of N writes costs
+//!   one fsync instead of N.
+//! - A write rejected inside a batch changes nothing: every check of a write comes
+//!   before its first change. If the commit fails, every write of the batch is
+//!   answered with an error and none of them is applied.
+//! - Reads run on the blocking pool in MVCC read transactions: they see committed
+//!   state only, and never wait for the writer.
+//! - redb locks the file: a second gateway on the same file fails to start.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use fencegate_proto::{ObjectKey, ResourceName, Token};
+use redb::{
+    Database, DatabaseError, ReadableDatabase, ReadableTable, Table, TableDefinition, TableHandle,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use super::{
+    precondition_holds, AdvanceOutcome, StoreError, StoredObject, UnavailableReason, Write,
+    WriteOp, WriteOutcome,
+};
+
+/// The file inside `--data-dir`.
+pub const FILE_NAME: &str = "fencegate.redb";
+
+/// resource -> highest accepted token.
+const FENCES: TableDefinition<&str, u64> = TableDefinition::new("fences");
+/// (resource, key) -> (token, version, born, value); value `None` is a tombstone that
+/// keeps the version sequence, as in the Postgres backend.
+/// (token, version, born, value) of an object row.
+type ObjectRow = (u64, u64, u64, Option<&'static [u8]>);
+const OBJECTS: TableDefinition<(&str, &str), ObjectRow> = TableDefinition::new("objects");
+/// Marks the file as a fencegate store and records its format.
+const META: TableDefinition<&str, u64> = TableDefinition::new("fencegate_meta");
+const FORMAT_KEY: &str = "format_version";
+const FORMAT_VERSION: u64 = 1;
+
+/// Queued writes beyond which callers wait (and their backend timeout runs).
+const QUEUE_DEPTH: usize = 4096;
+
+/// Why the embedded store could not open.
+#[derive(Debug, thiserror::Error)]
+pub enum EmbeddedStartError {
+    #[error("could not create the data directory {path}: {source}")]
+    DataDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is in use by another fencegate process (the file is locked); stop it, or give this gateway another --data-dir")]
+    Locked { path: PathBuf },
+    #[error("{path} is not a fencegate store ({reason}); point --data-dir at an empty directory or a fencegate data directory")]
+    NotAStore { path: PathBuf, reason: String },
+    #[error("{path} has store format {found}, newer than this gateway's {supported}; upgrade the gateway")]
+    FormatTooNew {
+        path: PathBuf,
+        found: u64,
+        supported: u64,
+    },
+    #[error("could not open {path}: {source}")]
+    Open { path: PathBuf, source: redb::Error },
+}
+
+/// Fences and objects in a local redb file.
+pub struct EmbeddedStore {
+    db: Arc<Database>,
+    queue: mpsc::Sender<Job>,
+    path: PathBuf,
+    timeout: Duration,
+}
+
+struct Job {
+    op: Op,
+    reply: oneshot::Sender<Result<Outcome, StoreError>>,
+}
+
+enum Op {
+    Write(Write),
+    Advance {
+        resource: ResourceName,
+        token: Token,
+    },
+}
+
+enum Outcome {
+    Write(WriteOutcome),
+    Advance(AdvanceOutcome),
+}
+
+impl EmbeddedStore {
+    /// Opens (or creates) `<data_dir>/fencegate.redb` and starts the writer thread.
+    /// `group_max` is the most writes committed together; 1 commits each on its own.
+    pub fn open(
+        data_dir: &Path,
+        group_max: usize,
+        timeout: Duration,
+    ) -> Result<EmbeddedStore, EmbeddedStartError> {
+        std::fs::create_dir_all(data_dir).map_err(|source| EmbeddedStartError::DataDir {
+            path: data_dir.to_owned(),
+            source,
+        })?;
+        let path = data_dir.join(FILE_NAME);
+        let existed = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
+        let db = Database::create(&path).map_err(|error| match error {
+            DatabaseError::DatabaseAlreadyOpen => EmbeddedStartError::Locked { path: path.clone() },
+            DatabaseError::Storage(storage) if existed => EmbeddedStartError::NotAStore {
+                path: path.clone(),
+                reason: storage.to_string(),
+            },
+            other => EmbeddedStartError::Open {
+                path: path.clone(),
+                source: other.into(),
+            },
+        })?;
+        initialise(&db, &path, existed)?;
+        let db = Arc::new(db);
+        let (queue, jobs) = mpsc::channel(QUEUE_DEPTH);
+        let writer_db = Arc::clone(&db);
+        std::thread::Builder::new()
+            .name("fencegate-store-writer".into())
+            .spawn(move || writer(&writer_db, jobs, group_max.max(1)))
+            .map_err(|source| EmbeddedStartError::DataDir {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(EmbeddedStore {
+            db,
+            queue,
+            path,
+            timeout,
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        format!("embedded store at {}", self.path.display())
+    }
+
+    pub async fn write(&self, write: &Write) -> Result<WriteOutcome, StoreError> {
+        match self.submit(Op::Write(write.clone())).await? {
+            Outcome::Write(outcome) => Ok(outcome),
+            Outcome::Advance(_) => unreachable!("a write is answered with a write outcome"),
+        }
+    }
+
+    pub async fn advance(
+        &self,
+        resource: &ResourceName,
+        token: Token,
+    ) -> Result<AdvanceOutcome, StoreError> {
+        match self
+            .submit(Op::Advance {
+                resource: resource.clone(),
+                token,
+            })
+            .await?
+        {
+            Outcome::Advance(outcome) => Ok(outcome),
+            Outcome::Write(_) => unreachable!("an advance is answered with an advance outcome"),
+        }
+    }
+
+    pub async fn get(
+        &self,
+        resource: &ResourceName,
+        key: &ObjectKey,
+    ) -> Result<Option<StoredObject>, StoreError> {
+        let (resource, key) = (resource.clone(), key.clone());
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let objects = txn.open_table(OBJECTS)?;
+            let Some(entry) = objects.get((resource.as_str(), key.as_str()))? else {
+                return Ok(None);
+            };
+            let (token, version, _born, value) = entry.value();
+            let Some(value) = value else { return Ok(None) };
+            let token = Token::new(token)
+                .map_err(|_| corrupt(format!("token {token} of {resource}/{key}")))?;
+            Ok(Some(StoredObject {
+                value: Bytes::copy_from_slice(value),
+                version,
+                token,
+            }))
+        })
+        .await
+    }
+
+    pub async fn fence(&self, resource: &ResourceName) -> Result<Option<Token>, StoreError> {
+        let resource = resource.clone();
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let fences = txn.open_table(FENCES)?;
+            let highest = fences.get(resource.as_str())?.map(|entry| entry.value());
+            highest
+                .map(|h| Token::new(h).map_err(|_| corrupt(format!("highest {h} of {resource}"))))
+                .transpose()
+        })
+        .await
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        if self.queue.is_closed() {
+            return Err(StoreError::Internal(
+                "the store's writer thread has stopped".into(),
+            ));
+        }
+        self.read(|db| db.begin_read().map(drop).map_err(Into::into))
+            .await
+    }
+
+    /// Queues `op` for the writer and waits for its answer, within the backend timeout.
+    async fn submit(&self, op: Op) -> Result<Outcome, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let exchange = async {
+            self.queue.send(Job { op, reply }).await.map_err(|_| {
+                StoreError::Internal("the store's writer thread has stopped".into())
+            })?;
+            answer.await.map_err(|_| {
+                StoreError::Internal("the store's writer thread dropped a write".into())
+            })?
+        };
+        tokio::time::timeout(self.timeout, exchange)
+            .await
+            .unwrap_or(Err(StoreError::Unavailable {
+                reason: UnavailableReason::Timeout,
+                applied: None,
+            }))
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        read: impl FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let db = Arc::clone(&self.db);
+        tokio::task::spawn_blocking(move || read(&db))
+            .await
+            .map_err(|error| StoreError::Internal(format!("read task failed: {error}")))?
+    }
+}
+
+/// Marks a new file as a fencegate store, or checks that an existing one is one.
+fn initialise(db: &Database, path: &Path, existed: bool) -> Result<(), EmbeddedStartError> {
+    let open_error = |source: redb::Error| EmbeddedStartError::Open {
+        path: path.to_owned(),
+        source,
+    };
+    let txn = db.begin_write().map_err(|e| open_error(e.into()))?;
+    {
+        let marked = {
+            let meta = txn.open_table(META).map_err(|e| open_error(e.into()))?;
+            let found = meta
+                .get(FORMAT_KEY)
+                .map_err(|e| open_error(e.into()))?
+                .map(|v| v.value());
+            found
+        };
+        match marked {
+            Some(found) if found > FORMAT_VERSION => {
+                return Err(EmbeddedStartError::FormatTooNew {
+                    path: path.to_owned(),
+                    found,
+                    supported: FORMAT_VERSION,
+                })
+            }
+            Some(_) => {}
+            None if existed && has_foreign_tables(&txn) => {
+                return Err(EmbeddedStartError::NotAStore {
+                    path: path.to_owned(),
+                    reason: "it is a redb database without fencegate's marker".into(),
+                })
+            }
+            None => {
+                let mut meta = txn.open_table(META).map_err(|e| open_error(e.into()))?;
+                meta.insert(FORMAT_KEY, FORMAT_VERSION)
+                    .map_err(|e| open_error(e.into()))?;
+            }
+        }
+        // Create the tables, so that readers never find them missing.
+        txn.open_table(FENCES).map_err(|e| open_error(e.into()))?;
+        txn.open_table(OBJECTS).map_err(|e| open_error(e.into()))?;
+    }
+    txn.commit().map_err(|e| open_error(e.into()))
+}
+
+fn has_foreign_tables(txn: &redb::WriteTransaction) -> bool {
+    txn.list_tables()
+        .map(|tables| tables.into_iter().any(|table| table.name() != META.name()))
+        .unwrap_or(true)
+}
+
+/// The writer thread: batches waiting jobs into one transaction each.
+fn writer(db: &Database, mut jobs: mpsc::Receiver<Job>, group_max: usize) {
+    let mut batch: Vec<Job> = Vec::with_capacity(group_max);
+    while let Some(first) = jobs.blocking_recv() {
+        batch.push(first);
+        while batch.len() < group_max {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        match commit_batch(db, &batch) {
+            Ok(outcomes) => {
+                for (job, outcome) in batch.drain(..).zip(outcomes) {
+                    let _ = job.reply.send(Ok(outcome));
+                }
+            }
+            Err(failure) => {
+                tracing::error!(error = %failure.error, writes = batch.len(), "embedded store transaction failed");
+                for job in batch.drain(..) {
+                    let _ = job.reply.send(Err(StoreError::Unavailable {
+                        reason: UnavailableReason::Storage,
+                        applied: failure.applied,
+                    }));
+                }
+            }
+        }
+    }
+}
+
+struct BatchFailure {
+    error: redb::Error,
+    /// `Some(false)` if the failure came before the commit, `None` if the commit itself failed.
+    applied: Option<bool>,
+}
+
+/// Applies the jobs in order in one write transaction and commits it.
+fn commit_batch(db: &Database, batch: &[Job]) -> Result<Vec<Outcome>, BatchFailure> {
+    let before_commit = |error: redb::Error| BatchFailure {
+        error,
+        applied: Some(false),
+    };
+    let txn = db.begin_write().map_err(|e| before_commit(e.into()))?;
+    let outcomes = {
+        let mut fences = txn
+            .open_table(FENCES)
+            .map_err(|e| before_commit(e.into()))?;
+        let mut objects = txn
+            .open_table(OBJECTS)
+            .map_err(|e| before_commit(e.into()))?;
+        batch
+            .iter()
+            .map(|job| apply(&mut fences, &mut objects, &job.op))
+            .collect::<Result<Vec<_>, redb::Error>>()
+            .map_err(before_commit)?
+    };
+    txn.commit().map_err(|e| BatchFailure {
+        error: e.into(),
+        applied: None,
+    })?;
+    Ok(outcomes)
+}
+
+type Fences<'t> = Table<'t, &'static str, u64>;
+type Objects<'t> = Table<'t, (&'static str, &'static str), ObjectRow>;
+
+/// One job inside the batch transaction. Every check precedes every change, so a
+/// rejected job changes nothing (invariant 4); a write raises the fence in the same
+/// transaction as the object (invariant 1).
+fn apply(
+    fences: &mut Fences<'_>,
+    objects: &mut Objects<'_>,
+    op: &Op,
+) -> Result<Outcome, redb::Error> {
+    let (resource, token) = match op {
+        Op::Write(write) => (&write.resource, write.token),
+        Op::Advance { resource, token } => (resource, *token),
+    };
+    let highest = fences.get(resource.as_str())?.map(|entry| entry.value());
+    if let Some(highest) = highest.filter(|&h| h > token.get()) {
+        let highest = Token::new(highest).expect("stored tokens are valid");
+        return Ok(match op {
+            Op::Write(_) => Outcome::Write(WriteOutcome::Stale { highest }),
+            Op::Advance { .. } => Outcome::Advance(AdvanceOutcome::Stale { highest }),
+        });
+    }
+    let Op::Write(write) = op else {
+        fences.insert(resource.as_str(), token.get())?;
+        return Ok(Outcome::Advance(AdvanceOutcome::Applied));
+    };
+    let object_key = (write.resource.as_str(), write.key.as_str());
+    let existing = objects.get(object_key)?.map(|entry| {
+        let (_, version, born, value) = entry.value();
+        (version, born, value.is_some())
+    });
+    let (version, born, live) = existing.unwrap_or((0, 0, false));
+    let current = live.then_some(version);
+    if !precondition_holds(write.precondition, current) {
+        return Ok(Outcome::Write(WriteOutcome::PreconditionFailed { current }));
+    }
+    fences.insert(write.resource.as_str(), token.get())?;
+    let outcome = match &write.op {
+        WriteOp::Put(value) => {
+            let new_version = version + 1;
+            let born = if live { born } else { new_version };
+            objects.insert(
+                object_key,
+                (token.get(), new_version, born, Some(value.as_ref())),
+            )?;
+            WriteOutcome::Applied {
+                version: new_version,
+                created: !live,
+            }
+        }
+        WriteOp::Delete if live => {
+            objects.insert(object_key, (token.get(), version + 1, born, None))?;
+            WriteOutcome::Applied {
+                version: version + 1,
+                created: false,
+            }
+        }
+        // Nothing to delete: the fence is raised, the object stays as it is.
+        WriteOp::Delete => WriteOutcome::Applied {
+            version,
+            created: false,
+        },
+    };
+    Ok(Outcome::Write(outcome))
+}
+
+fn corrupt(what: String) -> StoreError {
+    StoreError::Internal(format!("invalid {what} in the embedded store"))
+}
+
+impl From<redb::Error> for StoreError {
+    fn from(error: redb::Error) -> StoreError {
+        tracing::error!(%error, "embedded store read failed");
+        StoreError::Unavailable {
+            reason: UnavailableReason::Storage,
+            applied: Some(false),
+        }
+    }
+}
+
+macro_rules! redb_errors_into_store_errors {
+    ($($error:ty),*) => {
+        $(impl From<$error> for StoreError {
+            fn from(error: $error) -> StoreError {
+                redb::Error::from(error).into()
+            }
+        })*
+    };
+}
+redb_errors_into_store_errors!(redb::TransactionError, redb::TableError, redb::StorageError);
