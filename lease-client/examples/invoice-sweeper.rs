@@ -141,7 +141,7 @@ async fn run<S: LeaseStore>(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let config = args.lease_config();
-    let gateway = FencedClient::new(&args.gateway)?.with_timeout(config.lease_duration);
+    let gateway = FencedClient::new(&args.gateway)?;
     let resource = ResourceName::new(args.resource.clone()).context("--resource")?;
     let elector = Elector::new(store, &args.lease, &args.node, config)
         .context("invalid lease settings")?

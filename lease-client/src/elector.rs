@@ -48,16 +48,20 @@ use crate::term::{LossReason, Term};
 const EVENT_BUFFER: usize = 256;
 
 /// A change of leadership state, published to [`Elector::subscribe`]rs. `at` is the
-/// instant the elector decided it.
+/// instant the elector decided it; `deadline` is the instant this process will step
+/// down unless it renews before (the send instant of the acquisition or renewal plus
+/// `renew_deadline`): no rival can hold the lease before it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transition {
     Acquired {
         epoch: Token,
         at: Instant,
+        deadline: Instant,
     },
     Renewed {
         epoch: Token,
         at: Instant,
+        deadline: Instant,
     },
     Lost {
         epoch: Token,
@@ -175,6 +179,7 @@ impl<S: LeaseStore> Elector<S> {
             self.publish(Transition::Acquired {
                 epoch,
                 at: Instant::now(),
+                deadline: sent + self.config.renew_deadline,
             });
             let reason = self.lead(&term, sent, &shutdown, lead(term.clone())).await;
             if matches!(reason, LossReason::Released | LossReason::Shutdown) {
@@ -270,7 +275,11 @@ impl<S: LeaseStore> Elector<S> {
                         failures = 0;
                         last_ok = sent;
                         next_renewal = sent + config.renew_interval;
-                        self.publish(Transition::Renewed { epoch, at: Instant::now() });
+                        self.publish(Transition::Renewed {
+                            epoch,
+                            at: Instant::now(),
+                            deadline: sent + config.renew_deadline,
+                        });
                     }
                     Ok(Ok(false)) => break LossReason::Replaced,
                     Ok(Err(error)) => {

@@ -1,0 +1,211 @@
+//! Helpers for the fencegate-lease tests.
+//!
+//! - [`short_timing`]: the lease timing the tests use (hundreds of milliseconds).
+//! - [`via_proxy`]: a Postgres URL rewritten to go through a [`crate::proxy::Proxy`].
+//! - [`next_transition`]: waits for an elector's next matching transition.
+//! - [`Sweeper`]: spawns the `invoice-sweeper` example, a writer process that competes
+//!   for a lease and writes through the gateway while it leads. It runs with
+//!   `--log-format json`; every line is kept with the instant the harness read it, so
+//!   tests can wait for events and order them.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use fencegate_lease::{LeaseConfig, Transition};
+
+/// The short timing of the lease tests: a 600 ms lease, renewed every 200 ms, given up
+/// after 400 ms without a renewal; followers retry every 80 ms. Store calls may take
+/// 100 ms (a loaded CI machine), which the arithmetic still allows.
+pub fn short_timing() -> LeaseConfig {
+    LeaseConfig {
+        max_round_trip: Duration::from_millis(100),
+        ..LeaseConfig::with_lease(Duration::from_millis(600))
+    }
+}
+
+/// The same timing as `invoice-sweeper` flags.
+pub fn short_timing_args() -> Vec<String> {
+    let config = short_timing();
+    let ms = |d: Duration| format!("{}ms", d.as_millis());
+    [
+        ("--lease-duration", config.lease_duration),
+        ("--renew-interval", config.renew_interval),
+        ("--renew-deadline", config.renew_deadline),
+        ("--retry-period", config.retry_period),
+        ("--max-round-trip", config.max_round_trip),
+    ]
+    .into_iter()
+    .flat_map(|(flag, value)| [flag.to_owned(), ms(value)])
+    .collect()
+}
+
+/// `url` (a test database on the machine's Postgres) with its host and port replaced
+/// by `proxy`'s, so that a test can hold or cut one client's traffic.
+pub fn via_proxy(url: &str, proxy: std::net::SocketAddr) -> String {
+    let (scheme_and_user, rest) = url
+        .split_once('@')
+        .expect("the test server URL names a user");
+    let (_, path) = rest.split_once('/').expect("a database URL has a path");
+    format!("{scheme_and_user}@{proxy}/{path}")
+}
+
+/// The next transition that satisfies `wanted`; panics after `timeout`.
+pub async fn next_transition(
+    events: &mut tokio::sync::broadcast::Receiver<Transition>,
+    timeout: Duration,
+    wanted: impl Fn(&Transition) -> bool,
+) -> Transition {
+    tokio::time::timeout(timeout, async {
+        loop {
+            let event = events.recv().await.expect("the elector is running");
+            if wanted(&event) {
+                return event;
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no matching transition within {timeout:?}"))
+}
+
+/// The built example: `SWEEPER_BIN`, or `examples/invoice-sweeper` in this test's
+/// target dir (built by `cargo build --workspace --examples`).
+pub fn binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("SWEEPER_BIN") {
+        return path.into();
+    }
+    let exe = std::env::current_exe().expect("the test binary has a path");
+    // target/<profile>/deps/<test> -> target/<profile>/examples/invoice-sweeper
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("test binaries live in target/<profile>/deps")
+        .join("examples")
+        .join("invoice-sweeper");
+    assert!(
+        path.exists(),
+        "{} does not exist: build it first with `cargo build -p fencegate-lease --examples` \
+         (CI runs `cargo build --workspace --bins --examples`)",
+        path.display()
+    );
+    path
+}
+
+/// A log event and the instant the harness read it.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub seen: Instant,
+    pub json: Value,
+}
+
+impl Event {
+    pub fn message(&self) -> Option<&str> {
+        self.json["fields"]["message"].as_str()
+    }
+
+    pub fn field(&self, name: &str) -> &Value {
+        &self.json["fields"][name]
+    }
+}
+
+/// A running sweeper process. Killed when dropped.
+pub struct Sweeper {
+    pub node: String,
+    child: Child,
+    events: Arc<Mutex<Vec<Event>>>,
+}
+
+impl Sweeper {
+    /// Starts `invoice-sweeper --node <node> <args...>` with JSON logs.
+    pub fn spawn(node: &str, args: &[String]) -> Sweeper {
+        let mut child = Command::new(binary())
+            .args(["--node", node, "--log-format", "json"])
+            .args(args)
+            .env_clear()
+            .env("RUST_LOG", "info,fencegate_lease=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the sweeper example can be executed");
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout is piped")).lines();
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let sink = Arc::clone(&events);
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let seen = Instant::now();
+                if let Ok(json) = serde_json::from_str(&line) {
+                    sink.lock().unwrap().push(Event { seen, json });
+                }
+            }
+        });
+        Sweeper {
+            node: node.to_owned(),
+            child,
+            events,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the sweeper is running")
+    }
+
+    /// Sends a signal (`STOP`, `CONT`, `TERM`, `KILL`) with the system's `kill`.
+    pub fn signal(&self, name: &str) {
+        crate::gateway::signal(self.pid(), name);
+    }
+
+    /// Waits for the process to exit (10 s at most) and returns whether it succeeded.
+    pub async fn wait(&mut self) -> bool {
+        tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .expect("the sweeper exits within 10 s")
+            .expect("waiting for the sweeper works")
+            .success()
+    }
+
+    /// Every event so far.
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().unwrap().clone()
+    }
+
+    /// The events with this message so far.
+    pub fn events_named(&self, message: &str) -> Vec<Event> {
+        self.events()
+            .into_iter()
+            .filter(|e| e.message() == Some(message))
+            .collect()
+    }
+
+    /// Waits for the first event with `message` that satisfies `matches`, among all
+    /// events so far and to come; panics with the process's log after `timeout`.
+    pub async fn wait_for(
+        &self,
+        message: &str,
+        timeout: Duration,
+        matches: impl Fn(&Event) -> bool,
+    ) -> Event {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(event) = self.events_named(message).into_iter().find(|e| matches(e)) {
+                return event;
+            }
+            if Instant::now() > deadline {
+                let log: Vec<String> = self.events().iter().map(|e| e.json.to_string()).collect();
+                panic!(
+                    "{}: no {message:?} event within {timeout:?}; log:\n{}",
+                    self.node,
+                    log.join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}

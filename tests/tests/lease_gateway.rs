@@ -1,0 +1,238 @@
+//! fencegate-lease's fenced client against the real gateway: the fence is advanced on
+//! acquisition, a stale rejection ends the term and is never retried, error answers
+//! are decoded from the contract, and the lease metrics count what happened.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fencegate_lease::{
+    Elector, FencedClient, LeaseMetrics, LossReason, PostgresStore, Term, Transition, WriteError,
+};
+use fencegate_proto::headers::Precondition;
+use fencegate_proto::{ErrorCode, ObjectKey, ResourceName, Token};
+use fencegate_tests::http::metric_value;
+use fencegate_tests::lease::{next_transition, short_timing};
+use tokio_util::sync::CancellationToken;
+
+const LEASE: &str = "invoice-sweeper";
+const PATIENCE: Duration = Duration::from_secs(10);
+
+fn token(value: u64) -> Token {
+    Token::new(value).unwrap()
+}
+
+/// One series of the registry, e.g. `fencegate_lease_is_leader{lease="x"}`.
+fn metric(registry: &prometheus::Registry, series: &str) -> Option<f64> {
+    let text = prometheus::TextEncoder::new()
+        .encode_to_string(&registry.gather())
+        .expect("metrics encode");
+    metric_value(&text, series)
+}
+
+/// The leader's fence is advanced to its epoch before its code runs; its writes carry
+/// the token; once a newer term has written, the next write is rejected as stale with
+/// presented and highest decoded, the term ends with `stale_rejection`, and nothing
+/// more is sent under it.
+#[tokio::test]
+async fn a_stale_rejection_ends_the_term() {
+    let (db, gateway) = fencegate_tests::postgres_gateway().await;
+    let client = FencedClient::new(&gateway.url()).unwrap();
+    let resource = ResourceName::new("invoices").unwrap();
+    let key = ObjectKey::new("invoice-001/reminder").unwrap();
+    let registry = prometheus::Registry::new();
+    let store = PostgresStore::new(&db.url(), "leader_lease", true).unwrap();
+    let elector = Elector::new(store, LEASE, "node-a", short_timing())
+        .unwrap()
+        .advance_fences(client.clone(), vec![resource.clone()])
+        .with_metrics(LeaseMetrics::register(&registry).unwrap());
+    let mut events = elector.subscribe();
+    let shutdown = CancellationToken::new();
+
+    // What the leading code saw, in order.
+    let seen = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (log, probe, gateway_client) = (Arc::clone(&seen), gateway.client(), client.clone());
+    let (res, k) = (resource.clone(), key.clone());
+    let run = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            elector
+                .run(shutdown, move |term: Term| {
+                    let (log, probe, client, resource, key) = (
+                        Arc::clone(&log),
+                        probe.clone(),
+                        gateway_client.clone(),
+                        res.clone(),
+                        k.clone(),
+                    );
+                    async move {
+                        let fence = probe.fence("invoices").await.json()["highest"].as_u64();
+                        log.lock()
+                            .unwrap()
+                            .push(format!("fence at start: {fence:?}"));
+                        let first = client
+                            .put(&term, &resource, &key, "first", Precondition::None)
+                            .await
+                            .unwrap();
+                        log.lock()
+                            .unwrap()
+                            .push(format!("first write: token {}", first.token));
+                        // A newer term writes (here: a fence advance straight to the gateway).
+                        assert_eq!(probe.advance("invoices", 7).await.status, 200);
+                        match client
+                            .put(&term, &resource, &key, "second", Precondition::None)
+                            .await
+                        {
+                            Err(WriteError::Stale {
+                                presented,
+                                highest,
+                                resource,
+                            }) => log.lock().unwrap().push(format!(
+                                "stale: {resource} presented {presented} highest {highest:?}"
+                            )),
+                            other => panic!("expected a stale rejection, got {other:?}"),
+                        }
+                        log.lock()
+                            .unwrap()
+                            .push(format!("live after rejection: {}", term.is_live()));
+                        match client
+                            .put(&term, &resource, &key, "third", Precondition::None)
+                            .await
+                        {
+                            Err(WriteError::TermOver { epoch, reason }) => log
+                                .lock()
+                                .unwrap()
+                                .push(format!("not sent: epoch {epoch} {reason:?}")),
+                            other => panic!("expected the write not to be sent, got {other:?}"),
+                        }
+                    }
+                })
+                .await
+        }
+    });
+
+    let lost = next_transition(&mut events, PATIENCE, |t| {
+        matches!(t, Transition::Lost { .. })
+    })
+    .await;
+    assert!(
+        matches!(
+            lost,
+            Transition::Lost {
+                reason: LossReason::StaleRejection,
+                ..
+            }
+        ),
+        "{lost:?}"
+    );
+    shutdown.cancel();
+    run.await.unwrap();
+
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [
+            "fence at start: Some(1)",
+            "first write: token 1",
+            "stale: invoices presented 1 highest Some(Token(7))",
+            "live after rejection: false",
+            "not sent: epoch 1 Some(StaleRejection)",
+        ]
+    );
+    // Exactly one stale write reached the gateway: no retry with the same token.
+    let probe = gateway.client();
+    assert_eq!(
+        probe
+            .metric("fencegate_stale_rejections_total{resource=\"invoices\"}")
+            .await,
+        Some(1.0)
+    );
+    assert_eq!(
+        db.object("invoices", "invoice-001/reminder").await,
+        Some((b"first".to_vec(), 1, 1))
+    );
+
+    let value = |series: &str| metric(&registry, series);
+    assert_eq!(
+        value(
+            "fencegate_lease_transitions_total{lease=\"invoice-sweeper\",transition=\"acquired\"}"
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value("fencegate_lease_transitions_total{lease=\"invoice-sweeper\",transition=\"lost\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        value("fencegate_lease_lost_total{lease=\"invoice-sweeper\",reason=\"stale_rejection\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        value("fencegate_lease_lost_total{lease=\"invoice-sweeper\",reason=\"replaced\"}"),
+        Some(0.0)
+    );
+    assert_eq!(
+        value("fencegate_lease_is_leader{lease=\"invoice-sweeper\"}"),
+        Some(0.0)
+    );
+    assert_eq!(
+        value("fencegate_lease_epoch{lease=\"invoice-sweeper\"}"),
+        Some(1.0)
+    );
+}
+
+/// Error answers other than stale are decoded from the contract and leave the term
+/// live: a failed precondition is not a loss of authority.
+#[tokio::test]
+async fn other_refusals_are_decoded_and_keep_the_term() {
+    let (db, gateway) = fencegate_tests::postgres_gateway().await;
+    let client = FencedClient::new(&gateway.url()).unwrap();
+    let resource = ResourceName::new("invoices").unwrap();
+    let key = ObjectKey::new("invoice 2/reminder?").unwrap();
+    let store = PostgresStore::new(&db.url(), "leader_lease", true).unwrap();
+    let elector = Elector::new(store, LEASE, "node-a", short_timing()).unwrap();
+    let result = Arc::new(Mutex::new(None));
+    let out = Arc::clone(&result);
+    tokio::time::timeout(
+        PATIENCE,
+        elector.run(CancellationToken::new(), move |term| {
+            let (client, resource, key, out) = (
+                client.clone(),
+                resource.clone(),
+                key.clone(),
+                Arc::clone(&out),
+            );
+            async move {
+                let created = client
+                    .put(&term, &resource, &key, "v1", Precondition::MustNotExist)
+                    .await
+                    .unwrap();
+                let again = client
+                    .put(&term, &resource, &key, "v1", Precondition::MustNotExist)
+                    .await;
+                let read = client.get(&resource, &key).await.unwrap();
+                let missing = client
+                    .get(&resource, &ObjectKey::new("nope").unwrap())
+                    .await
+                    .unwrap();
+                *out.lock().unwrap() = Some((
+                    created.version,
+                    again.map_err(|e| e.code()),
+                    read,
+                    missing,
+                    term.is_live(),
+                ));
+            }
+        }),
+    )
+    .await
+    .expect("run returns when the leading code returns");
+    let (version, again, read, missing, live) = result.lock().unwrap().take().unwrap();
+    assert_eq!(version, 1);
+    assert_eq!(again.unwrap_err(), Some(ErrorCode::VersionMismatch));
+    let read = read.expect("the object exists");
+    assert_eq!(
+        (&read.value[..], read.version, read.token),
+        (&b"v1"[..], 1, token(1))
+    );
+    assert_eq!(missing, None);
+    assert!(live, "a version mismatch does not end the term");
+}
