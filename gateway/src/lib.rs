@@ -75,13 +75,6 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StartError> {
     config.validate()?;
-    let url = config
-        .database_url
-        .as_deref()
-        .expect("validate() requires a database URL");
-    let store =
-        Store::Postgres(PgStore::connect(url, config.pool_size, config.backend_timeout).await?);
-    let store = store.with_sql(sqlguard::SqlPolicy::from_config(&config));
     // Backend selection: a database URL means Postgres; otherwise the embedded store.
     let store = match config.database_url.as_deref() {
         Some(url) => {
@@ -93,6 +86,7 @@ pub async fn run(
             config.backend_timeout,
         )?),
     };
+    let store = store.with_sql(sqlguard::SqlPolicy::from_config(&config));
     let app = Arc::new(App::new(&config, store));
     let addr = listener.local_addr().map_err(StartError::Listener)?;
     tracing::info!(%addr, backend = %app.store.describe(), "fencegate ready");

@@ -9,7 +9,6 @@
 //! - [`gateway`]: spawns the built `fencegate` binary on a free port and waits for its
 //!   "ready" log line; SIGTERM, SIGKILL, restart, captured logs.
 //! - [`http`]: a small client for the gateway's API.
-//! - [`lease`]: lease timing for tests, and the `invoice-sweeper` example as a process.
 //! - [`proxy`]: a loopback TCP proxy whose traffic a test can hold, release and cut.
 //!
 //! Services a test needs are never skipped: if Postgres is unreachable the test fails
@@ -20,7 +19,6 @@ pub mod db;
 pub mod deployment;
 pub mod gateway;
 pub mod http;
-pub mod lease;
 pub mod proxy;
 
 /// A fresh database and a gateway binary serving it.
