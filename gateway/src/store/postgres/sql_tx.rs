@@ -23,10 +23,13 @@
 //!
 //! # Pipelining
 //!
-//! Steps 2 and 3 and the preparation of every statement are sent together, in that
+//! Steps 2 and 3 and the preparation of the statements are sent together, in that
 //! order, in one round trip; preparing runs nothing. Results are judged in the same
 //! order: a stale token is reported before any error of the writer's SQL. Statements
 //! then run one by one, so a transaction takes `3 + statements` round trips.
+//!
+//! With `--sql-allow-ddl` only the first statement is prepared up front: a later one
+//! may name a table an earlier one creates, so it is prepared just before it runs.
 
 use deadpool_postgres::Transaction;
 use fencegate_proto::body::{SqlColumn, SqlResult, SqlStatement};
@@ -146,11 +149,16 @@ async fn run(
 ) -> Result<Option<Vec<SqlResult>>, SqlFailure> {
     let settings = settings(policy);
     let fence_params: [&(dyn ToSql + Sync); 2] = [&tx.resource.as_str(), &tx.token.as_i64()];
+    let eager = if policy.allow_ddl {
+        1
+    } else {
+        tx.statements.len()
+    };
     let (raised, set, prepared) = tokio::join!(
         transaction.query_opt(fence, &fence_params),
         transaction.batch_execute(&settings),
         futures_util::future::join_all(
-            tx.statements
+            tx.statements[..eager]
                 .iter()
                 .map(|statement| transaction.prepare(&statement.sql))
         ),
@@ -159,15 +167,25 @@ async fn run(
         return Ok(None);
     }
     set.map_err(|e| classify(e, false))?;
-    let mut prepared_statements = Vec::with_capacity(prepared.len());
-    for (index, statement) in prepared.into_iter().enumerate() {
-        prepared_statements.push(statement.map_err(|e| failed(Some(index), e))?);
-    }
+    let mut prepared = prepared.into_iter();
     let mut budget = policy.max_rows;
-    let mut results = Vec::with_capacity(prepared_statements.len());
-    for (index, (statement, request)) in prepared_statements.iter().zip(&tx.statements).enumerate()
-    {
-        results.push(execute(&transaction, index, statement, &request.params, &mut budget).await?);
+    let mut results = Vec::with_capacity(tx.statements.len());
+    for (index, request) in tx.statements.iter().enumerate() {
+        let statement = match prepared.next() {
+            Some(statement) => statement,
+            None => transaction.prepare(&request.sql).await,
+        }
+        .map_err(|e| failed(Some(index), e))?;
+        results.push(
+            execute(
+                &transaction,
+                index,
+                &statement,
+                &request.params,
+                &mut budget,
+            )
+            .await?,
+        );
     }
     transaction
         .commit()

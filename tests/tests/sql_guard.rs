@@ -1,0 +1,282 @@
+//! Fenced SQL transactions: statements that would end or escape the transaction, the
+//! role or the limits are refused before anything runs, however they are dressed up;
+//! a least-privilege role confines writers to what it was granted.
+
+use fencegate_tests::db::TestDb;
+use fencegate_tests::gateway::Gateway;
+use fencegate_tests::http::{Client, Reply};
+use http::Method;
+use serde_json::{json, Value};
+
+async fn sql(client: &Client, resource: &str, token: u64, body: Value) -> Reply {
+    let token = token.to_string();
+    client
+        .request(
+            Method::POST,
+            &format!("/v1/sql/{resource}"),
+            &[("fencing-token", &token)],
+            body.to_string(),
+        )
+        .await
+}
+
+async fn marks(db: &TestDb) -> i64 {
+    db.client()
+        .await
+        .query_one("SELECT count(*) FROM marks", &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Each smuggling attempt comes second, after a harmless INSERT: the whole request is
+/// refused with the attempt's index, and neither the INSERT nor the fence raise happen.
+#[tokio::test]
+async fn escapes_are_refused_before_anything_runs() {
+    let db = TestDb::create().await;
+    db.client()
+        .await
+        .batch_execute("CREATE TABLE marks (id serial PRIMARY KEY, note text)")
+        .await
+        .unwrap();
+    let gateway = Gateway::builder()
+        .database(&db.url())
+        .arg("--sql")
+        .spawn()
+        .await;
+    let client = gateway.client();
+
+    let attempts = [
+        "COMMIT",
+        "  commit  ",
+        "/* the fence is checked */ CoMmIt -- now run unfenced",
+        "ROLLBACK",
+        "END",
+        "BEGIN",
+        "START TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+        "SAVEPOINT s",
+        "ROLLBACK TO SAVEPOINT s",
+        "RELEASE SAVEPOINT s",
+        "PREPARE TRANSACTION 'escape'",
+        "SET ROLE postgres",
+        "set\tlocal\nrole postgres",
+        "RESET ROLE",
+        "SET SESSION AUTHORIZATION DEFAULT",
+        "SET statement_timeout = 0",
+        "SET LOCAL statement_timeout TO DEFAULT",
+        "RESET ALL",
+        "GRANT ALL ON marks TO PUBLIC",
+        "REVOKE ALL ON marks FROM PUBLIC",
+        "DO $$ BEGIN EXECUTE 'COMMIT'; END $$",
+        "LISTEN events",
+        "COPY marks FROM PROGRAM 'true'",
+        "COPY marks TO STDOUT",
+        "CREATE TABLE smuggled (id int)",
+        "DROP TABLE marks",
+        "TRUNCATE marks",
+        "ALTER TABLE marks ADD COLUMN x int",
+        "SELECT 1 INTO smuggled",
+        "INSERT INTO marks (note) VALUES ('a'); COMMIT",
+        "SELECT 1; SET ROLE postgres",
+        "SELECT set_config('role', 'postgres', true)",
+        "select PG_CATALOG.Set_Config('statement_timeout', '0', true)",
+        "SELECT * FROM set_config('role', 'none', true)",
+        "WITH s AS (SELECT set_config('role', 'none', true)) INSERT INTO marks (note) SELECT 'x' FROM s",
+        "SELECT pg_advisory_lock(42)",
+        "SELECT query_to_xml('select 1', true, false, '')",
+        "UPDATE fencegate.fences SET highest = 1",
+        "WITH f AS (DELETE FROM fencegate.fences RETURNING 1) SELECT count(*) FROM f",
+        "SELECT * FROM \"fencegate\".\"fences\"",
+        "EXPLAIN ANALYZE DELETE FROM marks",
+        "VACUUM marks",
+        "CALL anything()",
+        "PREPARE p AS SELECT 1",
+        "DISCARD ALL",
+        "",
+    ];
+    let insert = json!({"sql": "INSERT INTO marks (note) VALUES ('must not land')"});
+    for attempt in attempts {
+        let reply = sql(
+            &client,
+            "guarded",
+            7,
+            json!({"statements": [insert, {"sql": attempt}]}),
+        )
+        .await;
+        assert_eq!(reply.status, 400, "{attempt:?} got {:?}", reply.body);
+        let body = reply.json();
+        assert_eq!(
+            body["error"], "statement_not_allowed",
+            "{attempt:?}: {body}"
+        );
+        assert_eq!(body["statement"], 1, "{attempt:?}");
+    }
+    assert_eq!(marks(&db).await, 0, "no refused request ran anything");
+    assert_eq!(
+        db.highest("guarded").await,
+        None,
+        "no refused request raised the fence"
+    );
+
+    // Nested block comments are read as Postgres reads them: this is one SELECT.
+    let nested = sql(
+        &client,
+        "guarded",
+        7,
+        json!({"statements": [{"sql": "/* a /* nested */ COMMIT */ SELECT 1 AS one"}]}),
+    )
+    .await;
+    assert_eq!(nested.status, 200, "{:?}", nested.body);
+    assert_eq!(nested.json()["results"][0]["rows"], json!([[1]]));
+    // Transaction-scoped advisory locks end with the transaction, and are allowed.
+    let xact = sql(
+        &client,
+        "guarded",
+        7,
+        json!({"statements": [{"sql": "SELECT pg_advisory_xact_lock(42)"}]}),
+    )
+    .await;
+    assert_eq!(xact.status, 200, "{:?}", xact.body);
+}
+
+/// With `--sql-allow-ddl` writers may manage their own tables, and still not escape.
+#[tokio::test]
+async fn ddl_runs_only_with_the_flag() {
+    let db = TestDb::create().await;
+    let without = Gateway::builder()
+        .database(&db.url())
+        .arg("--sql")
+        .spawn()
+        .await;
+    let create = json!({"statements": [{"sql": "CREATE TABLE jobs (id int PRIMARY KEY)"}]});
+    assert_eq!(
+        sql(&without.client(), "jobs", 1, create.clone())
+            .await
+            .error_code(),
+        "statement_not_allowed"
+    );
+
+    let with = Gateway::builder()
+        .database(&db.url())
+        .arg("--sql")
+        .arg("--sql-allow-ddl")
+        .spawn()
+        .await;
+    let client = with.client();
+    let reply = sql(
+        &client,
+        "jobs",
+        1,
+        json!({"statements": [
+            {"sql": "CREATE TABLE jobs (id int PRIMARY KEY)"},
+            {"sql": "INSERT INTO jobs VALUES ($1)", "params": [1]},
+        ]}),
+    )
+    .await;
+    assert_eq!(reply.status, 200, "{:?}", reply.body);
+    let count: i64 = db
+        .client()
+        .await
+        .query_one("SELECT count(*) FROM jobs", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(count, 1);
+    for escape in [
+        "COMMIT",
+        "SET ROLE postgres",
+        "CREATE FUNCTION f() RETURNS int AS 'select 1' LANGUAGE sql",
+        "DROP TABLE fencegate.fences",
+    ] {
+        let reply = sql(&client, "jobs", 1, json!({"statements": [{"sql": escape}]})).await;
+        assert_eq!(reply.error_code(), "statement_not_allowed", "{escape}");
+    }
+}
+
+/// A least-privilege role: the writer works on what it was granted and nothing else —
+/// not the gateway's fence table, not another application's table.
+#[tokio::test]
+async fn a_least_privilege_role_confines_the_writer() {
+    let db = TestDb::create().await;
+    let role = format!("fg_writer_{:08x}", rand::random::<u32>());
+    let admin = db.client().await;
+    admin
+        .batch_execute(&format!(
+            "CREATE ROLE {role} NOLOGIN;
+             CREATE TABLE sweep_state (id int PRIMARY KEY, last_epoch bigint NOT NULL, note text);
+             INSERT INTO sweep_state VALUES (1, 0, 'never swept');
+             CREATE TABLE payroll (id int PRIMARY KEY, salary int);
+             INSERT INTO payroll VALUES (1, 100);
+             GRANT USAGE ON SCHEMA public TO {role};
+             GRANT SELECT, UPDATE ON sweep_state TO {role};"
+        ))
+        .await
+        .unwrap();
+    let gateway = Gateway::builder()
+        .database(&db.url())
+        .arg("--sql")
+        .arg("--sql-role")
+        .arg(&role)
+        .spawn()
+        .await;
+    let client = gateway.client();
+
+    let allowed = sql(&client, "sweeper", 2, json!({"statements": [
+        {"sql": "UPDATE sweep_state SET last_epoch = $1, note = 'sweep by node-b' WHERE id = 1", "params": [2]},
+        {"sql": "SELECT current_user"},
+    ]}))
+    .await;
+    assert_eq!(allowed.status, 200, "{:?}", allowed.body);
+    assert_eq!(allowed.json()["results"][1]["rows"], json!([[role]]));
+    assert_eq!(
+        db.highest("sweeper").await,
+        Some(2),
+        "the fence step runs as the gateway, before the role switch"
+    );
+
+    let denied = sql(
+        &client,
+        "sweeper",
+        2,
+        json!({"statements": [
+            {"sql": "UPDATE sweep_state SET note = 'partial' WHERE id = 1"},
+            {"sql": "UPDATE payroll SET salary = 1000000 WHERE id = 1"},
+        ]}),
+    )
+    .await;
+    assert_eq!(denied.status, 400, "{:?}", denied.body);
+    let body = denied.json();
+    assert_eq!(
+        (
+            body["error"].as_str(),
+            body["sqlstate"].as_str(),
+            body["statement"].as_u64()
+        ),
+        (Some("sql_error"), Some("42501"), Some(1))
+    );
+    let salary: i32 = admin
+        .query_one("SELECT salary FROM payroll WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(salary, 100);
+    let note: String = admin
+        .query_one("SELECT note FROM sweep_state WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        note, "sweep by node-b",
+        "the granted update of the failed transaction was rolled back"
+    );
+
+    // The role cannot reach the fence table even by name through a function.
+    let fences = sql(&client, "sweeper", 2, json!({"statements": [{"sql": "SELECT count(*) FROM pg_catalog.pg_class c WHERE has_table_privilege(current_user, c.oid, 'UPDATE') AND c.relname = 'fences'"}]})).await;
+    assert_eq!(fences.json()["results"][0]["rows"], json!([[0]]));
+
+    drop(gateway);
+    admin
+        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role};"))
+        .await
+        .unwrap();
+}
