@@ -9,6 +9,7 @@
 //! - [`gateway`]: spawns the built `fencegate` binary on a free port and waits for its
 //!   "ready" log line; SIGTERM, SIGKILL, restart, captured logs.
 //! - [`http`]: a small client for the gateway's API.
+//! - [`prometheus`]: a real Prometheus server on a free port, and its query API.
 //! - [`proxy`]: a loopback TCP proxy whose traffic a test can hold, release and cut.
 //!
 //! Services a test needs are never skipped: if Postgres is unreachable the test fails
@@ -19,6 +20,7 @@ pub mod db;
 pub mod deployment;
 pub mod gateway;
 pub mod http;
+pub mod prometheus;
 pub mod proxy;
 
 /// A fresh database and a gateway binary serving it.
