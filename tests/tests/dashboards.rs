@@ -39,9 +39,10 @@ const RATE_INTERVAL: &str = "2m";
 const TEST_FOR: &str = "2s";
 /// Grafana's built-in variables the dashboard may use.
 const GRAFANA_BUILTINS: &[&str] = &["__rate_interval", "__interval", "__range"];
-/// The lease client's metrics, exported by writer processes (none runs here). The
-/// dashboard's lease panels may use only these names, as documented in
-/// `dashboards/README.md`.
+/// The lease client's metrics, exported by writer processes (none runs in the live
+/// test). The dashboard's lease panels may use only these names, as documented in
+/// `dashboards/README.md`; `lease_metric_names_are_the_lease_clients` holds them to
+/// the lease client's source.
 const LEASE_METRICS: &[&str] = &[
     "fencegate_lease_transitions_total",
     "fencegate_lease_lost_total",
@@ -83,6 +84,19 @@ fn promtool_accepts_the_rules_and_the_scrape_config() {
             args.join(" "),
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+#[test]
+fn lease_metric_names_are_the_lease_clients() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../lease-client/src/metrics.rs");
+    let source =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    for name in LEASE_METRICS {
+        assert!(
+            source.contains(&format!("\"{name}\"")),
+            "the lease client does not register {name}"
         );
     }
 }
