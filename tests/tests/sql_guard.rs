@@ -193,16 +193,25 @@ async fn ddl_runs_only_with_the_flag() {
     }
 }
 
-/// A least-privilege role: the writer works on what it was granted and nothing else —
+/// A least-privilege role, set up with the GRANTs of docs/sql.md and a gateway login
+/// that is not a superuser: the writer works on what it was granted and nothing else —
 /// not the gateway's fence table, not another application's table.
 #[tokio::test]
 async fn a_least_privilege_role_confines_the_writer() {
     let db = TestDb::create().await;
-    let role = format!("fg_writer_{:08x}", rand::random::<u32>());
+    let suffix = format!("{:08x}", rand::random::<u32>());
+    let (role, login) = (
+        format!("fg_writer_{suffix}"),
+        format!("fg_gateway_{suffix}"),
+    );
+    let database = db.url().rsplit('/').next().unwrap().to_owned();
     let admin = db.client().await;
     admin
         .batch_execute(&format!(
             "CREATE ROLE {role} NOLOGIN;
+             CREATE ROLE {login} LOGIN;
+             GRANT CREATE ON DATABASE {database} TO {login};
+             GRANT {role} TO {login};
              CREATE TABLE sweep_state (id int PRIMARY KEY, last_epoch bigint NOT NULL, note text);
              INSERT INTO sweep_state VALUES (1, 0, 'never swept');
              CREATE TABLE payroll (id int PRIMARY KEY, salary int);
@@ -212,8 +221,13 @@ async fn a_least_privilege_role_confines_the_writer() {
         ))
         .await
         .unwrap();
+    let url = db.url().replacen("postgres@", &format!("{login}@"), 1);
+    assert!(
+        url.contains(&login),
+        "the test server URL names user postgres: {url}"
+    );
     let gateway = Gateway::builder()
-        .database(&db.url())
+        .database(&url)
         .arg("--sql")
         .arg("--sql-role")
         .arg(&role)
@@ -276,7 +290,9 @@ async fn a_least_privilege_role_confines_the_writer() {
 
     drop(gateway);
     admin
-        .batch_execute(&format!("DROP OWNED BY {role}; DROP ROLE {role};"))
+        .batch_execute(&format!(
+            "DROP OWNED BY {role}, {login}; DROP ROLE {role}, {login};"
+        ))
         .await
         .unwrap();
 }
