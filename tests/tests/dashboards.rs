@@ -582,7 +582,8 @@ async fn every_query_runs_against_a_live_gateway_and_every_alert_fires() {
     );
 
     // The database goes away: writes fail with 503 and count as backend errors. Most
-    // of them come after the first was scraped, so that increase() sees them.
+    // come after the first was scraped, so the rule sees them through increase() or,
+    // when they are of a kind not seen before, through its new-counter branch.
     database.cut();
     let down = Instant::now();
     let failing_write = || async {
