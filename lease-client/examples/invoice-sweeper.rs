@@ -26,7 +26,7 @@ struct Args {
     #[arg(long, env = "SWEEPER_NODE")]
     node: String,
     /// The gateway writes go through.
-    #[arg(long, env = "SWEEPER_GATEWAY", default_value = "http://127.0.0.1:8080")]
+    #[arg(long, env = "SWEEPER_GATEWAY", default_value = "http://127.0.0.1:7070")]
     gateway: String,
     /// Where the lease lives.
     #[arg(long, env = "SWEEPER_STORE", value_enum, default_value_t = Store::Postgres)]

@@ -16,7 +16,7 @@
 //! use tokio_util::sync::CancellationToken;
 //!
 //! let store = PostgresStore::new("postgres://postgres@127.0.0.1/app", "leader_lease", true)?;
-//! let gateway = FencedClient::new("http://127.0.0.1:8080")?;
+//! let gateway = FencedClient::new("http://127.0.0.1:7070")?;
 //! let resource = ResourceName::new("invoices")?;
 //! let elector = Elector::new(store, "invoice-sweeper", "node-a-4711", LeaseConfig::default())?
 //!     .advance_fences(gateway.clone(), vec![resource.clone()]);

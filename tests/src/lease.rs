@@ -1,6 +1,7 @@
 //! Helpers for the fencegate-lease tests.
 //!
-//! - [`short_timing`]: the lease timing the tests use (hundreds of milliseconds).
+//! - [`short_timing`], [`steady_timing`], [`process_timing`]: the lease timings the
+//!   tests use (hundreds of milliseconds).
 //! - [`via_proxy`]: a Postgres URL rewritten to go through a [`crate::proxy::Proxy`].
 //! - [`next_transition`]: waits for an elector's next matching transition.
 //! - [`Sweeper`]: spawns the `invoice-sweeper` example, a writer process that competes
@@ -20,19 +21,39 @@ use tokio::time::Instant;
 
 use fencegate_lease::{LeaseConfig, Transition};
 
-/// The short timing of the lease tests: a 600 ms lease, renewed every 200 ms, given up
-/// after 400 ms without a renewal; followers retry every 80 ms. Store calls may take
-/// 100 ms (a loaded CI machine), which the arithmetic still allows.
+/// The short timing of the failover tests: a 600 ms lease, renewed every 200 ms, given
+/// up after 400 ms without a renewal; followers retry every 80 ms. Store calls may
+/// take 150 ms (a loaded CI machine), which the arithmetic still allows.
 pub fn short_timing() -> LeaseConfig {
     LeaseConfig {
-        max_round_trip: Duration::from_millis(100),
+        max_round_trip: Duration::from_millis(150),
         ..LeaseConfig::with_lease(Duration::from_millis(600))
     }
 }
 
-/// The same timing as `invoice-sweeper` flags.
-pub fn short_timing_args() -> Vec<String> {
-    let config = short_timing();
+/// For tests about something else than timing: quick renewals and retries, but a
+/// generous deadline, so that a slow moment of a loaded machine does not end a term.
+pub fn steady_timing() -> LeaseConfig {
+    LeaseConfig {
+        lease_duration: Duration::from_secs(10),
+        renew_interval: Duration::from_millis(200),
+        renew_deadline: Duration::from_secs(6),
+        retry_period: Duration::from_millis(80),
+        max_round_trip: Duration::from_secs(1),
+    }
+}
+
+/// The timing of the `invoice-sweeper` processes in tests: a 1 s lease.
+pub fn process_timing() -> LeaseConfig {
+    LeaseConfig {
+        max_round_trip: Duration::from_millis(150),
+        ..LeaseConfig::with_lease(Duration::from_secs(1))
+    }
+}
+
+/// [`process_timing`] as `invoice-sweeper` flags.
+pub fn process_timing_args() -> Vec<String> {
+    let config = process_timing();
     let ms = |d: Duration| format!("{}ms", d.as_millis());
     [
         ("--lease-duration", config.lease_duration),
@@ -64,9 +85,12 @@ pub async fn next_transition(
 ) -> Transition {
     tokio::time::timeout(timeout, async {
         loop {
-            let event = events.recv().await.expect("the elector is running");
-            if wanted(&event) {
-                return event;
+            match events.recv().await {
+                Ok(event) if wanted(&event) => return event,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    panic!("the elector has stopped")
+                }
             }
         }
     })

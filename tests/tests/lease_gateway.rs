@@ -11,7 +11,7 @@ use fencegate_lease::{
 use fencegate_proto::headers::Precondition;
 use fencegate_proto::{ErrorCode, ObjectKey, ResourceName, Token};
 use fencegate_tests::http::metric_value;
-use fencegate_tests::lease::{next_transition, short_timing};
+use fencegate_tests::lease::{next_transition, steady_timing};
 use tokio_util::sync::CancellationToken;
 
 const LEASE: &str = "invoice-sweeper";
@@ -41,7 +41,7 @@ async fn a_stale_rejection_ends_the_term() {
     let key = ObjectKey::new("invoice-001/reminder").unwrap();
     let registry = prometheus::Registry::new();
     let store = PostgresStore::new(&db.url(), "leader_lease", true).unwrap();
-    let elector = Elector::new(store, LEASE, "node-a", short_timing())
+    let elector = Elector::new(store, LEASE, "node-a", steady_timing())
         .unwrap()
         .advance_fences(client.clone(), vec![resource.clone()])
         .with_metrics(LeaseMetrics::register(&registry).unwrap());
@@ -188,7 +188,7 @@ async fn other_refusals_are_decoded_and_keep_the_term() {
     let resource = ResourceName::new("invoices").unwrap();
     let key = ObjectKey::new("invoice 2/reminder?").unwrap();
     let store = PostgresStore::new(&db.url(), "leader_lease", true).unwrap();
-    let elector = Elector::new(store, LEASE, "node-a", short_timing()).unwrap();
+    let elector = Elector::new(store, LEASE, "node-a", steady_timing()).unwrap();
     let result = Arc::new(Mutex::new(None));
     let out = Arc::clone(&result);
     tokio::time::timeout(
@@ -235,4 +235,76 @@ async fn other_refusals_are_decoded_and_keep_the_term() {
     );
     assert_eq!(missing, None);
     assert!(live, "a version mismatch does not end the term");
+}
+
+/// A transport failure is retried, with the same token, only for a write that cannot
+/// apply twice (a version precondition); an unconditional write is not resent.
+#[tokio::test]
+async fn only_idempotent_writes_are_resent_after_a_transport_failure() {
+    let (db, gateway) = fencegate_tests::postgres_gateway().await;
+    let network = fencegate_tests::proxy::Proxy::start(gateway.addr()).await;
+    let client = FencedClient::new(&format!("http://{}", network.addr()))
+        .unwrap()
+        .with_retries(5);
+    let resource = ResourceName::new("invoices").unwrap();
+    let store = PostgresStore::new(&db.url(), "leader_lease", true).unwrap();
+    let elector = Elector::new(store, LEASE, "node-a", steady_timing()).unwrap();
+    let network = Arc::new(tokio::sync::Mutex::new(Some(network)));
+    let outcome = Arc::new(Mutex::new(None));
+    let (out, net) = (Arc::clone(&outcome), Arc::clone(&network));
+    tokio::time::timeout(
+        PATIENCE,
+        elector.run(CancellationToken::new(), move |term| {
+            let (client, resource, out, net) = (
+                client.clone(),
+                resource.clone(),
+                Arc::clone(&out),
+                Arc::clone(&net),
+            );
+            async move {
+                net.lock().await.as_ref().unwrap().cut();
+                let plain_key = ObjectKey::new("plain").unwrap();
+                let plain = client
+                    .put(&term, &resource, &plain_key, "x", Precondition::None)
+                    .await;
+                // The network comes back while the versioned write is being retried.
+                let restore = tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    let proxy = net.lock().await.take().unwrap();
+                    proxy.restore().await
+                });
+                let versioned_key = ObjectKey::new("versioned").unwrap();
+                let versioned = client
+                    .put(
+                        &term,
+                        &resource,
+                        &versioned_key,
+                        "y",
+                        Precondition::MustNotExist,
+                    )
+                    .await;
+                let _proxy = restore.await.unwrap();
+                *out.lock().unwrap() = Some((
+                    matches!(plain, Err(WriteError::Transport(_))),
+                    versioned.map(|w| (w.token, w.version)),
+                ));
+            }
+        }),
+    )
+    .await
+    .expect("run returns when the leading code returns");
+    let (plain_failed, versioned) = outcome.lock().unwrap().take().unwrap();
+    assert!(
+        plain_failed,
+        "an unconditional write is not resent after a transport failure"
+    );
+    assert_eq!(
+        versioned.expect("the versioned write was resent and accepted"),
+        (token(1), 1)
+    );
+    assert_eq!(db.object("invoices", "plain").await, None);
+    assert_eq!(
+        db.object("invoices", "versioned").await,
+        Some((b"y".to_vec(), 1, 1))
+    );
 }

@@ -11,7 +11,7 @@ use fencegate_lease::{
 };
 use fencegate_proto::Token;
 use fencegate_tests::db::TestDb;
-use fencegate_tests::lease::{next_transition, short_timing, via_proxy};
+use fencegate_tests::lease::{next_transition, short_timing, steady_timing, via_proxy};
 use fencegate_tests::proxy::Proxy;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -119,10 +119,7 @@ async fn a_replaced_holder_steps_down() {
     let db = TestDb::create().await;
     let store = store(&db);
     let shutdown = CancellationToken::new();
-    let config = LeaseConfig {
-        lease_duration: Duration::from_secs(5),
-        ..short_timing()
-    };
+    let config = steady_timing();
     let elector = Elector::new(Arc::clone(&store), LEASE, "node-a", config).unwrap();
     let mut events = elector.subscribe();
     let (task, mut terms) = spawn_elector(elector, &shutdown);
@@ -457,7 +454,7 @@ async fn shutdown_releases_the_lease() {
 #[tokio::test]
 async fn leading_code_that_returns_releases_the_lease() {
     let db = TestDb::create().await;
-    let elector = Elector::new(store(&db), LEASE, "node-a", short_timing()).unwrap();
+    let elector = Elector::new(store(&db), LEASE, "node-a", steady_timing()).unwrap();
     let mut events = elector.subscribe();
     let done = tokio::time::timeout(
         PATIENCE,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use fencegate_lease::{Elector, LeaseStore, LossReason, RedisStore, Term, Transition};
 use fencegate_proto::Token;
-use fencegate_tests::lease::{next_transition, short_timing};
+use fencegate_tests::lease::{next_transition, steady_timing};
 use tokio_util::sync::CancellationToken;
 
 const LEASE: &str = "invoice-sweeper";
@@ -147,7 +147,7 @@ async fn a_late_release_does_not_free_the_successors_lease() {
 async fn an_elector_on_redis_steps_down_when_replaced() {
     let (store, mut raw, prefix) = fresh().await;
     let key = store.lease_key(LEASE);
-    let config = short_timing();
+    let config = steady_timing();
     let elector = Elector::new(store, LEASE, "node-a", config).unwrap();
     let mut events = elector.subscribe();
     let shutdown = CancellationToken::new();

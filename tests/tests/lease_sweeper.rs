@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use fencegate_tests::db::TestDb;
 use fencegate_tests::gateway::Gateway;
-use fencegate_tests::lease::{short_timing, short_timing_args, Event, Sweeper};
+use fencegate_tests::lease::{process_timing, process_timing_args, Event, Sweeper};
 use fencegate_tests::proxy::Proxy;
 use tokio::time::Instant;
 
@@ -26,7 +26,7 @@ fn args(db: &TestDb, gateway: &str) -> Vec<String> {
         "--sweep-interval".to_owned(),
         "50ms".to_owned(),
     ];
-    args.extend(short_timing_args());
+    args.extend(process_timing_args());
     args
 }
 
@@ -90,7 +90,7 @@ async fn a_killed_leader_is_replaced() {
     let killed = Instant::now();
     let acquired = b.wait_for("lease acquired", PATIENCE, |_| true).await;
     let failover = acquired.seen - killed;
-    let config = short_timing();
+    let config = process_timing();
     eprintln!("failover after kill -9: {failover:?}");
     assert_eq!(epoch_of(&acquired), 2);
     let bound = config.lease_duration + config.renew_interval + Duration::from_secs(1);

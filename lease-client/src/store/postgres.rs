@@ -127,16 +127,24 @@ impl PostgresStore {
     async fn create(&self, client: &Client, lease: &str) -> Result<bool, tokio_postgres::Error> {
         let table = &self.table;
         if self.create_missing {
-            let create = format!(
-                "CREATE TABLE IF NOT EXISTS {table} (\
-                   name text PRIMARY KEY, holder text, epoch bigint NOT NULL DEFAULT 0, \
-                   expires_at timestamptz NOT NULL DEFAULT '-infinity')"
-            );
-            if let Err(error) = client.batch_execute(&create).await {
-                // Two processes creating the table at once: one of them loses on the
-                // catalog's unique index, and the table exists either way.
-                if error.code() != Some(&SqlState::UNIQUE_VIOLATION) {
-                    return Err(error);
+            // Look first: CREATE TABLE IF NOT EXISTS on an existing table logs a
+            // notice on every start.
+            let exists: bool = client
+                .query_one("SELECT to_regclass($1) IS NOT NULL", &[table])
+                .await?
+                .get(0);
+            if !exists {
+                let create = format!(
+                    "CREATE TABLE IF NOT EXISTS {table} (\
+                       name text PRIMARY KEY, holder text, epoch bigint NOT NULL DEFAULT 0, \
+                       expires_at timestamptz NOT NULL DEFAULT '-infinity')"
+                );
+                if let Err(error) = client.batch_execute(&create).await {
+                    // Two processes creating the table at once: one of them loses on
+                    // the catalog's unique index, and the table exists either way.
+                    if error.code() != Some(&SqlState::UNIQUE_VIOLATION) {
+                        return Err(error);
+                    }
                 }
             }
             let insert =
