@@ -15,7 +15,8 @@
 //! - Refused always: whatever would end or escape the fenced transaction, the role or
 //!   the gateway's limits — transaction control, `SET`/`RESET`, `GRANT`/`REVOKE`, `DO`,
 //!   `CALL`, `COPY`, `LISTEN`/`NOTIFY`, `PREPARE`/`EXECUTE`, functions, triggers,
-//!   extensions, roles — and calls of functions that do the same from inside a query
+//!   extensions, roles, temporary tables (they outlive the transaction on a pooled
+//!   connection) — and calls of functions that do the same from inside a query
 //!   ([`DENIED_FUNCTIONS`]), and any object in the gateway's own `fencegate` schema.
 //!
 //! The function list is defence in depth, not the boundary: the boundary is the
@@ -150,6 +151,15 @@ enum Kind {
 
 fn kind(statement: &Statement) -> Kind {
     match statement {
+        // Temporary objects outlive the transaction on a pooled connection and would be
+        // seen by the next request that gets it.
+        Statement::CreateTable(create) if create.temporary => Kind::Never,
+        Statement::CreateView {
+            temporary: true, ..
+        }
+        | Statement::CreateSequence {
+            temporary: true, ..
+        } => Kind::Never,
         Statement::Query(_)
         | Statement::Insert(_)
         | Statement::Update { .. }
@@ -248,7 +258,13 @@ impl Visitor for Inspector {
     }
 
     fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<Refused> {
-        if !self.allow_ddl && selects_into(&query.body) {
+        if selects_into(&query.body, true) {
+            return ControlFlow::Break(Refused(
+                "SELECT ... INTO TEMPORARY creates a table that outlives the transaction"
+                    .to_owned(),
+            ));
+        }
+        if !self.allow_ddl && selects_into(&query.body, false) {
             return ControlFlow::Break(Refused(
                 "SELECT ... INTO creates a table, which is DDL (--sql-allow-ddl)".to_owned(),
             ));
@@ -294,11 +310,18 @@ fn refused_function(name: &ObjectName) -> Refused {
     ))
 }
 
-fn selects_into(body: &SetExpr) -> bool {
+/// Whether a `SELECT` in `body` has an `INTO` clause (only temporary ones if
+/// `temporary_only`).
+fn selects_into(body: &SetExpr, temporary_only: bool) -> bool {
     match body {
-        SetExpr::Select(select) => select.into.is_some(),
-        SetExpr::Query(query) => selects_into(&query.body),
-        SetExpr::SetOperation { left, right, .. } => selects_into(left) || selects_into(right),
+        SetExpr::Select(select) => select
+            .into
+            .as_ref()
+            .is_some_and(|into| into.temporary || !temporary_only),
+        SetExpr::Query(query) => selects_into(&query.body, temporary_only),
+        SetExpr::SetOperation { left, right, .. } => {
+            selects_into(left, temporary_only) || selects_into(right, temporary_only)
+        }
         _ => false,
     }
 }
@@ -413,6 +436,10 @@ mod tests {
             "DROP TABLE fencegate.fences",
             "TRUNCATE fencegate.objects",
             "CREATE TABLE t (a text DEFAULT set_config('role', 'none', true))",
+            "CREATE TEMP TABLE t (a int)",
+            "CREATE TEMPORARY VIEW v AS SELECT 1",
+            "CREATE TEMP SEQUENCE s",
+            "SELECT 1 AS a INTO TEMP t",
         ] {
             assert!(check(sql, true).is_err(), "{sql} was allowed with DDL");
         }

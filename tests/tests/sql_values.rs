@@ -171,6 +171,8 @@ async fn each_error_is_answered_with_its_code() {
         .arg("4")
         .arg("--sql-statement-timeout")
         .arg("200ms")
+        .arg("--max-body")
+        .arg("4KiB")
         .spawn()
         .await;
     let client = gateway.client();
@@ -294,6 +296,12 @@ async fn each_error_is_answered_with_its_code() {
         &sql(&client, "r", 1, four).await,
         400,
         "too_many_statements",
+    );
+    let long = format!("SELECT '{}'", "x".repeat(5000));
+    check(
+        &sql(&client, "r", 1, one(&long, json!([]))).await,
+        413,
+        "body_too_large",
     );
     check(
         &sql(&client, "r", 1, json!({"statements": []})).await,
