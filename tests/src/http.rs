@@ -56,6 +56,17 @@ impl Client {
         }
     }
 
+    /// A client that speaks cleartext HTTP/2 only (prior knowledge, h2c): all its
+    /// requests share one connection as concurrent streams.
+    pub fn new_h2(base: impl Into<String>) -> Client {
+        let inner = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+            .http2_only(true)
+            .build_http();
+        Client {
+            base: base.into(),
+            inner,
+        }
+    }
     /// Sends a request; `Err` only for transport failures.
     pub async fn try_request(
         &self,
