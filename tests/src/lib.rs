@@ -9,6 +9,7 @@
 //! - [`gateway`]: spawns the built `fencegate` binary on a free port and waits for its
 //!   "ready" log line; SIGTERM, SIGKILL, restart, captured logs.
 //! - [`http`]: a small client for the gateway's API.
+//! - [`lease`]: lease timing for tests, and the `invoice-sweeper` example as a process.
 //! - [`prometheus`]: a real Prometheus server on a free port, and its query API.
 //! - [`proxy`]: a loopback TCP proxy whose traffic a test can hold, release and cut.
 //!
@@ -20,6 +21,7 @@ pub mod db;
 pub mod deployment;
 pub mod gateway;
 pub mod http;
+pub mod lease;
 pub mod prometheus;
 pub mod proxy;
 

@@ -65,6 +65,35 @@ pub trait LeaseStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
+/// Runs `forget` when dropped before [`ForgetOnDrop::completed`]: a store call whose
+/// future is dropped mid-flight (the elector's timeout) may sit on a connection stuck
+/// behind a black-holed network, which the kernel may not close for many minutes. The
+/// stores forget such a connection so that the next call opens a fresh one.
+pub(crate) struct ForgetOnDrop<F: FnMut()> {
+    forget: Option<F>,
+}
+
+impl<F: FnMut()> ForgetOnDrop<F> {
+    pub(crate) fn new(forget: F) -> Self {
+        ForgetOnDrop {
+            forget: Some(forget),
+        }
+    }
+
+    /// The call got its answer (or its error): keep the connection.
+    pub(crate) fn completed(mut self) {
+        self.forget = None;
+    }
+}
+
+impl<F: FnMut()> Drop for ForgetOnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(mut forget) = self.forget.take() {
+            forget();
+        }
+    }
+}
+
 /// A store operation that did not give an answer. The holder cannot tell whether it
 /// still leads: it keeps trying until its renew deadline.
 #[derive(Debug, thiserror::Error)]

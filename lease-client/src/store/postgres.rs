@@ -27,7 +27,7 @@ use fencegate_proto::Token;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, NoTls};
 
-use super::{LeaseStore, StoreError};
+use super::{ForgetOnDrop, LeaseStore, StoreError};
 
 /// The seed's table name.
 pub const DEFAULT_TABLE: &str = "leader_lease";
@@ -111,7 +111,9 @@ impl PostgresStore {
             return Ok(());
         }
         let conn = self.conn().await?;
+        let abandoned = ForgetOnDrop::new(|| self.forget(&conn));
         let result = self.create(&conn.client, lease).await;
+        abandoned.completed();
         self.check(&conn, &result);
         if !result.map_err(classify)? {
             return Err(StoreError::Unexpected(format!(
@@ -177,10 +179,15 @@ impl PostgresStore {
     /// Forgets a connection that broke, so the next call opens a new one.
     fn check<T>(&self, conn: &Arc<Conn>, result: &Result<T, tokio_postgres::Error>) {
         if result.is_err() && conn.client.is_closed() {
-            let mut slot = self.conn.lock().unwrap();
-            if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
-                *slot = None;
-            }
+            self.forget(conn);
+        }
+    }
+
+    /// Forgets `conn` if it is still the open connection.
+    fn forget(&self, conn: &Arc<Conn>) {
+        let mut slot = self.conn.lock().unwrap();
+        if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+            *slot = None;
         }
     }
 }
@@ -194,10 +201,12 @@ impl LeaseStore for PostgresStore {
     ) -> Result<Option<Token>, StoreError> {
         self.ensure_lease(lease).await?;
         let conn = self.conn().await?;
+        let abandoned = ForgetOnDrop::new(|| self.forget(&conn));
         let result = conn
             .client
             .query_opt(&self.sql.acquire, &[&lease, &holder, &ttl.as_secs_f64()])
             .await;
+        abandoned.completed();
         self.check(&conn, &result);
         match result.map_err(classify)? {
             None => Ok(None),
@@ -213,6 +222,7 @@ impl LeaseStore for PostgresStore {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let conn = self.conn().await?;
+        let abandoned = ForgetOnDrop::new(|| self.forget(&conn));
         let result = conn
             .client
             .query_opt(
@@ -220,16 +230,19 @@ impl LeaseStore for PostgresStore {
                 &[&lease, &holder, &ttl.as_secs_f64(), &epoch.as_i64()],
             )
             .await;
+        abandoned.completed();
         self.check(&conn, &result);
         Ok(result.map_err(classify)?.is_some())
     }
 
     async fn release(&self, lease: &str, holder: &str, epoch: Token) -> Result<bool, StoreError> {
         let conn = self.conn().await?;
+        let abandoned = ForgetOnDrop::new(|| self.forget(&conn));
         let result = conn
             .client
             .query_opt(&self.sql.release, &[&lease, &holder, &epoch.as_i64()])
             .await;
+        abandoned.completed();
         self.check(&conn, &result);
         Ok(result.map_err(classify)?.is_some())
     }

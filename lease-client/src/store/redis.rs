@@ -32,7 +32,7 @@ use fencegate_proto::Token;
 use redis::aio::MultiplexedConnection;
 use redis::Script;
 
-use super::{LeaseStore, StoreError};
+use super::{ForgetOnDrop, LeaseStore, StoreError};
 
 /// The key prefix used unless another is given.
 pub const DEFAULT_PREFIX: &str = "fencegate:lease:";
@@ -140,15 +140,17 @@ impl LeaseStore for RedisStore {
         ttl: Duration,
     ) -> Result<Option<Token>, StoreError> {
         let mut conn = self.conn().await?;
-        let epoch: Option<i64> = self
+        let abandoned = ForgetOnDrop::new(|| *self.conn.lock().unwrap() = None);
+        let result: redis::RedisResult<Option<i64>> = self
             .acquire
             .key(self.lease_key(lease))
             .key(self.counter_key(lease))
             .arg(holder)
             .arg(millis(ttl))
             .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.failed(e))?;
+            .await;
+        abandoned.completed();
+        let epoch = result.map_err(|e| self.failed(e))?;
         epoch
             .map(|e| {
                 u64::try_from(e)
@@ -167,26 +169,30 @@ impl LeaseStore for RedisStore {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let mut conn = self.conn().await?;
-        let renewed: i64 = self
+        let abandoned = ForgetOnDrop::new(|| *self.conn.lock().unwrap() = None);
+        let result: redis::RedisResult<i64> = self
             .renew
             .key(self.lease_key(lease))
             .arg(value(epoch, holder))
             .arg(millis(ttl))
             .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.failed(e))?;
+            .await;
+        abandoned.completed();
+        let renewed = result.map_err(|e| self.failed(e))?;
         Ok(renewed == 1)
     }
 
     async fn release(&self, lease: &str, holder: &str, epoch: Token) -> Result<bool, StoreError> {
         let mut conn = self.conn().await?;
-        let deleted: i64 = self
+        let abandoned = ForgetOnDrop::new(|| *self.conn.lock().unwrap() = None);
+        let result: redis::RedisResult<i64> = self
             .release
             .key(self.lease_key(lease))
             .arg(value(epoch, holder))
             .invoke_async(&mut conn)
-            .await
-            .map_err(|e| self.failed(e))?;
+            .await;
+        abandoned.completed();
+        let deleted = result.map_err(|e| self.failed(e))?;
         Ok(deleted == 1)
     }
 }
