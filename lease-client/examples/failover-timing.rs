@@ -27,8 +27,8 @@ struct Args {
         default_value = "postgres://postgres@127.0.0.1:5432/postgres"
     )]
     database_url: String,
-    /// The lease table (created if missing).
-    #[arg(long, env = "FAILOVER_TABLE", default_value = "leader_lease")]
+    /// The lease table (created if missing; kept apart from the seed's `leader_lease`).
+    #[arg(long, env = "FAILOVER_TABLE", default_value = "failover_timing_lease")]
     table: String,
     /// The lease duration; every other timing takes its default fraction.
     #[arg(long, env = "FAILOVER_LEASE", value_parser = humantime::parse_duration, default_value = "15s")]
