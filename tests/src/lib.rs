@@ -12,6 +12,7 @@
 //! - [`lease`]: lease timing for tests, and the `invoice-sweeper` example as a process.
 //! - [`prometheus`]: a real Prometheus server on a free port, and its query API.
 //! - [`proxy`]: a loopback TCP proxy whose traffic a test can hold, release and cut.
+//! - [`replay`]: failure scenarios as data, run against real processes.
 //!
 //! Services a test needs are never skipped: if Postgres is unreachable the test fails
 //! with a message that says how to start it.
@@ -24,6 +25,7 @@ pub mod http;
 pub mod lease;
 pub mod prometheus;
 pub mod proxy;
+pub mod replay;
 
 /// A fresh database and a gateway binary serving it.
 pub async fn postgres_gateway() -> (db::TestDb, gateway::Gateway) {

@@ -1,0 +1,168 @@
+//! What a step observed, and how it is compared with what the step expected.
+
+use std::fmt::Write as _;
+
+use crate::replay::scenario::{Expect, Outcome};
+use crate::replay::wire::Reply;
+
+/// What a step saw.
+#[derive(Debug, Default)]
+pub(crate) struct Observed {
+    pub text: String,
+    pub outcome: Option<Outcome>,
+    pub status: Option<u16>,
+    pub presented: Option<u64>,
+    pub highest: Option<u64>,
+    pub version: Option<u64>,
+    pub token: Option<u64>,
+    pub value: Option<String>,
+    pub delta: Option<f64>,
+    pub accepted: Option<usize>,
+    pub duplicate: Option<Outcome>,
+}
+
+impl Observed {
+    pub(crate) fn text(text: impl Into<String>) -> Observed {
+        Observed {
+            text: text.into(),
+            ..Observed::default()
+        }
+    }
+
+    /// A gateway answer, or a transport failure (the request got no answer).
+    pub(crate) fn reply(reply: &Result<Reply, String>) -> Observed {
+        let Ok(reply) = reply else {
+            return Observed {
+                text: "dropped (no answer)".into(),
+                outcome: Some(Outcome::Dropped),
+                ..Observed::default()
+            };
+        };
+        let outcome = outcome_of(reply.status);
+        let json = reply.json();
+        let mut observed = Observed {
+            outcome,
+            status: Some(reply.status),
+            presented: reply.field("presented"),
+            highest: reply.field("highest"),
+            version: reply.field("version"),
+            token: reply.field("token"),
+            ..Observed::default()
+        };
+        let name = outcome.map_or("unexpected", Outcome::name);
+        observed.text = match outcome {
+            Some(Outcome::Accepted) => format!(
+                "{name} {} token={} version={}",
+                reply.status, json["token"], json["version"]
+            ),
+            Some(Outcome::Rejected) => format!(
+                "{name} 409 presented={} highest={}",
+                json["presented"], json["highest"]
+            ),
+            Some(Outcome::PreconditionFailed) => {
+                format!("{name} 412 current={}", json["current"])
+            }
+            _ => format!("{name} {} {}", reply.status, reply.body.trim()),
+        };
+        observed
+    }
+}
+
+pub(crate) fn outcome_of(status: u16) -> Option<Outcome> {
+    match status {
+        200 | 201 => Some(Outcome::Accepted),
+        409 => Some(Outcome::Rejected),
+        412 => Some(Outcome::PreconditionFailed),
+        503 => Some(Outcome::Unavailable),
+        _ => None,
+    }
+}
+
+/// Compares what a step saw with what it expected: `Err((expected, observed))`.
+pub(crate) fn check(expect: &Expect, seen: &Observed) -> Result<(), (String, String)> {
+    let mut expected = String::new();
+    let mut observed = String::new();
+    let mut compare = |name: &str, want: Option<String>, got: Option<String>| {
+        if let Some(want) = want {
+            if Some(&want) != got.as_ref() {
+                let _ = write!(expected, "{name}={want} ");
+                let _ = write!(observed, "{name}={} ", got.unwrap_or_else(|| "-".into()));
+            }
+        }
+    };
+    let name = |o: Option<Outcome>| o.map(|o| o.name().to_owned());
+    let num = |n: Option<u64>| n.map(|n| n.to_string());
+    compare("outcome", name(expect.outcome), name(seen.outcome));
+    compare(
+        "status",
+        num(expect.status.map(u64::from)),
+        num(seen.status.map(u64::from)),
+    );
+    compare("presented", num(expect.presented), num(seen.presented));
+    compare("highest", num(expect.highest), num(seen.highest));
+    compare("version", num(expect.version), num(seen.version));
+    compare("token", num(expect.token), num(seen.token));
+    compare("value", expect.value.clone(), seen.value.clone());
+    compare(
+        "delta",
+        expect.delta.map(|d| d.to_string()),
+        seen.delta.map(|d| d.to_string()),
+    );
+    compare(
+        "accepted",
+        expect.accepted.map(|n| n.to_string()),
+        seen.accepted.map(|n| n.to_string()),
+    );
+    compare("duplicate", name(expect.duplicate), name(seen.duplicate));
+    if expected.is_empty() {
+        Ok(())
+    } else {
+        Err((
+            expected.trim_end().to_owned(),
+            format!("{} ({})", observed.trim_end(), seen.text),
+        ))
+    }
+}
+
+pub(crate) fn renewal(renewed: bool, token: u64) -> Observed {
+    Observed {
+        text: if renewed {
+            format!("granted: renewed at token {token}")
+        } else {
+            format!("refused: token {token} was replaced")
+        },
+        outcome: Some(if renewed {
+            Outcome::Granted
+        } else {
+            Outcome::Refused
+        }),
+        token: Some(token),
+        ..Observed::default()
+    }
+}
+
+pub(crate) fn read(reply: &Reply) -> Observed {
+    if reply.status == 404 {
+        return Observed {
+            text: "absent".into(),
+            outcome: Some(Outcome::Absent),
+            ..Observed::default()
+        };
+    }
+    let number = |h: &Option<String>| h.as_deref().and_then(|v| v.trim_matches('"').parse().ok());
+    let (version, token) = (number(&reply.etag), number(&reply.token));
+    Observed {
+        text: format!(
+            "{:?} token={} version={}",
+            reply.body,
+            token.map_or("-".into(), |t: u64| t.to_string()),
+            version.map_or("-".into(), |v: u64| v.to_string())
+        ),
+        outcome: outcome_of(reply.status),
+        status: Some(reply.status),
+        value: Some(reply.body.clone()),
+        version,
+        token,
+        ..Observed::default()
+    }
+}
