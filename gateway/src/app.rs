@@ -1,6 +1,8 @@
 //! Shared state of a running gateway, and the steps every fenced write goes through.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use fencegate_proto::headers::Fencing;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
@@ -18,6 +20,58 @@ pub struct App {
     pub cache: FenceCache,
     pub metrics: Metrics,
     pub max_body: usize,
+    stale_log: LogBudget,
+}
+
+/// Most "stale write rejected" lines logged per second. A writer that goes on writing
+/// after losing its lease must not turn the gateway into a log pump: writing the line
+/// costs more than the rejection itself. Metrics still count every rejection, and the
+/// next line logged says how many were left out (`unlogged`).
+const STALE_LOG_LINES_PER_SECOND: u64 = 100;
+
+/// A budget of [`STALE_LOG_LINES_PER_SECOND`] lines per wall-clock second.
+struct LogBudget {
+    started: Instant,
+    /// `second << 32 | lines logged in that second`, seconds counted from `started`.
+    window: AtomicU64,
+    /// Lines refused since the last one admitted.
+    refused: AtomicU64,
+}
+
+impl LogBudget {
+    fn new() -> LogBudget {
+        LogBudget {
+            started: Instant::now(),
+            window: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    /// `Some(refused)` if a line may be logged now, with the number of lines refused
+    /// since the previous one; `None` if this second's budget is spent.
+    fn admit(&self) -> Option<u64> {
+        let second = self.started.elapsed().as_secs() & u64::from(u32::MAX);
+        let mut current = self.window.load(Ordering::Relaxed);
+        loop {
+            let next = if current >> 32 != second {
+                second << 32 | 1
+            } else if current & u64::from(u32::MAX) < STALE_LOG_LINES_PER_SECOND {
+                current + 1
+            } else {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                return None;
+            };
+            match self.window.compare_exchange_weak(
+                current,
+                next,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(self.refused.swap(0, Ordering::Relaxed)),
+                Err(actual) => current = actual,
+            }
+        }
+    }
 }
 
 impl App {
@@ -27,6 +81,7 @@ impl App {
             cache: FenceCache::new(config.cache_size),
             metrics: Metrics::new(config.metrics_resource_cap),
             max_body: config.max_body,
+            stale_log: LogBudget::new(),
         }
     }
 
@@ -109,8 +164,9 @@ impl App {
         }
     }
 
-    /// Counts and logs a stale rejection, and returns the error to answer with.
-    /// `highest` must be a committed token above the presented one.
+    /// Counts and logs a stale rejection (within [`STALE_LOG_LINES_PER_SECOND`]), and
+    /// returns the error to answer with. `highest` must be a committed token above the
+    /// presented one.
     pub fn stale(
         &self,
         resource: &ResourceName,
@@ -121,16 +177,19 @@ impl App {
         let rejections = self.cache.count_rejection(resource, highest);
         self.metrics
             .stale_rejected(resource, fencing.token, highest);
-        tracing::warn!(
-            resource = resource.as_str(),
-            key = key.map(ObjectKey::as_str),
-            presented = fencing.token.get(),
-            highest = highest.get(),
-            holder = fencing.holder.as_deref(),
-            outcome = "stale_token",
-            rejections,
-            "stale write rejected"
-        );
+        if let Some(unlogged) = self.stale_log.admit() {
+            tracing::warn!(
+                resource = resource.as_str(),
+                key = key.map(ObjectKey::as_str),
+                presented = fencing.token.get(),
+                highest = highest.get(),
+                holder = fencing.holder.as_deref(),
+                outcome = "stale_token",
+                rejections,
+                unlogged,
+                "stale write rejected"
+            );
+        }
         ApiError::Stale {
             resource: resource.clone(),
             presented: fencing.token,
