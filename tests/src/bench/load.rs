@@ -10,8 +10,8 @@
 //!   sent, so a stalled server is charged for the writes it held back (no coordinated
 //!   omission).
 //!
-//! Writes that start during the warm-up, or end after the measured window, are not
-//! counted.
+//! A write counts if it completes within the measured window (after the warm-up),
+//! whenever it began.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,6 +56,17 @@ pub struct Measured {
 }
 
 impl Measured {
+    /// Adds another turn of the same cell.
+    pub fn merge(&mut self, other: Measured) {
+        self.ops += other.ops;
+        self.errors += other.errors;
+        self.seconds += other.seconds;
+        self.first_error = self.first_error.take().or(other.first_error);
+        self.latency
+            .add(&other.latency)
+            .expect("histograms with equal bounds merge");
+    }
+
     pub fn throughput(&self) -> f64 {
         self.ops as f64 / self.seconds
     }
@@ -153,7 +164,9 @@ async fn drive(
         };
         let result = writer.call(&call).await;
         let done = Instant::now();
-        if began < measure_from || done > end {
+        // Counted by completion: a write that began in the warm-up and ends in the
+        // window is part of the window's throughput.
+        if done < measure_from || done > end {
             continue;
         }
         measured.ops += 1;

@@ -15,10 +15,11 @@
 //! 1. Start-up time to ready, on a fresh database and on a migrated one.
 //! 2. Every resource of the matrix gets its fence raised to [`ACCEPT_TOKEN`] through
 //!    the gateway, so its fence cache knows them all before anything is measured.
-//! 3. For each value size and concurrency: `bare-http`, then for each resource count
-//!    `direct`, `gateway-accept`, `gateway-reject`, `gateway-h2`, back to back. Accepted
-//!    writes present [`ACCEPT_TOKEN`] (equal to the fence: accepted, no fence change);
-//!    rejected ones present [`STALE_TOKEN`].
+//! 3. For each value size and concurrency, its cells take turns for `--rounds` rounds:
+//!    `bare-http`, then for each resource count `direct`, `gateway-accept`,
+//!    `gateway-reject`, `gateway-h2`. Each turn makes its connections, warms up, then
+//!    measures. Accepted writes present [`ACCEPT_TOKEN`] (equal to the fence: accepted,
+//!    no fence change); rejected ones present [`STALE_TOKEN`].
 //! 4. Memory: a second gateway tracks a million distinct resources; its RSS before and
 //!    after gives the fence cache's bytes per entry.
 
@@ -38,7 +39,7 @@ use http::StatusCode;
 
 use clients::Writer;
 use fencegate_tests::db::TestDb;
-use load::{Pace, Workload};
+use load::{Measured, Pace, Workload};
 use report::{Memory, Report, Row, Startup};
 
 /// The token every accepted write presents; the fences are raised to it first.
@@ -93,12 +94,16 @@ pub struct Args {
     )]
     pub workloads: Vec<Kind>,
 
-    /// Measured time per cell.
+    /// Measured time per cell, split evenly over the rounds.
     #[arg(long, env = "FENCEGATE_BENCH_DURATION", default_value = "1500ms", value_parser = humantime::parse_duration)]
     pub duration: Duration,
 
-    /// Unmeasured time at the start of each cell.
-    #[arg(long, env = "FENCEGATE_BENCH_WARMUP", default_value = "300ms", value_parser = humantime::parse_duration)]
+    /// The cells of one concurrency and value size run in turn, this many times each.
+    #[arg(long, env = "FENCEGATE_BENCH_ROUNDS", default_value_t = 3)]
+    pub rounds: usize,
+
+    /// Unmeasured time at the start of each turn of a cell.
+    #[arg(long, env = "FENCEGATE_BENCH_WARMUP", default_value = "100ms", value_parser = humantime::parse_duration)]
     pub warmup: Duration,
 
     /// Open loop at this total rate (writes per second) instead of a closed loop.
@@ -177,8 +182,9 @@ pub async fn main(mut args: Args) -> Result<(), String> {
         return servers::serve_bare(listen).await.map_err(|e| e.to_string());
     }
     if args.smoke {
-        args.duration = Duration::from_millis(100);
-        args.warmup = Duration::from_millis(20);
+        args.duration = Duration::from_millis(200);
+        args.rounds = 1;
+        args.warmup = Duration::from_millis(50);
         args.memory_resources = args.memory_resources.min(20_000);
     }
     if args.workloads.is_empty() {
@@ -212,59 +218,49 @@ pub async fn main(mut args: Args) -> Result<(), String> {
 
     let pace = Pace {
         warmup: args.warmup,
-        duration: args.duration,
+        duration: args.duration / args.rounds.max(1) as u32,
         rate: args.rate,
     };
-    let wants = |w: Kind| args.workloads.contains(&w);
+    let servers = Servers {
+        gateway: gateway.addr,
+        bare: bare.addr,
+        pool: &pool,
+    };
+    let wants = |w: &Kind| args.workloads.contains(w);
     for &size in &args.values {
         let value = Bytes::from(vec![b'v'; size]);
         for &concurrency in &args.concurrency {
-            if wants(Kind::BareHttp) {
-                let mut writers = Vec::with_capacity(concurrency);
-                for _ in 0..concurrency {
-                    writers.push(Writer::http1(bare.addr).await?);
-                }
-                let workload = workload(1, ACCEPT_TOKEN, &value, &[StatusCode::OK]);
-                let measured = load::run(writers, workload, pace).await;
-                report.push(Row::new(Kind::BareHttp, concurrency, None, size, &measured));
+            // The cells of one concurrency and value size take turns, round after
+            // round, so that a slow phase of the machine is shared between them and
+            // the ratios hold.
+            let mut cells: Vec<(Kind, Option<usize>, Option<Measured>)> = Vec::new();
+            if wants(&Kind::BareHttp) {
+                cells.push((Kind::BareHttp, None, None));
             }
             for &resources in &args.resources {
-                for kind in [
-                    Kind::Direct,
-                    Kind::GatewayAccept,
-                    Kind::GatewayReject,
-                    Kind::GatewayH2,
-                ] {
-                    if !wants(kind) {
-                        continue;
-                    }
-                    let accepted = [StatusCode::OK, StatusCode::CREATED];
-                    let (writers, workload) = match kind {
-                        Kind::Direct => (
-                            (0..concurrency)
-                                .map(|_| Writer::Direct(pool.clone()))
-                                .collect(),
-                            workload(resources, ACCEPT_TOKEN, &value, &accepted),
-                        ),
-                        Kind::GatewayAccept => (
-                            http1_writers(gateway.addr, concurrency).await?,
-                            workload(resources, ACCEPT_TOKEN, &value, &accepted),
-                        ),
-                        Kind::GatewayReject => (
-                            http1_writers(gateway.addr, concurrency).await?,
-                            workload(resources, STALE_TOKEN, &value, &[StatusCode::CONFLICT]),
-                        ),
-                        Kind::GatewayH2 => (
-                            Writer::h2(gateway.addr, concurrency).await?,
-                            workload(resources, ACCEPT_TOKEN, &value, &accepted),
-                        ),
-                        Kind::BareHttp => unreachable!("run once per concurrency above"),
-                    };
-                    let measured = load::run(writers, workload, pace).await;
-                    let row = Row::new(kind, concurrency, Some(resources), size, &measured);
-                    eprintln!("{}", row.brief());
-                    report.push(row);
+                for kind in Kind::ALL
+                    .iter()
+                    .filter(|k| **k != Kind::BareHttp && wants(k))
+                {
+                    cells.push((*kind, Some(resources), None));
                 }
+            }
+            for _ in 0..args.rounds.max(1) {
+                for (kind, resources, total) in &mut cells {
+                    let measured = servers
+                        .run(*kind, concurrency, resources.unwrap_or(1), &value, pace)
+                        .await?;
+                    match total {
+                        Some(total) => total.merge(measured),
+                        None => *total = Some(measured),
+                    }
+                }
+            }
+            for (kind, resources, measured) in cells {
+                let measured = measured.expect("every cell ran at least once");
+                let row = Row::new(kind, concurrency, resources, size, &measured);
+                eprintln!("{}", row.brief());
+                report.push(row);
             }
         }
     }
@@ -296,6 +292,53 @@ fn workload(resources: usize, token: u64, value: &Bytes, expect: &[StatusCode]) 
         value: value.clone(),
         expect: expect.to_vec(),
     })
+}
+
+/// Where each workload is sent.
+struct Servers<'a> {
+    gateway: SocketAddr,
+    bare: SocketAddr,
+    pool: &'a deadpool_postgres::Pool,
+}
+
+impl Servers<'_> {
+    /// One turn of one cell: new writers (connections are made before the clock
+    /// starts), then the load.
+    async fn run(
+        &self,
+        kind: Kind,
+        concurrency: usize,
+        resources: usize,
+        value: &Bytes,
+        pace: Pace,
+    ) -> Result<Measured, String> {
+        let accepted = [StatusCode::OK, StatusCode::CREATED];
+        let (writers, workload) = match kind {
+            Kind::Direct => (
+                (0..concurrency)
+                    .map(|_| Writer::Direct(self.pool.clone()))
+                    .collect(),
+                workload(resources, ACCEPT_TOKEN, value, &accepted),
+            ),
+            Kind::GatewayAccept => (
+                http1_writers(self.gateway, concurrency).await?,
+                workload(resources, ACCEPT_TOKEN, value, &accepted),
+            ),
+            Kind::GatewayReject => (
+                http1_writers(self.gateway, concurrency).await?,
+                workload(resources, STALE_TOKEN, value, &[StatusCode::CONFLICT]),
+            ),
+            Kind::BareHttp => (
+                http1_writers(self.bare, concurrency).await?,
+                workload(resources, ACCEPT_TOKEN, value, &[StatusCode::OK]),
+            ),
+            Kind::GatewayH2 => (
+                Writer::h2(self.gateway, concurrency).await?,
+                workload(resources, ACCEPT_TOKEN, value, &accepted),
+            ),
+        };
+        Ok(load::run(writers, workload, pace).await)
+    }
 }
 
 async fn http1_writers(addr: SocketAddr, count: usize) -> Result<Vec<Writer>, String> {

@@ -45,6 +45,7 @@ pub struct Machine {
 #[derive(Debug, Serialize)]
 pub struct Settings {
     pub duration_ms: u128,
+    pub rounds: usize,
     pub warmup_ms: u128,
     pub open_loop_rate: Option<f64>,
     pub pool_size: usize,
@@ -200,6 +201,7 @@ impl Report {
             },
             settings: Settings {
                 duration_ms: args.duration.as_millis(),
+                rounds: args.rounds,
                 warmup_ms: args.warmup.as_millis(),
                 open_loop_rate: args.rate,
                 pool_size: args.pool_size,
@@ -301,7 +303,7 @@ impl Report {
         let s = &self.settings;
         let mut out = format!(
             "Machine: {} ({} cores), {} GiB, Linux {}, PostgreSQL {}; commit {}.\n\
-             Per cell: {} ms measured after {} ms warm-up, {}; pool size {}.\n\n",
+             Per cell: {} ms measured in {} turns, each after {} ms warm-up, {}; pool size {}.\n\n",
             m.cpu,
             m.cores,
             m.memory_gib,
@@ -309,6 +311,7 @@ impl Report {
             m.postgres,
             m.commit,
             s.duration_ms,
+            s.rounds,
             s.warmup_ms,
             s.open_loop_rate
                 .map_or("closed loop".to_owned(), |r| format!(
