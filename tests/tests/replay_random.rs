@@ -1,7 +1,7 @@
 //! Randomised replay: random timelines against one gateway pair and one database,
 //! each run on its own resource, checked for the fencing invariants.
 //!
-//! - `FENCEGATE_REPLAY_RUNS=5000`: more runs (default 300).
+//! - `FENCEGATE_REPLAY_RUNS=5000`: more runs (default 500).
 //! - `FENCEGATE_REPLAY_SEED=<seed>`: replays exactly that run (printed on failure).
 
 use std::path::PathBuf;
@@ -10,7 +10,7 @@ use std::time::Instant;
 use fencegate_tests::replay::random::{run_one, Stats};
 use fencegate_tests::replay::Target;
 
-const DEFAULT_RUNS: u64 = 300;
+const DEFAULT_RUNS: u64 = 500;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_timelines_keep_the_fencing_invariants() {

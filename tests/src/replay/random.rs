@@ -27,6 +27,8 @@ const KEYS: usize = 2;
 
 /// One write or advance and what became of it.
 struct Attempt {
+    /// The proxy label of a write.
+    label: Option<String>,
     token: u64,
     key: Option<String>,
     value: String,
@@ -97,7 +99,14 @@ pub async fn run_one(target: &Target, seed: u64) -> Result<Stats, String> {
             target.replicas[replica].hop.release_request(&label);
         } else if roll >= 97 && target.is_local() {
             if let Some(process) = &target.replicas[0].process {
-                process.lock().await.restart().await;
+                // Restarts fall between requests: what is in flight to the gateway is
+                // answered first (held writes wait in the proxy, not at the gateway).
+                quiesce(&attempts, &held).await?;
+                let mut gateway = process.lock().await;
+                gateway.restart().await;
+                // The gateway installs its SIGTERM handler only once it serves (see
+                // `answered`); a restart right after a restart must not beat it.
+                answered(gateway.addr()).await?;
                 stats.restarts += 1;
             }
         }
@@ -108,6 +117,31 @@ pub async fn run_one(target: &Target, seed: u64) -> Result<Stats, String> {
     check(target, seed, &resource, attempts, stats).await
 }
 
+/// Waits until the gateway at `addr` has answered a request.
+async fn answered(addr: std::net::SocketAddr) -> Result<(), String> {
+    wire::send_one(addr, &Request::get("/healthz"))
+        .await
+        .map(drop)
+        .map_err(|e| format!("the restarted gateway does not answer: {e}"))
+}
+
+/// Waits until every attempt that is not held in a proxy has its answer.
+async fn quiesce(attempts: &[Attempt], held: &[(String, usize)]) -> Result<(), String> {
+    let deadline = Instant::now() + wire::PATIENCE;
+    for attempt in attempts {
+        let is_held = held
+            .iter()
+            .any(|(label, _)| Some(label) == attempt.label.as_ref());
+        while !is_held && !attempt.answer.is_finished() {
+            if Instant::now() > deadline {
+                return Err("a request in flight got no answer before a restart".into());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+    }
+    Ok(())
+}
+
 fn send(
     addr: std::net::SocketAddr,
     request: Request,
@@ -115,12 +149,18 @@ fn send(
     key: Option<String>,
     value: String,
 ) -> Attempt {
+    let label = request
+        .headers
+        .iter()
+        .find(|(name, _)| name == crate::proxy::LABEL_HEADER)
+        .map(|(_, value)| value.clone());
     let sent = Instant::now();
     let answer = tokio::spawn(async move {
         let reply = wire::send_one(addr, &request).await;
         (reply, Instant::now())
     });
     Attempt {
+        label,
         token,
         key,
         value,
