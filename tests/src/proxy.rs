@@ -16,7 +16,7 @@
 //! [`Proxy::duplicate_request`] delivers it, waits for the answer, and delivers the same
 //! bytes again on a second connection (the copy's answer is kept for
 //! [`Proxy::duplicate_reply`]), and [`Proxy::reorder`] forwards several held requests
-//! in a chosen order. A rule applies to the *connection* whose first request carries
+//! in a chosen order (each one answered before the next goes). A rule applies to the *connection* whose first request carries
 //! the label, so a labelled request must open its own connection (pipelined requests
 //! behind it share its fate — which is how a flood of requests is held at once).
 //! Labelled requests without a rule, and all other traffic, pass as before; traffic
@@ -196,8 +196,9 @@ impl Proxy {
         entries.get(label).and_then(|e| e.duplicate_reply.clone())
     }
 
-    /// Forwards held requests in the given order: each one is written to the target
-    /// before the next is released. `false` if one was not forwarded within `timeout`.
+    /// Forwards held requests in the given order: each one is forwarded and answered
+    /// by the target before the next is released, so the target also *handles* them
+    /// in that order. `false` if one was not answered within `timeout`.
     pub async fn reorder(&self, labels: &[&str], timeout: Duration) -> bool {
         for label in labels {
             self.release_request(label);
@@ -205,7 +206,7 @@ impl Proxy {
                 .labels
                 .wait(timeout, |entries| {
                     entries.get(*label).is_some_and(|e| {
-                        matches!(e.state, RequestState::Forwarded | RequestState::Closed)
+                        matches!(e.state, RequestState::Answered | RequestState::Closed)
                     })
                 })
                 .await;
@@ -232,6 +233,8 @@ pub enum RequestState {
     Held,
     /// Written to the target.
     Forwarded,
+    /// The target's answer has begun to flow back (or its connection ended).
+    Answered,
     /// Delivered twice; the copy's answer is recorded.
     Duplicated,
     /// Dropped, or its connection ended before a decision.
@@ -437,8 +440,22 @@ impl Link {
                         RequestState::Closed
                     }
                 });
-                if written {
-                    self.pumps(client_read, client_write, server_read, server_write);
+                if !written {
+                    return;
+                }
+                // The first bytes of the answer mark the request as answered, which
+                // `reorder` waits for before forwarding the next.
+                let (mut server_read, mut client_write) = (server_read, client_write);
+                let mut chunk = vec![0u8; 64 * 1024];
+                let first = server_read.read(&mut chunk).await;
+                labels.update(&label, |e| e.state = RequestState::Answered);
+                match first {
+                    Ok(n) if n > 0 && client_write.write_all(&chunk[..n]).await.is_ok() => {
+                        self.pumps(client_read, client_write, server_read, server_write);
+                    }
+                    _ => {
+                        let _ = client_write.shutdown().await;
+                    }
                 }
             }
             Command::Duplicate => {

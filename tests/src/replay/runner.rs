@@ -342,7 +342,7 @@ impl<'a> Run<'a> {
                     return Err("a reordered request was not forwarded".into());
                 }
                 Ok(Observed::text(format!(
-                    "forwarded in the order {}",
+                    "forwarded and answered in the order {}",
                     step.labels.join(", ")
                 )))
             }

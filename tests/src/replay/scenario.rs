@@ -265,6 +265,16 @@ impl Scenario {
         Ok(scenario)
     }
 
+    /// A scenario from TOML text (`origin` names it in errors).
+    pub fn from_toml(text: &str, origin: &str) -> Result<Scenario, ScenarioError> {
+        let scenario: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Read {
+            path: origin.to_owned(),
+            message: e.to_string(),
+        })?;
+        scenario.validate()?;
+        Ok(scenario)
+    }
+
     /// The `*.toml` files of a directory (sorted), or the one file named.
     pub fn load_all(path: &Path) -> Result<Vec<Scenario>, ScenarioError> {
         if !path.is_dir() {
