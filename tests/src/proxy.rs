@@ -141,13 +141,14 @@ impl Proxy {
         self.labels.register(label, Some(delay));
     }
 
-    /// Waits until the request labelled `label` is held in full and at least
-    /// `min_bytes` of its connection have arrived; `false` after `timeout`.
+    /// Waits until the request labelled `label` has arrived in full (it is held, or
+    /// already on its way after a delay) and at least `min_bytes` of its connection
+    /// have arrived; `false` after `timeout`.
     pub async fn wait_held(&self, label: &str, min_bytes: usize, timeout: Duration) -> bool {
         self.labels
             .wait(timeout, |labels| {
                 labels.get(label).is_some_and(|entry| {
-                    entry.state == RequestState::Held && entry.buffered >= min_bytes
+                    entry.state != RequestState::Expected && entry.buffered >= min_bytes
                 })
             })
             .await

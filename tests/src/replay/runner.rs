@@ -469,7 +469,7 @@ impl<'a> Run<'a> {
             None => hop.hold_request(&key),
         }
         let task = tokio::spawn(async move { wire::send_one(addr, &request).await });
-        if !hop.wait_held(&key, 0, PATIENCE).await && step.delay.is_none() {
+        if !hop.wait_held(&key, 0, PATIENCE).await {
             return Err(format!("write {label} did not reach the network"));
         }
         self.pending.insert(label, Pending::Network(task));
