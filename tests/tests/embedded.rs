@@ -227,3 +227,28 @@ async fn starts_with_no_database_and_creates_its_file() {
     );
     assert_eq!(gateway.client().put("r", "k", 41, "v").await.status, 201);
 }
+
+/// Endpoints that need Postgres say so, and name the flag that enables it.
+#[tokio::test]
+async fn sql_transactions_answer_501_with_the_flag_to_use() {
+    let deployment = Deployment::start(Backend::Embedded).await;
+    let body = r#"{"statements":[{"sql":"SELECT 1","params":[]}]}"#;
+    let reply = deployment
+        .client()
+        .request(
+            Method::POST,
+            "/v1/sql/jobs",
+            &[("fencing-token", "1")],
+            body,
+        )
+        .await;
+    assert_eq!(reply.status, 501, "{:?}", reply.body);
+    assert_eq!(reply.error_code(), "not_supported_by_backend");
+    let message = reply.json()["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("--database-url"), "{message}");
+    assert_eq!(
+        deployment.highest("jobs").await,
+        None,
+        "a refused transaction raises no fence"
+    );
+}

@@ -19,8 +19,8 @@ use super::{json_response, read_body, Body};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::sqlguard;
-use crate::store::postgres::{SqlFailure, SqlOutcome, SqlTransaction};
-use crate::store::StoreError;
+use crate::store::postgres::{SqlFailure, SqlOutcome, SqlRefusal, SqlTransaction};
+use crate::store::{Store, StoreError};
 
 pub async fn post(
     app: &Arc<App>,
@@ -31,6 +31,9 @@ pub async fn post(
     span.record("resource", resource.as_str());
     let fencing = Fencing::from_headers(request.headers())?;
     span.record("presented", fencing.token.get());
+    if let Store::Embedded(_) = app.store {
+        return Err(SqlRefusal::NotSupportedByBackend.into());
+    }
     let policy = app.store.sql_policy().ok_or(ApiError::SqlDisabled)?;
     let (allow_ddl, max_statements) = (policy.allow_ddl, policy.max_statements);
     app.check_cached(&resource, None, &fencing)?;

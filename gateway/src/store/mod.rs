@@ -210,8 +210,7 @@ impl Store {
     pub fn with_sql(self, policy: Option<crate::sqlguard::SqlPolicy>) -> Store {
         match self {
             Store::Postgres(store) => Store::Postgres(store.with_sql(policy)),
-            #[allow(unreachable_patterns)]
-            other => other,
+            Store::Embedded(store) => Store::Embedded(store),
         }
     }
 
@@ -219,8 +218,7 @@ impl Store {
     pub fn sql_policy(&self) -> Option<&crate::sqlguard::SqlPolicy> {
         match self {
             Store::Postgres(store) => store.sql_policy(),
-            #[allow(unreachable_patterns)]
-            _ => None,
+            Store::Embedded(_) => None,
         }
     }
 
@@ -230,8 +228,7 @@ impl Store {
     ) -> Result<postgres::SqlOutcome, postgres::SqlFailure> {
         match self {
             Store::Postgres(store) => store.sql(tx).await,
-            #[allow(unreachable_patterns)]
-            _ => Err(postgres::SqlRefusal::NotSupportedByBackend.into()),
+            Store::Embedded(_) => Err(postgres::SqlRefusal::NotSupportedByBackend.into()),
         }
     }
 }

@@ -96,7 +96,10 @@ pub enum SqlRefusal {
         parameter: Option<usize>,
         reason: String,
     },
-    #[error("this gateway's backend does not run SQL transactions")]
+    #[error(
+        "SQL transactions need the Postgres backend: start the gateway with --database-url \
+         (or DATABASE_URL) and --sql"
+    )]
     NotSupportedByBackend,
 }
 
