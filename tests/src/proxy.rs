@@ -2,6 +2,9 @@
 //!
 //! - [`Proxy::hold`]: bytes from clients are read but not forwarded — a request sent
 //!   now sits "in the network" until [`Proxy::release`]. Replies always flow.
+//! - [`Proxy::hold_replies`]: the other direction — bytes from the target wait until
+//!   [`Proxy::release_replies`]: a database that committed a write but whose answer
+//!   is late.
 //! - [`Proxy::cut`]: every connection is closed at once and the port stops listening
 //!   (connections are refused), as when a database host goes away;
 //!   [`Proxy::restore`] listens again on the same port.
@@ -46,6 +49,9 @@ pub struct Proxy {
     held: watch::Sender<bool>,
     /// Client bytes read while held and not yet forwarded.
     waiting: Arc<AtomicU64>,
+    replies_held: watch::Sender<bool>,
+    /// Target bytes read while replies are held and not yet forwarded.
+    replies_waiting: Arc<AtomicU64>,
     /// Rules and states of labelled requests.
     labels: Arc<Labels>,
     /// The accept loop and every connection's pumps, aborted by [`Proxy::cut`].
@@ -60,6 +66,8 @@ impl Proxy {
             target,
             held: watch::channel(false).0,
             waiting: Arc::new(AtomicU64::new(0)),
+            replies_held: watch::channel(false).0,
+            replies_waiting: Arc::new(AtomicU64::new(0)),
             labels: Arc::new(Labels::default()),
             tasks: Arc::new(Mutex::new(Vec::new())),
         };
@@ -84,6 +92,21 @@ impl Proxy {
     /// Forwards everything held, and everything after.
     pub fn release(&self) {
         self.held.send_replace(false);
+    }
+
+    /// Stops forwarding the target's bytes (answers) until [`Proxy::release_replies`].
+    pub fn hold_replies(&self) {
+        self.replies_held.send_replace(true);
+    }
+
+    /// Answer bytes that wait to be forwarded.
+    pub fn held_reply_bytes(&self) -> u64 {
+        self.replies_waiting.load(Ordering::SeqCst)
+    }
+
+    /// Forwards every held answer, and everything after.
+    pub fn release_replies(&self) {
+        self.replies_held.send_replace(false);
     }
 
     /// Closes every connection and stops listening.
@@ -112,6 +135,8 @@ impl Proxy {
             target: self.target,
             held: self.held.subscribe(),
             waiting: Arc::clone(&self.waiting),
+            replies_held: self.replies_held.subscribe(),
+            replies_waiting: Arc::clone(&self.replies_waiting),
             labels: Arc::clone(&self.labels),
             tasks: Arc::clone(&self.tasks),
         };
@@ -327,6 +352,8 @@ struct Link {
     target: SocketAddr,
     held: watch::Receiver<bool>,
     waiting: Arc<AtomicU64>,
+    replies_held: watch::Receiver<bool>,
+    replies_waiting: Arc<AtomicU64>,
     labels: Arc<Labels>,
     tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
@@ -364,7 +391,8 @@ impl Link {
     ) {
         let held = Some((self.held.clone(), Arc::clone(&self.waiting)));
         let upstream = tokio::spawn(pump(client_read, server_write, held));
-        let downstream = tokio::spawn(pump(server_read, client_write, None));
+        let replies = Some((self.replies_held.clone(), Arc::clone(&self.replies_waiting)));
+        let downstream = tokio::spawn(pump(server_read, client_write, replies));
         self.tasks.lock().unwrap().extend([upstream, downstream]);
     }
 

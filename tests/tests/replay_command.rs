@@ -61,7 +61,7 @@ async fn the_library_runs_against_an_external_gateway() {
             "{refused} is refused:\n{text}"
         );
     }
-    assert!(text.contains("9 passed, 0 failed, 3 refused"), "{text}");
+    assert!(text.contains("9 passed, 0 failed, 4 refused"), "{text}");
     assert!(
         text.contains("(control: no fencing, straight to Postgres)"),
         "control runs were made:\n{text}"

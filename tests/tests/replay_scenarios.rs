@@ -72,6 +72,7 @@ scenarios! {
     s10_two_replicas => "10-two-replicas",
     s11_database_outage => "11-database-outage",
     s12_stale_flood => "12-stale-flood",
+    s13_commit_reply_delayed => "13-commit-reply-delayed",
 }
 
 /// A wrong expectation fails the run at that step, naming the expected and the

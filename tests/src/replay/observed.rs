@@ -19,6 +19,7 @@ pub(crate) struct Observed {
     pub delta: Option<f64>,
     pub accepted: Option<usize>,
     pub duplicate: Option<Outcome>,
+    pub applied: Option<String>,
 }
 
 impl Observed {
@@ -40,6 +41,12 @@ impl Observed {
         };
         let outcome = outcome_of(reply.status);
         let json = reply.json();
+        let applied = match json.get("write_applied") {
+            Some(serde_json::Value::Bool(false)) => Some("no".to_owned()),
+            Some(serde_json::Value::Bool(true)) => Some("yes".to_owned()),
+            Some(serde_json::Value::Null) => Some("unknown".to_owned()),
+            _ => None,
+        };
         let mut observed = Observed {
             outcome,
             status: Some(reply.status),
@@ -47,6 +54,7 @@ impl Observed {
             highest: reply.field("highest"),
             version: reply.field("version"),
             token: reply.field("token"),
+            applied,
             ..Observed::default()
         };
         let name = outcome.map_or("unexpected", Outcome::name);
@@ -114,6 +122,7 @@ pub(crate) fn check(expect: &Expect, seen: &Observed) -> Result<(), (String, Str
         seen.accepted.map(|n| n.to_string()),
     );
     compare("duplicate", name(expect.duplicate), name(seen.duplicate));
+    compare("applied", expect.applied.clone(), seen.applied.clone());
     if expected.is_empty() {
         Ok(())
     } else {

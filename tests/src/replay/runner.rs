@@ -187,7 +187,7 @@ impl<'a> Run<'a> {
     }
 
     pub(crate) fn describe(&self, step: &Step) -> String {
-        let mut text = format!("{:?}", step.action).to_lowercase();
+        let mut text = snake_case(&format!("{:?}", step.action));
         if let Some(label) = &step.label {
             let _ = write!(text, " {label}");
         }
@@ -377,6 +377,20 @@ impl<'a> Run<'a> {
                 }
                 Ok(Observed::text("restored; gateways ready"))
             }
+            Action::HoldDatabaseReplies => {
+                let link = self.target.database_link.lock().await;
+                link.as_ref().ok_or("no database link")?.hold_replies();
+                Ok(Observed::text("database answers held"))
+            }
+            Action::ReleaseDatabaseReplies => {
+                let link = self.target.database_link.lock().await;
+                let link = link.as_ref().ok_or("no database link")?;
+                let held = link.held_reply_bytes();
+                link.release_replies();
+                Ok(Observed::text(format!(
+                    "{held} bytes of database answers released"
+                )))
+            }
             Action::Read => {
                 let path =
                     crate::http::kv_path(&self.resource(step), step.key.as_deref().unwrap_or("k"));
@@ -536,4 +550,16 @@ impl<'a> Run<'a> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+/// `RestartGateway` -> `restart_gateway`, as actions are written in scenario files.
+fn snake_case(name: &str) -> String {
+    let mut out = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(c.to_ascii_lowercase());
+    }
+    out
 }

@@ -128,6 +128,11 @@ pub enum Action {
     CutDatabase,
     /// Lets the gateways reach the database again and waits until they are ready.
     RestoreDatabase,
+    /// Holds the database's answers to the gateways (statements still run and
+    /// commit): a commit whose reply is late.
+    HoldDatabaseReplies,
+    /// Forwards the held database answers.
+    ReleaseDatabaseReplies,
     /// Reads an object through the gateway.
     Read,
     /// Reads a resource's fence through the gateway.
@@ -200,6 +205,8 @@ pub struct Expect {
     pub accepted: Option<usize>,
     /// Duplicate steps: the outcome of the second delivery.
     pub duplicate: Option<Outcome>,
+    /// 503 answers: `write_applied` as `"no"` (false) or `"unknown"` (null).
+    pub applied: Option<String>,
 }
 
 /// The kinds of answer a step can have.
@@ -382,8 +389,11 @@ impl Scenario {
         self.steps.iter().enumerate().find_map(|(i, step)| {
             let why = match step.action {
                 Action::RestartGateway => "restarting the gateway needs its process",
-                Action::CutDatabase | Action::RestoreDatabase => {
-                    "cutting the database needs the gateway's database connection to run through the harness"
+                Action::CutDatabase
+                | Action::RestoreDatabase
+                | Action::HoldDatabaseReplies
+                | Action::ReleaseDatabaseReplies => {
+                    "cutting or delaying the database needs the gateway's database connection to run through the harness"
                 }
                 _ => return None,
             };
