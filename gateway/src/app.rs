@@ -23,14 +23,15 @@ pub struct App {
     stale_log: LogBudget,
 }
 
-/// Most "stale write rejected" lines logged per second. A writer that goes on writing
-/// after losing its lease must not turn the gateway into a log pump: writing the line
-/// costs more than the rejection itself. Metrics still count every rejection, and the
-/// next line logged says how many were left out (`unlogged`).
-const STALE_LOG_LINES_PER_SECOND: u64 = 100;
-
-/// A budget of [`STALE_LOG_LINES_PER_SECOND`] lines per wall-clock second.
+/// A budget of "stale write rejected" lines per wall-clock second (`--stale-log-limit`).
+///
+/// By default every rejection is logged. Under a stale flood — a writer that goes on
+/// writing after losing its lease — writing the line costs more than the rejection
+/// itself, so operators may cap it: metrics still count every rejection, and the next
+/// line logged says how many were left out (`unlogged`).
 struct LogBudget {
+    /// Lines per second; 0 for no limit.
+    limit: u64,
     started: Instant,
     /// `second << 32 | lines logged in that second`, seconds counted from `started`.
     window: AtomicU64,
@@ -39,8 +40,9 @@ struct LogBudget {
 }
 
 impl LogBudget {
-    fn new() -> LogBudget {
+    fn new(limit: u64) -> LogBudget {
         LogBudget {
+            limit,
             started: Instant::now(),
             window: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -50,12 +52,15 @@ impl LogBudget {
     /// `Some(refused)` if a line may be logged now, with the number of lines refused
     /// since the previous one; `None` if this second's budget is spent.
     fn admit(&self) -> Option<u64> {
+        if self.limit == 0 {
+            return Some(0);
+        }
         let second = self.started.elapsed().as_secs() & u64::from(u32::MAX);
         let mut current = self.window.load(Ordering::Relaxed);
         loop {
             let next = if current >> 32 != second {
                 second << 32 | 1
-            } else if current & u64::from(u32::MAX) < STALE_LOG_LINES_PER_SECOND {
+            } else if current & u64::from(u32::MAX) < self.limit {
                 current + 1
             } else {
                 self.refused.fetch_add(1, Ordering::Relaxed);
@@ -81,7 +86,7 @@ impl App {
             cache: FenceCache::new(config.cache_size),
             metrics: Metrics::new(config.metrics_resource_cap),
             max_body: config.max_body,
-            stale_log: LogBudget::new(),
+            stale_log: LogBudget::new(config.stale_log_limit),
         }
     }
 
@@ -164,7 +169,7 @@ impl App {
         }
     }
 
-    /// Counts and logs a stale rejection (within [`STALE_LOG_LINES_PER_SECOND`]), and
+    /// Counts and logs a stale rejection (within the `--stale-log-limit` budget), and
     /// returns the error to answer with. `highest` must be a committed token above the
     /// presented one.
     pub fn stale(
@@ -186,7 +191,8 @@ impl App {
                 holder = fencing.holder.as_deref(),
                 outcome = "stale_token",
                 rejections,
-                unlogged,
+                // Only present when the cap left lines out.
+                unlogged = (unlogged > 0).then_some(unlogged),
                 "stale write rejected"
             );
         }

@@ -102,6 +102,12 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_SHUTDOWN_TIMEOUT", default_value = DEFAULT_SHUTDOWN_TIMEOUT, value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
 
+    /// Most "stale write rejected" log lines per second; 0 logs every rejection. Metrics
+    /// count every rejection either way, and the next line logged carries `unlogged`,
+    /// the number of lines left out.
+    #[arg(long, env = "FENCEGATE_STALE_LOG_LIMIT", default_value_t = 0)]
+    pub stale_log_limit: u64,
+
     /// Log format: `text` for people, `json` for log pipelines.
     #[arg(long, env = "FENCEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

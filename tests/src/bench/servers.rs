@@ -75,6 +75,8 @@ impl Drop for Process {
 }
 
 /// Starts `fencegate` on `database_url` with `--log warn` and waits until it is ready.
+/// The gateway-reject workload is a stale flood, so the gateway runs as an operator
+/// would run it for one: at most 100 rejection log lines per second.
 pub async fn gateway(bin: &Path, database_url: &str, extra: &[String]) -> Result<Process, String> {
     let mut args = vec![
         "--database-url".to_owned(),
@@ -83,6 +85,8 @@ pub async fn gateway(bin: &Path, database_url: &str, extra: &[String]) -> Result
         "warn".to_owned(),
         "--log-format".to_owned(),
         "json".to_owned(),
+        "--stale-log-limit".to_owned(),
+        "100".to_owned(),
     ];
     args.extend_from_slice(extra);
     start(bin, &args, "/readyz").await
