@@ -43,6 +43,9 @@ pub struct Pace {
     pub duration: Duration,
     /// Total writes per second (open loop); `None` for a closed loop.
     pub rate: Option<f64>,
+    /// Writes each writer completes even past the window (smoke runs: 1, so that a
+    /// loaded machine still yields a row with writes in it; full runs: 0).
+    pub min_ops: u64,
 }
 
 /// What one cell measured.
@@ -151,7 +154,7 @@ async fn drive(
             }
             None => Instant::now(),
         };
-        if Instant::now() >= end {
+        if Instant::now() >= end && measured.ops >= pace.min_ops {
             break;
         }
         let resource = &resources[(n as usize * count + index) % resources.len()];
@@ -166,7 +169,7 @@ async fn drive(
         let done = Instant::now();
         // Counted by completion: a write that began in the warm-up and ends in the
         // window is part of the window's throughput.
-        if done < measure_from || done > end {
+        if done < measure_from || (done > end && measured.ops >= pace.min_ops) {
             continue;
         }
         measured.ops += 1;

@@ -220,6 +220,7 @@ pub async fn main(mut args: Args) -> Result<(), String> {
         warmup: args.warmup,
         duration: args.duration / args.rounds.max(1) as u32,
         rate: args.rate,
+        min_ops: u64::from(args.smoke),
     };
     let servers = Servers {
         gateway: gateway.addr,
