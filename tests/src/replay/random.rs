@@ -213,16 +213,8 @@ async fn check(
         });
     }
     // 1. Never accepted after a higher token's acceptance was answered.
-    for late in done.iter().filter(|d| d.accepted) {
-        if let Some(earlier) = done
-            .iter()
-            .find(|e| e.accepted && e.token > late.token && e.answered < late.sent)
-        {
-            return fail(format!(
-                "token {} was accepted although token {} had been accepted before it was sent",
-                late.token, earlier.token
-            ));
-        }
+    if let Err(what) = no_acceptance_after_a_higher_token(&done) {
+        return fail(what);
     }
     // 2. The durable highest is the maximum accepted token.
     let db = target
@@ -296,4 +288,56 @@ async fn check(
         }
     }
     Ok(stats)
+}
+
+/// Invariant 1 on a history: no write was accepted if it was sent after an answer that
+/// accepted a higher token.
+fn no_acceptance_after_a_higher_token(done: &[Done]) -> Result<(), String> {
+    for late in done.iter().filter(|d| d.accepted) {
+        if let Some(earlier) = done
+            .iter()
+            .find(|e| e.accepted && e.token > late.token && e.answered < late.sent)
+        {
+            return Err(format!(
+                "token {} was accepted although token {} had been accepted before it was sent",
+                late.token, earlier.token
+            ));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn done(token: u64, sent_ms: u64, answered_ms: u64, accepted: bool) -> Done {
+        let zero = Instant::now();
+        Done {
+            token,
+            key: Some("k".into()),
+            value: String::new(),
+            sent: zero + Duration::from_millis(sent_ms),
+            answered: zero + Duration::from_millis(answered_ms),
+            accepted,
+            version: None,
+        }
+    }
+
+    /// The check is live: a stale write accepted after the newer term's accepted
+    /// answer is caught; the same write rejected, or overlapping in time, is fine.
+    #[test]
+    fn a_stale_acceptance_is_caught() {
+        let stale = [done(8, 0, 5, true), done(7, 10, 12, true)];
+        let error = no_acceptance_after_a_higher_token(&stale).unwrap_err();
+        assert!(error.contains("token 7 was accepted"), "{error}");
+
+        let rejected = [done(8, 0, 5, true), done(7, 10, 12, false)];
+        assert!(no_acceptance_after_a_higher_token(&rejected).is_ok());
+        // Sent before the higher token's answer: concurrent, either order is allowed.
+        let concurrent = [done(8, 0, 5, true), done(7, 3, 6, true)];
+        assert!(no_acceptance_after_a_higher_token(&concurrent).is_ok());
+    }
 }

@@ -427,3 +427,40 @@ fn duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Duration, D::Error
 fn opt_duration<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
     duration(d).map(Some)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Mistakes in a file fail at load time, naming the step.
+    #[test]
+    fn invalid_files_are_refused_before_running() {
+        let unlabelled_hold = r#"
+            name = "x"
+            [[step]]
+            actor = "A"
+            action = "write"
+            token = 1
+            value = "v"
+            hold = true
+        "#;
+        let error = Scenario::from_toml(unlabelled_hold, "inline").unwrap_err();
+        assert!(
+            error.to_string().contains("step 1 (Write): needs `label`"),
+            "{error}"
+        );
+
+        let typo = "name = \"x\"\n[[step]]\naction = \"expire\"\nexpcet = {}\n";
+        let error = Scenario::from_toml(typo, "inline").unwrap_err();
+        assert!(error.to_string().contains("expcet"), "{error}");
+
+        let not_a_process = "name = \"x\"\n[[step]]\nactor = \"A\"\naction = \"pause\"\n";
+        let error = Scenario::from_toml(not_a_process, "inline").unwrap_err();
+        assert!(error.to_string().contains("`processes`"), "{error}");
+
+        let local =
+            "name = \"x\"\n[[step]]\naction = \"expire\"\n[[step]]\naction = \"restart_gateway\"\n";
+        let scenario = Scenario::from_toml(local, "inline").unwrap();
+        assert_eq!(scenario.needs_local().map(|(step, _)| step), Some(2));
+    }
+}
