@@ -13,18 +13,23 @@ fn main() -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .with_context(|| format!("could not listen on {}", config.listen))?;
-        fencegate_gateway::run(config, listener, shutdown_signal()).await?;
+        let shutdown = shutdown_signal().context("could not install the signal handlers")?;
+        fencegate_gateway::run(config, listener, shutdown).await?;
         Ok(())
     })
 }
 
-/// Completes on the first SIGTERM or SIGINT.
-async fn shutdown_signal() {
+/// Installs the SIGTERM and SIGINT handlers now — before the gateway reports ready, so
+/// that a signal sent right after "ready" shuts it down cleanly instead of killing it —
+/// and returns a future that completes on the first of them.
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
-    let mut terminate = signal(SignalKind::terminate()).expect("can install a SIGTERM handler");
-    let mut interrupt = signal(SignalKind::interrupt()).expect("can install a SIGINT handler");
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM received"),
-        _ = interrupt.recv() => tracing::info!("SIGINT received"),
-    }
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => tracing::info!("SIGTERM received"),
+            _ = interrupt.recv() => tracing::info!("SIGINT received"),
+        }
+    })
 }

@@ -27,6 +27,14 @@ backend_tests! {
         assert_eq!(deployment.highest("orders").await, Some(42));
     }
 
+    /// The signal handlers exist before the ready line: SIGTERM right after it is a
+    /// clean shutdown, not death by signal.
+    async fn sigterm_right_after_ready_exits_cleanly(deployment) {
+        let mut deployment = deployment;
+        let status = deployment.gateway.terminate().await;
+        assert!(status.success(), "exit status {status}");
+    }
+
     /// SIGTERM lets a request in flight finish, refuses new connections, and exits 0.
     async fn sigterm_finishes_the_request_in_flight(deployment) {
         let mut deployment = deployment;
