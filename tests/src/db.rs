@@ -5,6 +5,7 @@
 //! database and drops it when the value is dropped, so tests never see each other's
 //! fences and can run in parallel.
 
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use tokio_postgres::{Client, NoTls};
@@ -14,6 +15,41 @@ const DEFAULT_SERVER: &str = "postgres://postgres@127.0.0.1:5432";
 /// The Postgres server tests run against.
 pub fn server_url() -> String {
     std::env::var("FENCEGATE_TEST_PG").unwrap_or_else(|_| DEFAULT_SERVER.to_owned())
+}
+
+/// The test server's socket address, for putting a proxy in front of it.
+pub async fn server_addr() -> SocketAddr {
+    let server = server_url();
+    let authority = server
+        .split_once("://")
+        .map_or(server.as_str(), |(_, rest)| rest);
+    let host_port = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, host)| host);
+    let host_port = host_port.split('/').next().unwrap_or_default();
+    let host_port = if host_port.contains(':') {
+        host_port.to_owned()
+    } else {
+        format!("{host_port}:5432")
+    };
+    let mut addrs = tokio::net::lookup_host(&host_port)
+        .await
+        .unwrap_or_else(|e| panic!("cannot resolve the test Postgres server {host_port}: {e}"));
+    addrs
+        .next()
+        .expect("the test Postgres server has an address")
+}
+
+/// `url` with its host and port replaced by `addr` (user and database kept): the same
+/// database reached through a proxy.
+pub fn via(url: &str, addr: SocketAddr) -> String {
+    let (scheme, rest) = url.split_once("://").expect("a database URL has a scheme");
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let user = authority
+        .rsplit_once('@')
+        .map(|(user, _)| format!("{user}@"))
+        .unwrap_or_default();
+    format!("{scheme}://{user}{addr}{path}")
 }
 
 /// A database that exists for the life of this value.
@@ -44,6 +80,11 @@ impl TestDb {
     /// The connection string of this database.
     pub fn url(&self) -> String {
         format!("{}/{}", self.server, self.name)
+    }
+
+    /// This database's URL through `addr` (a proxy in front of the server).
+    pub fn url_via(&self, addr: SocketAddr) -> String {
+        via(&self.url(), addr)
     }
 
     /// A direct connection to this database, for checking what the gateway stored.

@@ -67,16 +67,6 @@ pub fn process_timing_args() -> Vec<String> {
     .collect()
 }
 
-/// `url` (a test database on the machine's Postgres) with its host and port replaced
-/// by `proxy`'s, so that a test can hold or cut one client's traffic.
-pub fn via_proxy(url: &str, proxy: std::net::SocketAddr) -> String {
-    let (scheme_and_user, rest) = url
-        .split_once('@')
-        .expect("the test server URL names a user");
-    let (_, path) = rest.split_once('/').expect("a database URL has a path");
-    format!("{scheme_and_user}@{proxy}/{path}")
-}
-
 /// The next transition that satisfies `wanted`; panics after `timeout`.
 pub async fn next_transition(
     events: &mut tokio::sync::broadcast::Receiver<Transition>,

@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use fencegate_tests::db::{server_url, TestDb};
+use fencegate_tests::db::{server_addr, TestDb};
 use fencegate_tests::eventually;
 use fencegate_tests::gateway::Gateway;
 use fencegate_tests::prometheus::grafana::{label_values, replace_variables, variables_in};
@@ -316,36 +316,6 @@ fn prometheus_config(gateway: SocketAddr) -> String {
     )
 }
 
-/// `url` with its host and port replaced by `addr`.
-fn via(url: &str, addr: SocketAddr) -> String {
-    let (scheme, rest) = url.split_once("://").expect("a URL has a scheme");
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let user = authority
-        .rsplit_once('@')
-        .map(|(user, _)| format!("{user}@"))
-        .unwrap_or_default();
-    format!("{scheme}://{user}{addr}{path}")
-}
-
-/// The address of the test Postgres server.
-async fn postgres_addr() -> SocketAddr {
-    let server = server_url();
-    let authority = server.split_once("://").unwrap().1;
-    let host_port = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, host)| host);
-    let host_port = host_port.split('/').next().unwrap();
-    let host_port = if host_port.contains(':') {
-        host_port.to_owned()
-    } else {
-        format!("{host_port}:5432")
-    };
-    let mut addrs = tokio::net::lookup_host(&host_port)
-        .await
-        .unwrap_or_else(|e| panic!("cannot resolve {host_port}: {e}"));
-    addrs.next().expect("Postgres has an address")
-}
-
 /// Every target's `(panel title and refId, expr)`.
 fn dashboard_exprs(dashboard: &Value) -> Vec<(String, String)> {
     let mut exprs = Vec::new();
@@ -511,9 +481,9 @@ async fn every_query_runs_against_a_live_gateway_and_every_alert_fires() {
     // The gateway reaches its database through a proxy, so that the test can slow the
     // database down and take it away.
     let db = TestDb::create().await;
-    let database = Proxy::start(postgres_addr().await).await;
+    let database = Proxy::start(server_addr().await).await;
     let mut gateway = Gateway::builder()
-        .database(&via(&db.url(), database.addr()))
+        .database(&db.url_via(database.addr()))
         .spawn()
         .await;
     let client = gateway.client();

@@ -11,7 +11,7 @@ use fencegate_lease::{
 };
 use fencegate_proto::Token;
 use fencegate_tests::db::TestDb;
-use fencegate_tests::lease::{next_transition, short_timing, steady_timing, via_proxy};
+use fencegate_tests::lease::{next_transition, short_timing, steady_timing};
 use fencegate_tests::proxy::Proxy;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -186,7 +186,7 @@ async fn a_cut_off_leader_gives_up_before_the_rival_acquires() {
     let shutdown = CancellationToken::new();
 
     let leader_store =
-        PostgresStore::new(&via_proxy(&db.url(), network.addr()), "leader_lease", true).unwrap();
+        PostgresStore::new(&db.url_via(network.addr()), "leader_lease", true).unwrap();
     let leader = Elector::new(leader_store, LEASE, "node-a", config).unwrap();
     let mut leader_events = leader.subscribe();
     let (leader_task, mut leader_terms) = spawn_elector(leader, &shutdown);
@@ -243,8 +243,7 @@ async fn a_leader_whose_database_is_gone_steps_down() {
     let network = Proxy::start("127.0.0.1:5432".parse().unwrap()).await;
     let config = short_timing();
     let shutdown = CancellationToken::new();
-    let store =
-        PostgresStore::new(&via_proxy(&db.url(), network.addr()), "leader_lease", true).unwrap();
+    let store = PostgresStore::new(&db.url_via(network.addr()), "leader_lease", true).unwrap();
     let elector = Elector::new(store, LEASE, "node-a", config).unwrap();
     let mut events = elector.subscribe();
     let (task, mut terms) = spawn_elector(elector, &shutdown);

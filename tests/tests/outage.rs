@@ -1,36 +1,19 @@
 //! The database goes away mid-test: writes get 503 quickly, nothing is half-applied,
 //! and the gateway recovers by itself.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use fencegate_tests::db::{server_url, TestDb};
+use fencegate_tests::db::{server_addr, TestDb};
 use fencegate_tests::eventually;
 use fencegate_tests::gateway::Gateway;
 use fencegate_tests::http::metric_value;
 use fencegate_tests::proxy::Proxy;
 
-/// The address of the test Postgres server, for putting a proxy in front of it.
-fn postgres_addr() -> SocketAddr {
-    let url = server_url();
-    let host_port = url
-        .trim_start_matches("postgres://")
-        .rsplit('@')
-        .next()
-        .unwrap()
-        .trim_end_matches('/');
-    host_port
-        .parse()
-        .unwrap_or_else(|_| panic!("FENCEGATE_TEST_PG must name host:port as an IP address: {url}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn database_outage_answers_503_and_recovers() {
     let db = TestDb::create().await;
-    let network = Proxy::start(postgres_addr()).await;
-    let url = db
-        .url()
-        .replace(&postgres_addr().to_string(), &network.addr().to_string());
+    let network = Proxy::start(server_addr().await).await;
+    let url = db.url_via(network.addr());
     let gateway = Gateway::builder()
         .database(&url)
         .arg("--backend-timeout")

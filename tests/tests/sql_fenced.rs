@@ -1,10 +1,9 @@
 //! Fenced SQL transactions (`POST /v1/sql/{resource}`) through the real gateway and a
 //! real Postgres: the seed's sweeper, atomicity, concurrent writers, an outage.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use fencegate_tests::db::{server_url, TestDb};
+use fencegate_tests::db::{server_addr, TestDb};
 use fencegate_tests::eventually;
 use fencegate_tests::gateway::Gateway;
 use fencegate_tests::http::{metric_value, Client, Reply};
@@ -384,19 +383,6 @@ async fn concurrent_writers_commit_in_token_order() {
     assert_eq!(db.highest("counter").await, highest);
 }
 
-fn postgres_addr() -> SocketAddr {
-    let url = server_url();
-    let host_port = url
-        .trim_start_matches("postgres://")
-        .rsplit('@')
-        .next()
-        .unwrap()
-        .trim_end_matches('/');
-    host_port
-        .parse()
-        .unwrap_or_else(|_| panic!("FENCEGATE_TEST_PG must name host:port as an IP address: {url}"))
-}
-
 /// The database unreachable: 503 within the backend timeout, nothing applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_database_answers_503() {
@@ -406,10 +392,8 @@ async fn an_unreachable_database_answers_503() {
         .batch_execute("CREATE TABLE t (id int)")
         .await
         .unwrap();
-    let network = Proxy::start(postgres_addr()).await;
-    let url = db
-        .url()
-        .replace(&postgres_addr().to_string(), &network.addr().to_string());
+    let network = Proxy::start(server_addr().await).await;
+    let url = db.url_via(network.addr());
     let gateway = Gateway::builder()
         .database(&url)
         .arg("--sql")

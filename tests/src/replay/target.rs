@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use tokio::sync::Mutex;
 
-use crate::db::{server_url, TestDb};
+use crate::db::TestDb;
 use crate::gateway::Gateway;
 use crate::proxy::Proxy;
 use crate::replay::leases::Leases;
@@ -94,8 +94,8 @@ impl Target {
     /// control writes use the same database, directly.
     pub async fn local(replicas: usize, writer: Option<PathBuf>) -> Target {
         let db = TestDb::create().await;
-        let link = Proxy::start(postgres_addr()).await;
-        let gateway_url = crate::lease::via_proxy(&db.url(), link.addr());
+        let link = Proxy::start(crate::db::server_addr().await).await;
+        let gateway_url = db.url_via(link.addr());
         let mut started = Vec::new();
         for _ in 0..replicas {
             let gateway = Gateway::builder()
@@ -132,18 +132,4 @@ impl Target {
     pub fn is_local(&self) -> bool {
         self.replicas.iter().all(|r| r.process.is_some())
     }
-}
-
-/// The test Postgres server's address, for putting a proxy in front of it.
-pub fn postgres_addr() -> SocketAddr {
-    let url = server_url();
-    let host_port = url
-        .trim_start_matches("postgres://")
-        .rsplit('@')
-        .next()
-        .unwrap_or_default()
-        .trim_end_matches('/');
-    host_port
-        .parse()
-        .unwrap_or_else(|_| panic!("FENCEGATE_TEST_PG must name host:port as an IP address: {url}"))
 }
