@@ -1,0 +1,78 @@
+//! The command line, through the built binary: help that explains every flag, and
+//! settings that cannot work refused before anything starts.
+//!
+//! (Being an integration test of this package also makes `cargo test` build the
+//! `fencegate` binary that the end-to-end tests in `tests/` run.)
+
+use std::process::Command;
+
+fn fencegate(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_fencegate"))
+        .args(args)
+        .env_clear()
+        .output()
+        .expect("the binary runs")
+}
+
+#[test]
+fn help_names_every_flag_and_its_environment_variable() {
+    let output = fencegate(&["--help"]);
+    assert!(output.status.success());
+    let help = String::from_utf8(output.stdout).unwrap();
+    for (flag, env) in [
+        ("--listen", "FENCEGATE_LISTEN"),
+        ("--database-url", "DATABASE_URL"),
+        ("--data-dir", "FENCEGATE_DATA_DIR"),
+        ("--pool-size", "FENCEGATE_POOL_SIZE"),
+        ("--max-body", "FENCEGATE_MAX_BODY"),
+        ("--cache-size", "FENCEGATE_CACHE_SIZE"),
+        ("--metrics-resource-cap", "FENCEGATE_METRICS_RESOURCE_CAP"),
+        ("--backend-timeout", "FENCEGATE_BACKEND_TIMEOUT"),
+        ("--log-format", "FENCEGATE_LOG_FORMAT"),
+        ("--stale-log-limit", "FENCEGATE_STALE_LOG_LIMIT"),
+        ("--sql", "FENCEGATE_SQL"),
+    ] {
+        assert!(
+            help.contains(flag),
+            "--help does not mention {flag}:\n{help}"
+        );
+        assert!(help.contains(env), "--help does not mention {env}:\n{help}");
+    }
+    assert!(
+        help.contains("serve"),
+        "--help does not list the serve command"
+    );
+}
+
+#[test]
+fn settings_that_cannot_work_are_refused_with_the_flag_named() {
+    for (args, flag) in [
+        (&["--pool-size", "0"][..], "--pool-size"),
+        (&["--max-body", "1MB"][..], "--max-body"),
+        (&["--backend-timeout", "soon"][..], "--backend-timeout"),
+        (&["--group-commit-max", "0"][..], "--group-commit-max"),
+    ] {
+        let output = fencegate(args);
+        assert!(!output.status.success(), "{args:?} was accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(flag),
+            "{args:?}: the error does not name {flag}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_busy_address_is_a_clear_start_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = std::env::temp_dir().join(format!("fencegate-cli-{}", std::process::id()));
+    let output = fencegate(&["--listen", &addr, "--data-dir", dir.to_str().unwrap()]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&format!("could not listen on {addr}")),
+        "{stderr}"
+    );
+}
