@@ -172,6 +172,19 @@ impl Client {
         .await
     }
 
+    /// `POST /v1/sql/{resource}` with `body` (JSON `{"statements": [...]}`).
+    pub async fn sql(&self, resource: &str, token: u64, body: serde_json::Value) -> Reply {
+        let token = token.to_string();
+        let path = format!("/v1/sql/{resource}");
+        self.request(
+            Method::POST,
+            &path,
+            &[("fencing-token", &token)],
+            body.to_string(),
+        )
+        .await
+    }
+
     /// The `/metrics` text.
     pub async fn metrics(&self) -> String {
         let reply = self

@@ -6,22 +6,9 @@ use std::time::Duration;
 use fencegate_tests::db::{server_addr, TestDb};
 use fencegate_tests::eventually;
 use fencegate_tests::gateway::Gateway;
-use fencegate_tests::http::{metric_value, Client, Reply};
+use fencegate_tests::http::{metric_value, Client};
 use fencegate_tests::proxy::Proxy;
-use http::Method;
 use serde_json::{json, Value};
-
-async fn sql(client: &Client, resource: &str, token: u64, body: Value) -> Reply {
-    let token = token.to_string();
-    client
-        .request(
-            Method::POST,
-            &format!("/v1/sql/{resource}"),
-            &[("fencing-token", &token)],
-            body.to_string(),
-        )
-        .await
-}
 
 async fn sql_gateway(db: &TestDb) -> Gateway {
     Gateway::builder()
@@ -89,7 +76,7 @@ async fn stale_sweeper_updates_never_reach_the_tables() {
     // node-a, epoch 1: its sweep is held in the network.
     network.hold();
     let delayed =
-        tokio::spawn(async move { sql(&via_network, "sweeper", 1, sweep("node-a", 1, 124)).await });
+        tokio::spawn(async move { via_network.sql("sweeper", 1, sweep("node-a", 1, 124)).await });
     eventually(
         Duration::from_secs(5),
         "node-a's sweep to reach the network",
@@ -98,7 +85,7 @@ async fn stale_sweeper_updates_never_reach_the_tables() {
     .await;
 
     // node-b, epoch 2: accepted.
-    let b = sql(&direct, "sweeper", 2, sweep("node-b", 2, 123)).await;
+    let b = direct.sql("sweeper", 2, sweep("node-b", 2, 123)).await;
     assert_eq!(b.status, 200, "{:?}", b.body);
     let body = b.json();
     assert_eq!(
@@ -168,7 +155,7 @@ async fn stale_sweeper_updates_never_reach_the_tables() {
     );
 
     // A rejection from the fence cache is the same answer.
-    let again = sql(&direct, "sweeper", 1, sweep("node-a", 1, 124)).await;
+    let again = direct.sql("sweeper", 1, sweep("node-a", 1, 124)).await;
     assert_eq!(again.status, 409);
     assert_eq!(reminded_by(&db, 124).await, None);
 }
@@ -181,7 +168,9 @@ async fn control_the_same_stale_update_sent_directly_lands() {
     sweeper_tables(&db).await;
     let gateway = sql_gateway(&db).await;
     assert_eq!(
-        sql(&gateway.client(), "sweeper", 2, sweep("node-b", 2, 123))
+        gateway
+            .client()
+            .sql("sweeper", 2, sweep("node-b", 2, 123))
             .await
             .status,
         200
@@ -217,13 +206,9 @@ async fn a_failing_statement_rolls_back_the_transaction_and_the_fence() {
     let client = gateway.client();
 
     let insert = |id: i64| json!({"sql": "INSERT INTO ledger VALUES ($1, 10)", "params": [id]});
-    let failed = sql(
-        &client,
-        "ledger",
-        5,
-        json!({"statements": [insert(1), insert(1)]}),
-    )
-    .await;
+    let failed = client
+        .sql("ledger", 5, json!({"statements": [insert(1), insert(1)]}))
+        .await;
     assert_eq!(failed.status, 400, "{:?}", failed.body);
     let body = failed.json();
     assert_eq!(body["error"], "sql_error");
@@ -250,22 +235,24 @@ async fn a_failing_statement_rolls_back_the_transaction_and_the_fence() {
 
     // With a fence in place, a failed transaction with a higher token leaves it as it was.
     assert_eq!(
-        sql(&client, "ledger", 3, json!({"statements": [insert(1)]}))
+        client
+            .sql("ledger", 3, json!({"statements": [insert(1)]}))
             .await
             .status,
         200
     );
-    let failed = sql(
-        &client,
-        "ledger",
-        9,
-        json!({"statements": [insert(2), {"sql": "SELECT 1/0"}]}),
-    )
-    .await;
+    let failed = client
+        .sql(
+            "ledger",
+            9,
+            json!({"statements": [insert(2), {"sql": "SELECT 1/0"}]}),
+        )
+        .await;
     assert_eq!(failed.json()["sqlstate"], "22012");
     assert_eq!(db.highest("ledger").await, Some(3));
     assert_eq!(
-        sql(&client, "ledger", 4, json!({"statements": [insert(2)]}))
+        client
+            .sql("ledger", 4, json!({"statements": [insert(2)]}))
             .await
             .status,
         200,
@@ -281,13 +268,13 @@ async fn a_failing_statement_rolls_back_the_transaction_and_the_fence() {
         )
         .await
         .unwrap();
-    let failed = sql(
-        &client,
-        "ledger",
-        4,
-        json!({"statements": [{"sql": "INSERT INTO child VALUES (7)"}]}),
-    )
-    .await;
+    let failed = client
+        .sql(
+            "ledger",
+            4,
+            json!({"statements": [{"sql": "INSERT INTO child VALUES (7)"}]}),
+        )
+        .await;
     assert_eq!(failed.status, 400);
     let body = failed.json();
     assert_eq!(body["sqlstate"], "23503");
@@ -322,9 +309,7 @@ async fn concurrent_writers_commit_in_token_order() {
             let mut outcomes = Vec::new();
             for _ in 0..15 {
                 let token = rand::random_range(1..=40u64);
-                let reply = sql(
-                    &client,
-                    "counter",
+                let reply = client.sql("counter",
                     token,
                     json!({"statements": [{"sql": "UPDATE counter SET n = n + 1 WHERE id = 1 RETURNING n"}]}),
                 )
@@ -405,15 +390,12 @@ async fn an_unreachable_database_answers_503() {
         .await;
     let client = gateway.client();
     let insert = json!({"statements": [{"sql": "INSERT INTO t VALUES (1)"}]});
-    assert_eq!(sql(&client, "t", 1, insert.clone()).await.status, 200);
+    assert_eq!(client.sql("t", 1, insert.clone()).await.status, 200);
 
     network.cut();
-    let reply = tokio::time::timeout(
-        Duration::from_secs(10),
-        sql(&client, "t", 2, insert.clone()),
-    )
-    .await
-    .expect("answered within 10 s, not a hang");
+    let reply = tokio::time::timeout(Duration::from_secs(10), client.sql("t", 2, insert.clone()))
+        .await
+        .expect("answered within 10 s, not a hang");
     assert_eq!(reply.status, 503, "{:?}", reply.body);
     assert_eq!(reply.json()["error"], "backend_unavailable");
     let rows: i64 = db
@@ -432,7 +414,7 @@ async fn an_unreachable_database_answers_503() {
         "SQL transactions to work again",
         || {
             let (client, insert) = (client.clone(), insert.clone());
-            async move { sql(&client, "t", 2, insert).await.status == 200 }
+            async move { client.sql("t", 2, insert).await.status == 200 }
         },
     )
     .await;

@@ -4,21 +4,7 @@
 
 use fencegate_tests::db::TestDb;
 use fencegate_tests::gateway::Gateway;
-use fencegate_tests::http::{Client, Reply};
-use http::Method;
-use serde_json::{json, Value};
-
-async fn sql(client: &Client, resource: &str, token: u64, body: Value) -> Reply {
-    let token = token.to_string();
-    client
-        .request(
-            Method::POST,
-            &format!("/v1/sql/{resource}"),
-            &[("fencing-token", &token)],
-            body.to_string(),
-        )
-        .await
-}
+use serde_json::json;
 
 async fn marks(db: &TestDb) -> i64 {
     db.client()
@@ -96,13 +82,13 @@ async fn escapes_are_refused_before_anything_runs() {
     ];
     let insert = json!({"sql": "INSERT INTO marks (note) VALUES ('must not land')"});
     for attempt in attempts {
-        let reply = sql(
-            &client,
-            "guarded",
-            7,
-            json!({"statements": [insert, {"sql": attempt}]}),
-        )
-        .await;
+        let reply = client
+            .sql(
+                "guarded",
+                7,
+                json!({"statements": [insert, {"sql": attempt}]}),
+            )
+            .await;
         assert_eq!(reply.status, 400, "{attempt:?} got {:?}", reply.body);
         let body = reply.json();
         assert_eq!(
@@ -119,23 +105,23 @@ async fn escapes_are_refused_before_anything_runs() {
     );
 
     // Nested block comments are read as Postgres reads them: this is one SELECT.
-    let nested = sql(
-        &client,
-        "guarded",
-        7,
-        json!({"statements": [{"sql": "/* a /* nested */ COMMIT */ SELECT 1 AS one"}]}),
-    )
-    .await;
+    let nested = client
+        .sql(
+            "guarded",
+            7,
+            json!({"statements": [{"sql": "/* a /* nested */ COMMIT */ SELECT 1 AS one"}]}),
+        )
+        .await;
     assert_eq!(nested.status, 200, "{:?}", nested.body);
     assert_eq!(nested.json()["results"][0]["rows"], json!([[1]]));
     // Transaction-scoped advisory locks end with the transaction, and are allowed.
-    let xact = sql(
-        &client,
-        "guarded",
-        7,
-        json!({"statements": [{"sql": "SELECT pg_advisory_xact_lock(42)"}]}),
-    )
-    .await;
+    let xact = client
+        .sql(
+            "guarded",
+            7,
+            json!({"statements": [{"sql": "SELECT pg_advisory_xact_lock(42)"}]}),
+        )
+        .await;
     assert_eq!(xact.status, 200, "{:?}", xact.body);
 }
 
@@ -150,7 +136,9 @@ async fn ddl_runs_only_with_the_flag() {
         .await;
     let create = json!({"statements": [{"sql": "CREATE TABLE jobs (id int PRIMARY KEY)"}]});
     assert_eq!(
-        sql(&without.client(), "jobs", 1, create.clone())
+        without
+            .client()
+            .sql("jobs", 1, create.clone())
             .await
             .error_code(),
         "statement_not_allowed"
@@ -163,16 +151,16 @@ async fn ddl_runs_only_with_the_flag() {
         .spawn()
         .await;
     let client = with.client();
-    let reply = sql(
-        &client,
-        "jobs",
-        1,
-        json!({"statements": [
-            {"sql": "CREATE TABLE jobs (id int PRIMARY KEY)"},
-            {"sql": "INSERT INTO jobs VALUES ($1)", "params": [1]},
-        ]}),
-    )
-    .await;
+    let reply = client
+        .sql(
+            "jobs",
+            1,
+            json!({"statements": [
+                {"sql": "CREATE TABLE jobs (id int PRIMARY KEY)"},
+                {"sql": "INSERT INTO jobs VALUES ($1)", "params": [1]},
+            ]}),
+        )
+        .await;
     assert_eq!(reply.status, 200, "{:?}", reply.body);
     let count: i64 = db
         .client()
@@ -188,7 +176,9 @@ async fn ddl_runs_only_with_the_flag() {
         "CREATE FUNCTION f() RETURNS int AS 'select 1' LANGUAGE sql",
         "DROP TABLE fencegate.fences",
     ] {
-        let reply = sql(&client, "jobs", 1, json!({"statements": [{"sql": escape}]})).await;
+        let reply = client
+            .sql("jobs", 1, json!({"statements": [{"sql": escape}]}))
+            .await;
         assert_eq!(reply.error_code(), "statement_not_allowed", "{escape}");
     }
 }
@@ -235,7 +225,7 @@ async fn a_least_privilege_role_confines_the_writer() {
         .await;
     let client = gateway.client();
 
-    let allowed = sql(&client, "sweeper", 2, json!({"statements": [
+    let allowed = client.sql("sweeper", 2, json!({"statements": [
         {"sql": "UPDATE sweep_state SET last_epoch = $1, note = 'sweep by node-b' WHERE id = 1", "params": [2]},
         {"sql": "SELECT current_user"},
     ]}))
@@ -248,16 +238,16 @@ async fn a_least_privilege_role_confines_the_writer() {
         "the fence step runs as the gateway, before the role switch"
     );
 
-    let denied = sql(
-        &client,
-        "sweeper",
-        2,
-        json!({"statements": [
-            {"sql": "UPDATE sweep_state SET note = 'partial' WHERE id = 1"},
-            {"sql": "UPDATE payroll SET salary = 1000000 WHERE id = 1"},
-        ]}),
-    )
-    .await;
+    let denied = client
+        .sql(
+            "sweeper",
+            2,
+            json!({"statements": [
+                {"sql": "UPDATE sweep_state SET note = 'partial' WHERE id = 1"},
+                {"sql": "UPDATE payroll SET salary = 1000000 WHERE id = 1"},
+            ]}),
+        )
+        .await;
     assert_eq!(denied.status, 400, "{:?}", denied.body);
     let body = denied.json();
     assert_eq!(
@@ -285,7 +275,7 @@ async fn a_least_privilege_role_confines_the_writer() {
     );
 
     // The role cannot reach the fence table even by name through a function.
-    let fences = sql(&client, "sweeper", 2, json!({"statements": [{"sql": "SELECT count(*) FROM pg_catalog.pg_class c WHERE has_table_privilege(current_user, c.oid, 'UPDATE') AND c.relname = 'fences'"}]})).await;
+    let fences = client.sql("sweeper", 2, json!({"statements": [{"sql": "SELECT count(*) FROM pg_catalog.pg_class c WHERE has_table_privilege(current_user, c.oid, 'UPDATE') AND c.relname = 'fences'"}]})).await;
     assert_eq!(fences.json()["results"][0]["rows"], json!([[0]]));
 
     drop(gateway);

@@ -3,21 +3,9 @@
 
 use fencegate_tests::db::TestDb;
 use fencegate_tests::gateway::Gateway;
-use fencegate_tests::http::{Client, Reply};
+use fencegate_tests::http::Reply;
 use http::Method;
 use serde_json::{json, Value};
-
-async fn sql(client: &Client, resource: &str, token: u64, body: Value) -> Reply {
-    let token = token.to_string();
-    client
-        .request(
-            Method::POST,
-            &format!("/v1/sql/{resource}"),
-            &[("fencing-token", &token)],
-            body.to_string(),
-        )
-        .await
-}
 
 /// One statement, with its parameters.
 fn one(statement: &str, params: Value) -> Value {
@@ -91,7 +79,9 @@ async fn every_supported_type_round_trips() {
         placeholders.join(", "),
         names.join(", ")
     );
-    let reply = sql(&client, "typed", 1, one(&insert, Value::Array(params))).await;
+    let reply = client
+        .sql("typed", 1, one(&insert, Value::Array(params)))
+        .await;
     assert_eq!(reply.status, 200, "{:?}", reply.body);
     let result = &reply.json()["results"][0];
     assert_eq!(result["rows_affected"], 1);
@@ -113,7 +103,7 @@ async fn every_supported_type_round_trips() {
     }
 
     let select = format!("SELECT {} FROM typed WHERE id = $1", names.join(", "));
-    let reply = sql(&client, "typed", 1, one(&select, json!([1]))).await;
+    let reply = client.sql("typed", 1, one(&select, json!([1]))).await;
     assert_eq!(
         reply.json()["results"][0]["rows"][0],
         Value::Array(expected),
@@ -124,7 +114,9 @@ async fn every_supported_type_round_trips() {
     let nulls: Vec<Value> = std::iter::once(json!(2))
         .chain(columns.iter().map(|_| Value::Null))
         .collect();
-    let reply = sql(&client, "typed", 1, one(&insert, Value::Array(nulls))).await;
+    let reply = client
+        .sql("typed", 1, one(&insert, Value::Array(nulls)))
+        .await;
     assert_eq!(reply.status, 200, "{:?}", reply.body);
     let row = reply.json()["results"][0]["rows"][0].clone();
     assert!(row.as_array().unwrap().iter().all(Value::is_null), "{row}");
@@ -137,16 +129,16 @@ async fn every_supported_type_round_trips() {
     assert!(stored.get::<_, bool>(3));
 
     // Other offsets are converted to UTC; numbers are accepted for numeric.
-    let reply = sql(
-        &client,
-        "typed",
-        1,
-        one(
-            "SELECT $1::timestamptz, $2::numeric",
-            json!(["2026-01-31T14:00:00+02:00", 2.5]),
-        ),
-    )
-    .await;
+    let reply = client
+        .sql(
+            "typed",
+            1,
+            one(
+                "SELECT $1::timestamptz, $2::numeric",
+                json!(["2026-01-31T14:00:00+02:00", 2.5]),
+            ),
+        )
+        .await;
     assert_eq!(
         reply.json()["results"][0]["rows"][0],
         json!(["2026-01-31T12:00:00Z", "2.5"])
@@ -187,19 +179,15 @@ async fn each_error_is_answered_with_its_code() {
     };
 
     let body = check(
-        &sql(&client, "r", 1, one("SELEC 1", json!([]))).await,
+        &client.sql("r", 1, one("SELEC 1", json!([]))).await,
         400,
         "statement_not_allowed",
     );
     assert_eq!(body["statement"], 0);
     let body = check(
-        &sql(
-            &client,
-            "r",
-            1,
-            one("SELECT * FROM missing_table", json!([])),
-        )
-        .await,
+        &client
+            .sql("r", 1, one("SELECT * FROM missing_table", json!([])))
+            .await,
         400,
         "sql_error",
     );
@@ -208,20 +196,22 @@ async fn each_error_is_answered_with_its_code() {
         (Some(0), Some("42P01"))
     );
     let body = check(
-        &sql(&client, "r", 1, one("SELECT pg_sleep(5)", json!([]))).await,
+        &client
+            .sql("r", 1, one("SELECT pg_sleep(5)", json!([])))
+            .await,
         400,
         "sql_error",
     );
     assert_eq!(body["sqlstate"], "57014", "the statement timeout");
 
     let body = check(
-        &sql(
-            &client,
-            "r",
-            1,
-            one("INSERT INTO t (id) VALUES ($1)", json!(["seven"])),
-        )
-        .await,
+        &client
+            .sql(
+                "r",
+                1,
+                one("INSERT INTO t (id) VALUES ($1)", json!(["seven"])),
+            )
+            .await,
         400,
         "invalid_param",
     );
@@ -231,22 +221,24 @@ async fn each_error_is_answered_with_its_code() {
     );
     assert!(body["message"].as_str().unwrap().contains("int4"), "{body}");
     let body = check(
-        &sql(
-            &client,
-            "r",
-            1,
-            one(
-                "UPDATE t SET at = $2 WHERE id = $1",
-                json!([1, "yesterday"]),
-            ),
-        )
-        .await,
+        &client
+            .sql(
+                "r",
+                1,
+                one(
+                    "UPDATE t SET at = $2 WHERE id = $1",
+                    json!([1, "yesterday"]),
+                ),
+            )
+            .await,
         400,
         "invalid_param",
     );
     assert_eq!(body["parameter"], 2);
     let body = check(
-        &sql(&client, "r", 1, one("SELECT $1::int, $2::int", json!([1]))).await,
+        &client
+            .sql("r", 1, one("SELECT $1::int, $2::int", json!([1])))
+            .await,
         400,
         "invalid_param",
     );
@@ -258,25 +250,17 @@ async fn each_error_is_answered_with_its_code() {
         "{body}"
     );
     check(
-        &sql(
-            &client,
-            "r",
-            1,
-            one("SELECT 70000::int2 + $1", json!([70000])),
-        )
-        .await,
+        &client
+            .sql("r", 1, one("SELECT 70000::int2 + $1", json!([70000])))
+            .await,
         400,
         "invalid_param",
     );
 
     let body = check(
-        &sql(
-            &client,
-            "r",
-            1,
-            one("SELECT now() - now() AS age", json!([])),
-        )
-        .await,
+        &client
+            .sql("r", 1, one("SELECT now() - now() AS age", json!([])))
+            .await,
         400,
         "unsupported_type",
     );
@@ -285,31 +269,29 @@ async fn each_error_is_answered_with_its_code() {
         "{body}"
     );
     let body = check(
-        &sql(&client, "r", 1, one("SELECT $1::inet", json!(["10.0.0.1"]))).await,
+        &client
+            .sql("r", 1, one("SELECT $1::inet", json!(["10.0.0.1"])))
+            .await,
         400,
         "unsupported_type",
     );
     assert_eq!(body["parameter"], 1);
 
     let four = json!({"statements": [{"sql": "SELECT 1"}, {"sql": "SELECT 1"}, {"sql": "SELECT 1"}, {"sql": "SELECT 1"}]});
-    check(
-        &sql(&client, "r", 1, four).await,
-        400,
-        "too_many_statements",
-    );
+    check(&client.sql("r", 1, four).await, 400, "too_many_statements");
     let long = format!("SELECT '{}'", "x".repeat(5000));
     check(
-        &sql(&client, "r", 1, one(&long, json!([]))).await,
+        &client.sql("r", 1, one(&long, json!([]))).await,
         413,
         "body_too_large",
     );
     check(
-        &sql(&client, "r", 1, json!({"statements": []})).await,
+        &client.sql("r", 1, json!({"statements": []})).await,
         400,
         "invalid_body",
     );
     check(
-        &sql(&client, "r", 1, json!({"statement": "SELECT 1"})).await,
+        &client.sql("r", 1, json!({"statement": "SELECT 1"})).await,
         400,
         "invalid_body",
     );
@@ -339,12 +321,10 @@ async fn each_error_is_answered_with_its_code() {
     assert_eq!(db.highest("r").await, None);
 
     assert_eq!(
-        sql(&client, "r", 5, one("SELECT 1", json!([])))
-            .await
-            .status,
+        client.sql("r", 5, one("SELECT 1", json!([]))).await.status,
         200
     );
-    let stale = sql(&client, "r", 4, one("SELECT 1", json!([]))).await;
+    let stale = client.sql("r", 4, one("SELECT 1", json!([]))).await;
     let body = check(&stale, 409, "stale_token");
     assert_eq!(body["highest"], 5);
 
@@ -353,7 +333,7 @@ async fn each_error_is_answered_with_its_code() {
         {"sql": "SELECT generate_series(1, 3) AS n"},
         {"sql": "SELECT generate_series(1, 10) AS n"},
     ]});
-    let reply = sql(&client, "r", 5, rows).await;
+    let reply = client.sql("r", 5, rows).await;
     assert_eq!(reply.status, 200);
     let results = &reply.json()["results"];
     assert_eq!(results[0]["rows"], json!([[1], [2], [3]]));
@@ -367,7 +347,10 @@ async fn each_error_is_answered_with_its_code() {
 async fn without_the_flag_sql_is_disabled() {
     let db = TestDb::create().await;
     let gateway = Gateway::builder().database(&db.url()).spawn().await;
-    let reply = sql(&gateway.client(), "r", 1, one("SELECT 1", json!([]))).await;
+    let reply = gateway
+        .client()
+        .sql("r", 1, one("SELECT 1", json!([])))
+        .await;
     assert_eq!(
         (reply.status, reply.error_code().as_str()),
         (403, "sql_disabled")
