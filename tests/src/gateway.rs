@@ -21,19 +21,31 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The built gateway binary: `FENCEGATE_BIN`, or `fencegate` in this test's target dir.
 pub fn binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("FENCEGATE_BIN") {
+    built(
+        "FENCEGATE_BIN",
+        "fencegate",
+        "cargo build -p fencegate-gateway",
+    )
+}
+
+/// A binary built alongside the tests: the path in `$env_var` if set, otherwise
+/// `relative` (e.g. `fencegate`, `examples/invoice-sweeper`) in this test's target dir.
+/// Panics with `build` (the command that makes it) if it is missing.
+pub fn built(env_var: &str, relative: &str, build: &str) -> PathBuf {
+    if let Some(path) = std::env::var_os(env_var) {
         return path.into();
     }
     let exe = std::env::current_exe().expect("the test binary has a path");
-    // target/<profile>/deps/<test> -> target/<profile>/fencegate
+    // target/<profile>/deps/<test> -> target/<profile>/<relative>
     let path = exe
         .parent()
         .and_then(|deps| deps.parent())
         .expect("test binaries live in target/<profile>/deps")
-        .join("fencegate");
+        .join(relative);
     assert!(
         path.exists(),
-        "{} does not exist: build it first with `cargo build -p fencegate-gateway` (cargo test --workspace does)",
+        "{} does not exist: build it first with `{build}` \
+         (.ci/run builds every binary and example before the tests)",
         path.display()
     );
     path

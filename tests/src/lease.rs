@@ -91,24 +91,11 @@ pub async fn next_transition(
 /// The built example: `SWEEPER_BIN`, or `examples/invoice-sweeper` in this test's
 /// target dir (built by `cargo build --workspace --examples`).
 pub fn binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("SWEEPER_BIN") {
-        return path.into();
-    }
-    let exe = std::env::current_exe().expect("the test binary has a path");
-    // target/<profile>/deps/<test> -> target/<profile>/examples/invoice-sweeper
-    let path = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("test binaries live in target/<profile>/deps")
-        .join("examples")
-        .join("invoice-sweeper");
-    assert!(
-        path.exists(),
-        "{} does not exist: build it first with `cargo build -p fencegate-lease --examples` \
-         (CI runs `cargo build --workspace --bins --examples`)",
-        path.display()
-    );
-    path
+    crate::gateway::built(
+        "SWEEPER_BIN",
+        "examples/invoice-sweeper",
+        "cargo build -p fencegate-lease --examples",
+    )
 }
 
 /// A log event and the instant the harness read it.
