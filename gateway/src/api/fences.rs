@@ -3,12 +3,11 @@
 use std::sync::Arc;
 
 use fencegate_proto::body::FenceState;
-use fencegate_proto::headers::Fencing;
 use fencegate_proto::ResourceName;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use super::{json_response, Body};
+use super::{fencing_of, json_response, Body};
 use crate::app::App;
 use crate::error::ApiError;
 
@@ -35,10 +34,7 @@ pub async fn advance(
     resource: ResourceName,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
-    let span = tracing::Span::current();
-    span.record("resource", resource.as_str());
-    let fencing = Fencing::from_headers(request.headers())?;
-    span.record("presented", fencing.token.get());
+    let fencing = fencing_of(&request, &resource)?;
     app.check_cached(&resource, None, &fencing)?;
     app.advance(&resource, &fencing).await?;
     Ok(json_response(

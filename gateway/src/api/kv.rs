@@ -88,10 +88,7 @@ fn fencing_of(
     request: &Request<Incoming>,
     resource: &ResourceName,
 ) -> Result<(Fencing, Precondition), ApiError> {
-    let span = tracing::Span::current();
-    span.record("resource", resource.as_str());
-    let fencing = Fencing::from_headers(request.headers())?;
-    span.record("presented", fencing.token.get());
+    let fencing = super::fencing_of(request, resource)?;
     let precondition = Precondition::from_headers(request.headers())?;
     Ok((fencing, precondition))
 }

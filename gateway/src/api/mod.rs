@@ -18,8 +18,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use fencegate_proto::headers::FENCING_HIGHEST;
+use fencegate_proto::headers::{Fencing, FENCING_HIGHEST};
 use fencegate_proto::path::Target;
+use fencegate_proto::ResourceName;
 use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
@@ -127,6 +128,16 @@ fn route_label(method: &Method, path: &str) -> &'static str {
         "/readyz" => "readyz",
         _ => "unknown",
     }
+}
+
+/// Reads a write's fencing headers, recording the resource and the presented token in
+/// the request's span.
+fn fencing_of(request: &Request<Incoming>, resource: &ResourceName) -> Result<Fencing, ApiError> {
+    let span = tracing::Span::current();
+    span.record("resource", resource.as_str());
+    let fencing = Fencing::from_headers(request.headers())?;
+    span.record("presented", fencing.token.get());
+    Ok(fencing)
 }
 
 /// Reads the whole body, refusing more than `limit` bytes.

@@ -15,7 +15,7 @@ use fencegate_proto::ResourceName;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 
-use super::{json_response, read_body, Body};
+use super::{fencing_of, json_response, read_body, Body};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::sqlguard;
@@ -27,10 +27,7 @@ pub async fn post(
     resource: ResourceName,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
-    let span = tracing::Span::current();
-    span.record("resource", resource.as_str());
-    let fencing = Fencing::from_headers(request.headers())?;
-    span.record("presented", fencing.token.get());
+    let fencing = fencing_of(&request, &resource)?;
     if let Store::Embedded(_) = app.store {
         return Err(SqlRefusal::NotSupportedByBackend.into());
     }
