@@ -80,11 +80,11 @@ impl LogBudget {
 }
 
 impl App {
-    pub fn new(config: &Config, store: Store) -> App {
+    pub fn new(config: &Config, store: Store, metrics: Metrics) -> App {
         App {
             store,
             cache: FenceCache::new(config.cache_size),
-            metrics: Metrics::new(config.metrics_resource_cap),
+            metrics,
             max_body: config.max_body,
             stale_log: LogBudget::new(config.stale_log_limit),
         }

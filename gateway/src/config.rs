@@ -20,6 +20,7 @@ pub const DEFAULT_SQL_STATEMENT_TIMEOUT: &str = "2s";
 pub const DEFAULT_SQL_MAX_ROWS: usize = 10_000;
 pub const DEFAULT_DATA_DIR: &str = "./fencegate-data";
 pub const DEFAULT_GROUP_COMMIT_MAX: usize = 256;
+pub const DEFAULT_WRITE_LANES: usize = 4;
 
 /// fencegate: a fencing gateway in front of your storage.
 ///
@@ -69,10 +70,22 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     pub data_dir: std::path::PathBuf,
 
-    /// Embedded store: most concurrent writes committed together in one durable
-    /// transaction (one fsync). 1 commits every write on its own.
+    /// Most concurrent writes committed together in one transaction (group commit): one
+    /// durable commit for many writes, each still checked against its own fence. 1
+    /// commits every write on its own. Postgres groups only writes without If-Match.
     #[arg(long, env = "FENCEGATE_GROUP_COMMIT_MAX", default_value_t = DEFAULT_GROUP_COMMIT_MAX)]
     pub group_commit_max: usize,
+
+    /// Postgres: write transactions in flight at once, each on its own connection. A write
+    /// that finds one free goes at once; writes that arrive while all are busy are
+    /// committed together by the next free one. At most --pool-size.
+    #[arg(long, env = "FENCEGATE_WRITE_LANES", default_value_t = DEFAULT_WRITE_LANES)]
+    pub write_lanes: usize,
+
+    /// Threads that serve requests: 1 runs the whole gateway on one thread, which costs
+    /// the least CPU per request; 0 starts one per CPU core.
+    #[arg(long, env = "FENCEGATE_THREADS", default_value_t = 0)]
+    pub threads: usize,
 
     /// Largest number of Postgres connections the gateway opens.
     #[arg(long, env = "FENCEGATE_POOL_SIZE", default_value_t = DEFAULT_POOL_SIZE)]
@@ -167,6 +180,12 @@ impl Config {
         }
         if self.pool_size == 0 {
             return fail("--pool-size must be at least 1");
+        }
+        if self.write_lanes == 0 {
+            return fail("--write-lanes must be at least 1");
+        }
+        if self.database_url.is_some() && self.write_lanes > self.pool_size {
+            return fail("--write-lanes must not exceed --pool-size: each lane needs a connection");
         }
         if self.max_body == 0 {
             return fail("--max-body must be at least 1 byte");

@@ -50,8 +50,9 @@ pub use config::{Cli, Config};
 
 use crate::app::App;
 use crate::config::ConfigError;
+use crate::metrics::Metrics;
 use crate::store::embedded::EmbeddedStartError;
-use crate::store::postgres::PgStartError;
+use crate::store::postgres::{PgOptions, PgStartError};
 use crate::store::{EmbeddedStore, PgStore, Store};
 
 /// Why the gateway could not start.
@@ -76,10 +77,21 @@ pub async fn run(
 ) -> Result<(), StartError> {
     config.validate()?;
     // Backend selection: a database URL means Postgres; otherwise the embedded store.
+    let metrics = Metrics::new(config.metrics_resource_cap);
     let store = match config.database_url.as_deref() {
-        Some(url) => {
-            Store::Postgres(PgStore::connect(url, config.pool_size, config.backend_timeout).await?)
-        }
+        Some(url) => Store::Postgres(
+            PgStore::connect(
+                url,
+                PgOptions {
+                    pool_size: config.pool_size,
+                    timeout: config.backend_timeout,
+                    write_lanes: config.write_lanes,
+                    group_commit_max: config.group_commit_max,
+                    group_size: metrics.commit_group_size.clone(),
+                },
+            )
+            .await?,
+        ),
         None => Store::Embedded(EmbeddedStore::open(
             &config.data_dir,
             config.group_commit_max,
@@ -87,7 +99,7 @@ pub async fn run(
         )?),
     };
     let store = store.with_sql(sqlguard::SqlPolicy::from_config(&config));
-    let app = Arc::new(App::new(&config, store));
+    let app = Arc::new(App::new(&config, store, metrics));
     let addr = listener.local_addr().map_err(StartError::Listener)?;
     tracing::info!(%addr, backend = %app.store.describe(), "fencegate ready");
     server::serve(listener, app, shutdown, config.shutdown_timeout).await;

@@ -8,7 +8,18 @@ fn main() -> anyhow::Result<()> {
     let config = Cli::parse().into_config();
     config.validate()?;
     telemetry::init(config.log_format, &config.log).context("invalid --log filter")?;
-    let runtime = tokio::runtime::Runtime::new().context("could not start the async runtime")?;
+    let runtime = if config.threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        if config.threads > 1 {
+            builder.worker_threads(config.threads);
+        }
+        builder.enable_all().build()
+    }
+    .context("could not start the async runtime")?;
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await

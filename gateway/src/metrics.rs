@@ -31,6 +31,9 @@ const LAG_BUCKETS: &[f64] = &[
     1.0, 2.0, 3.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0, 10000.0, 1e6,
 ];
 
+/// Group sizes: 1 (a write that found a free lane) to `--group-commit-max`'s default.
+const GROUP_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
 /// Every metric the gateway exports.
 pub struct Metrics {
     registry: Registry,
@@ -43,6 +46,8 @@ pub struct Metrics {
     pub backend_errors: IntCounterVec,
     pub backend_ready: IntGauge,
     pub fence_cache_entries: IntGauge,
+    /// Writes applied per backend transaction; handed to the store at start-up.
+    pub commit_group_size: Histogram,
     labels: ResourceLabels,
 }
 
@@ -116,6 +121,14 @@ impl Metrics {
             "Resources whose highest token is cached in memory.",
         )
         .unwrap();
+        let commit_group_size = Histogram::with_opts(
+            HistogramOpts::new(
+                "fencegate_commit_group_size",
+                "Writes applied together in one backend transaction (group commit).",
+            )
+            .buckets(GROUP_BUCKETS.to_vec()),
+        )
+        .unwrap();
         let build_info = IntGaugeVec::new(
             Opts::new(
                 "fencegate_build_info",
@@ -138,6 +151,7 @@ impl Metrics {
             Box::new(backend_errors.clone()),
             Box::new(backend_ready.clone()),
             Box::new(fence_cache_entries.clone()),
+            Box::new(commit_group_size.clone()),
             Box::new(build_info),
         ] {
             registry
@@ -155,6 +169,7 @@ impl Metrics {
             backend_errors,
             backend_ready,
             fence_cache_entries,
+            commit_group_size,
             labels: ResourceLabels::new(resource_label_cap),
         }
     }

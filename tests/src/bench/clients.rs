@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
 use fencegate_gateway::store::postgres::sql;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -46,6 +46,7 @@ pub fn direct_pool(url: &str, size: usize) -> Result<Pool, String> {
     );
     Pool::builder(manager)
         .max_size(size)
+        .queue_mode(QueueMode::Lifo)
         .runtime(Runtime::Tokio1)
         .build()
         .map_err(|e| e.to_string())

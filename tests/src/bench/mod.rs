@@ -122,6 +122,11 @@ pub struct Args {
     )]
     pub memory_resources: usize,
 
+    /// An extra flag for the gateway under load, e.g. `--gateway-arg=--write-lanes=8`;
+    /// repeat for several. Settings are compared by running the benchmark once per setting.
+    #[arg(long = "gateway-arg", value_name = "FLAG", allow_hyphen_values = true)]
+    pub gateway_args: Vec<String>,
+
     /// The `fencegate` binary; by default the one next to this benchmark.
     #[arg(long, env = "FENCEGATE_BIN")]
     pub gateway_bin: Option<PathBuf>,
@@ -208,7 +213,8 @@ pub async fn main(mut args: Args) -> Result<(), String> {
     eprintln!("start-up time ...");
     report.startup = Some(startup(&bin).await?);
 
-    let extra = vec!["--pool-size".to_owned(), args.pool_size.to_string()];
+    let mut extra = vec!["--pool-size".to_owned(), args.pool_size.to_string()];
+    extra.extend(args.gateway_args.iter().cloned());
     let gateway = servers::gateway(&bin, &db.url(), &extra).await?;
     let bare = servers::bare_http().await?;
     let pool = clients::direct_pool(&db.url(), args.pool_size)?;

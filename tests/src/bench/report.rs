@@ -49,6 +49,7 @@ pub struct Settings {
     pub warmup_ms: u128,
     pub open_loop_rate: Option<f64>,
     pub pool_size: usize,
+    pub gateway_args: Vec<String>,
     pub smoke: bool,
 }
 
@@ -205,6 +206,7 @@ impl Report {
                 warmup_ms: args.warmup.as_millis(),
                 open_loop_rate: args.rate,
                 pool_size: args.pool_size,
+                gateway_args: args.gateway_args.clone(),
                 smoke: args.smoke,
             },
             startup: None,
@@ -303,7 +305,7 @@ impl Report {
         let s = &self.settings;
         let mut out = format!(
             "Machine: {} ({} cores), {} GiB, Linux {}, PostgreSQL {}; commit {}.\n\
-             Per cell: {} ms measured in {} turns, each after {} ms warm-up, {}; pool size {}.\n\n",
+             Per cell: {} ms measured in {} turns, each after {} ms warm-up, {}; pool size {}{}.\n\n",
             m.cpu,
             m.cores,
             m.memory_gib,
@@ -317,7 +319,12 @@ impl Report {
                 .map_or("closed loop".to_owned(), |r| format!(
                     "open loop at {r} writes/s"
                 )),
-            s.pool_size
+            s.pool_size,
+            if s.gateway_args.is_empty() {
+                String::new()
+            } else {
+                format!("; gateway flags `{}`", s.gateway_args.join(" "))
+            }
         );
         out.push_str(
             "| workload | conc | resources | value B | ops/s | p50 ms | p99 ms | p99.9 ms | max ms | vs direct | vs bare-http | errors |\n\

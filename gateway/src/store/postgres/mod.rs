@@ -2,8 +2,10 @@
 //!
 //! # Behavior
 //!
-//! - A write without a precondition is one autocommitted statement ([`sql::FENCED_PUT`],
-//!   [`sql::FENCED_DELETE`]): one round trip, atomic by construction.
+//! - A write without a precondition is one statement ([`sql::FENCED_PUT`],
+//!   [`sql::FENCED_DELETE`]): atomic by construction. Concurrent ones are committed in
+//!   groups, one transaction and one round trip per group ([`group`]); a write that
+//!   arrives alone is one autocommitted statement.
 //! - A write with a precondition (`If-Match`) runs in an explicit transaction: raise the
 //!   fence and read the object's version (pipelined), check the precondition, then write
 //!   and commit — or roll back, so that a failed precondition leaves the fence as it was.
@@ -15,6 +17,7 @@
 //!   discarded, not returned to the pool; a broken one is dropped by the pool's recycle
 //!   check, and new connections are made as the database comes back.
 
+mod group;
 pub mod sql;
 mod sql_tx;
 mod values;
@@ -23,7 +26,9 @@ pub use sql_tx::{SqlFailure, SqlOutcome, SqlRefusal, SqlTransaction};
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{
+    Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod, Runtime,
+};
 use fencegate_proto::headers::Precondition;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
 use tokio::time::{timeout_at, Instant};
@@ -36,10 +41,25 @@ use super::{
     WriteOp, WriteOutcome,
 };
 
+/// How the Postgres backend uses its connections.
+pub struct PgOptions {
+    /// Largest number of connections.
+    pub pool_size: usize,
+    /// Bound on every operation, including the wait for a connection.
+    pub timeout: Duration,
+    /// Write groups in flight at once (`--write-lanes`), at most `pool_size`.
+    pub write_lanes: usize,
+    /// Most writes in one group (`--group-commit-max`).
+    pub group_commit_max: usize,
+    /// Observes the size of every group applied.
+    pub group_size: prometheus::Histogram,
+}
+
 /// Fences and objects in a Postgres database, schema `fencegate`.
 pub struct PgStore {
     pool: Pool,
     timeout: Duration,
+    group: group::GroupCommit,
     description: String,
     /// SQL transactions (`/v1/sql`): enabled only with a policy; see [`sql_tx`].
     sql: Option<crate::sqlguard::SqlPolicy>,
@@ -58,11 +78,14 @@ pub enum PgStartError {
 
 impl PgStore {
     /// Connects, creates or migrates the `fencegate` schema, and returns the store.
-    pub async fn connect(
-        url: &str,
-        pool_size: usize,
-        timeout: Duration,
-    ) -> Result<PgStore, PgStartError> {
+    pub async fn connect(url: &str, options: PgOptions) -> Result<PgStore, PgStartError> {
+        let PgOptions {
+            pool_size,
+            timeout,
+            write_lanes,
+            group_commit_max,
+            group_size,
+        } = options;
         let mut pg_config: tokio_postgres::Config =
             url.parse().map_err(PgStartError::InvalidUrl)?;
         if pg_config.get_application_name().is_none() {
@@ -80,10 +103,21 @@ impl PgStore {
         );
         let pool = Pool::builder(manager)
             .max_size(pool_size)
+            // The most recently used connection first: its Postgres backend is awake and
+            // its caches warm. First-in-first-out would rotate every write through every
+            // idle connection.
+            .queue_mode(QueueMode::Lifo)
             .runtime(Runtime::Tokio1)
             .build()
             .expect("a pool with a runtime always builds");
         let store = PgStore {
+            group: group::GroupCommit::start(
+                pool.clone(),
+                write_lanes,
+                group_commit_max,
+                timeout,
+                group_size,
+            ),
             pool,
             timeout,
             description,
@@ -135,8 +169,7 @@ impl PgStore {
 
     pub async fn write(&self, write: &Write) -> Result<WriteOutcome, StoreError> {
         let outcome = if write.precondition == Precondition::None {
-            self.with_client(async |client| write_unconditional(client, write).await)
-                .await?
+            self.group.write(write.clone()).await?
         } else {
             self.with_client(async |client| write_conditional(client, write).await)
                 .await?
@@ -240,32 +273,41 @@ impl PgStore {
         &self,
         op: impl AsyncFnOnce(&mut Object) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let deadline = Instant::now() + self.timeout;
-        let mut client = match timeout_at(deadline, self.pool.get()).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(error)) => {
-                tracing::warn!(%error, "could not get a database connection");
-                return Err(StoreError::Unavailable {
-                    reason: UnavailableReason::Connect,
-                    applied: Some(false),
-                });
-            }
-            Err(_) => {
-                return Err(StoreError::Unavailable {
-                    reason: UnavailableReason::Connect,
-                    applied: Some(false),
-                })
-            }
-        };
-        match timeout_at(deadline, op(&mut client)).await {
-            Ok(result) => result,
-            Err(_) => {
-                drop(Object::take(client));
-                Err(StoreError::Unavailable {
-                    reason: UnavailableReason::Timeout,
-                    applied: None,
-                })
-            }
+        with_client_until(&self.pool, Instant::now() + self.timeout, op).await
+    }
+}
+
+/// Runs `op` on a connection from `pool`, all before `deadline`; see
+/// [`PgStore::with_client`].
+async fn with_client_until<T>(
+    pool: &Pool,
+    deadline: Instant,
+    op: impl AsyncFnOnce(&mut Object) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let mut client = match timeout_at(deadline, pool.get()).await {
+        Ok(Ok(client)) => client,
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "could not get a database connection");
+            return Err(StoreError::Unavailable {
+                reason: UnavailableReason::Connect,
+                applied: Some(false),
+            });
+        }
+        Err(_) => {
+            return Err(StoreError::Unavailable {
+                reason: UnavailableReason::Connect,
+                applied: Some(false),
+            })
+        }
+    };
+    match timeout_at(deadline, op(&mut client)).await {
+        Ok(result) => result,
+        Err(_) => {
+            drop(Object::take(client));
+            Err(StoreError::Unavailable {
+                reason: UnavailableReason::Timeout,
+                applied: None,
+            })
         }
     }
 }

@@ -1,0 +1,322 @@
+//! Group commit for writes without a precondition.
+//!
+//! Concurrent writes queue here, and a few *lanes* take them in groups: each lane takes
+//! every write queued when it becomes free (up to `--group-commit-max`), and applies the
+//! group in ONE transaction on one pooled connection — `BEGIN`, one [`sql::FENCED_PUT`]
+//! or [`sql::FENCED_DELETE`] per write, `COMMIT`, all sent at once (one round trip).
+//! A write never waits for a group to fill: a lane that is free takes what is queued,
+//! even a single write, which then runs as one autocommitted statement as before.
+//! Groups form only while every lane is busy, which is when they help: one commit, one
+//! WAL flush and one wake of a Postgres backend for many writes, and on a contended
+//! resource one hold of its fence lock instead of one per write.
+//!
+//! # Why this is still one fence check per write
+//!
+//! Every statement of a group is the same single-statement fenced write as before, run in
+//! order inside the group's transaction, so each sees the fence as the writes before it
+//! left it: a write with token 4 after one with token 5 on the same resource is stale.
+//! The transaction commits all or nothing, and the answers are sent only after COMMIT
+//! succeeded. If any statement fails, Postgres aborts the transaction and turns the COMMIT
+//! into a ROLLBACK; nothing of the group remains, and each write is then retried on its
+//! own, so one bad write cannot fail its neighbours.
+//!
+//! # Lock order
+//!
+//! A group locks the fence rows of several resources and holds them to COMMIT. Two groups
+//! locking two resources in opposite orders would deadlock, so each group is sorted by
+//! resource (stably: writes to one resource keep their arrival order) and takes its locks
+//! in that order. Every other writer — a conditional write, an advance, a SQL
+//! transaction — locks a single fence row, so no cycle can form.
+//!
+//! # Time
+//!
+//! Each write carries the deadline of `--backend-timeout` from when it was queued. A lane
+//! answers writes whose deadline has passed with 503 (not applied: they were never sent),
+//! and bounds the group by its earliest deadline: one timer per group, not per write.
+
+use std::cmp::Ordering;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Object, Pool};
+use futures_util::future::{maybe_done, MaybeDone};
+use prometheus::Histogram;
+use tokio::sync::{mpsc, oneshot, Mutex};
+use tokio::time::Instant;
+
+use super::{applied, classify, with_client_until, write_unconditional};
+use crate::store::postgres::sql;
+use crate::store::{StoreError, UnavailableReason, Write, WriteOp, WriteOutcome};
+
+/// What a queued write is answered with: its outcome, `None` if its token was stale.
+type Answer = Result<Option<WriteOutcome>, StoreError>;
+
+/// The queue in front of the lanes.
+pub struct GroupCommit {
+    queue: mpsc::Sender<Queued>,
+    timeout: Duration,
+}
+
+/// What every lane shares.
+struct Lanes {
+    pool: Pool,
+    receiver: Mutex<mpsc::Receiver<Queued>>,
+    max_group: usize,
+    group_size: Histogram,
+}
+
+struct Queued {
+    write: Write,
+    deadline: Instant,
+    reply: oneshot::Sender<Answer>,
+}
+
+/// Queued writes beyond which writers wait to queue: far more than fit in flight.
+const QUEUE_CAPACITY: usize = 16 * 1024;
+
+impl GroupCommit {
+    /// Starts `lanes` lanes on `pool`, each applying up to `max_group` writes at a time.
+    /// They stop when the returned value is dropped.
+    pub fn start(
+        pool: Pool,
+        lanes: usize,
+        max_group: usize,
+        timeout: Duration,
+        group_size: Histogram,
+    ) -> GroupCommit {
+        let (queue, receiver) = mpsc::channel(QUEUE_CAPACITY);
+        let shared = Arc::new(Lanes {
+            pool,
+            receiver: Mutex::new(receiver),
+            max_group,
+            group_size,
+        });
+        for _ in 0..lanes {
+            tokio::spawn(lane(Arc::clone(&shared)));
+        }
+        GroupCommit { queue, timeout }
+    }
+
+    /// Applies `write` in the next group a lane takes; `None` if its token was stale.
+    pub async fn write(&self, write: Write) -> Answer {
+        let (reply, answer) = oneshot::channel();
+        let queued = Queued {
+            write,
+            deadline: Instant::now() + self.timeout,
+            reply,
+        };
+        if self.queue.send(queued).await.is_err() {
+            return Err(StoreError::Internal("the write lanes have stopped".into()));
+        }
+        answer
+            .await
+            .unwrap_or_else(|_| Err(StoreError::Internal("a write lane stopped".into())))
+    }
+}
+
+/// One lane: take what is queued, apply it, answer, repeat.
+async fn lane(lanes: Arc<Lanes>) {
+    let mut group = Vec::with_capacity(lanes.max_group);
+    loop {
+        {
+            // One lane at a time waits for writes; the others are busy or queue behind it.
+            let mut receiver = lanes.receiver.lock().await;
+            if receiver.recv_many(&mut group, lanes.max_group).await == 0 {
+                return; // the store was dropped
+            }
+        }
+        lanes.group_size.observe(group.len() as f64);
+        apply_group(&lanes.pool, &mut group).await;
+    }
+}
+
+async fn apply_group(pool: &Pool, group: &mut Vec<Queued>) {
+    let now = Instant::now();
+    let (mut group, expired): (Vec<Queued>, Vec<Queued>) =
+        group.drain(..).partition(|queued| queued.deadline > now);
+    for queued in expired {
+        let _ = queued.reply.send(Err(StoreError::Unavailable {
+            reason: UnavailableReason::Timeout,
+            applied: Some(false),
+        }));
+    }
+    let Some(deadline) = group.iter().map(|queued| queued.deadline).min() else {
+        return;
+    };
+    group.sort_by(|a, b| by_resource(&a.write, &b.write));
+    let writes: Vec<&Write> = group.iter().map(|queued| &queued.write).collect();
+    let answers = with_client_until(pool, deadline, async |client| {
+        Ok(apply_on(client, &writes).await)
+    })
+    .await;
+    match answers {
+        Ok(answers) => {
+            for (queued, answer) in group.into_iter().zip(answers) {
+                let _ = queued.reply.send(answer);
+            }
+        }
+        Err(error) => {
+            for queued in group {
+                let _ = queued.reply.send(Err(clone_error(&error)));
+            }
+        }
+    }
+}
+
+/// Resource order for taking fence locks; `sort_by` is stable, so writes to one
+/// resource keep their order.
+fn by_resource(a: &Write, b: &Write) -> Ordering {
+    a.resource.as_str().cmp(b.resource.as_str())
+}
+
+/// Applies `writes` (sorted) on `client`: one answer per write, in order.
+async fn apply_on(client: &Object, writes: &[&Write]) -> Vec<Answer> {
+    if let [write] = writes {
+        return vec![write_unconditional(client, write).await];
+    }
+    match group_transaction(client, writes).await {
+        GroupResult::Committed(answers) => answers,
+        GroupResult::Failed(error) => writes.iter().map(|_| Err(clone_error(&error))).collect(),
+        GroupResult::RolledBack => {
+            // A statement failed, so nothing of the group remains; give every write its
+            // own statement and its own answer.
+            let mut answers = Vec::with_capacity(writes.len());
+            for write in writes {
+                answers.push(write_unconditional(client, write).await);
+            }
+            answers
+        }
+    }
+}
+
+enum GroupResult {
+    /// COMMIT succeeded: every answer is committed state.
+    Committed(Vec<Answer>),
+    /// The server refused a statement; the transaction was rolled back.
+    RolledBack,
+    /// The connection failed; whether the group committed may be unknown (`applied`).
+    Failed(StoreError),
+}
+
+type Pipelined<'a, T> = Pin<Box<dyn Future<Output = Result<T, tokio_postgres::Error>> + Send + 'a>>;
+
+async fn group_transaction(client: &Object, writes: &[&Write]) -> GroupResult {
+    let statements = tokio::try_join!(
+        client.prepare_cached(sql::FENCED_PUT),
+        client.prepare_cached(sql::FENCED_DELETE)
+    );
+    let (put, delete) = match statements {
+        Ok(statements) => statements,
+        Err(error) => return GroupResult::Failed(classify(error, false)),
+    };
+    let (put, delete) = (&put, &delete);
+    let rows: Vec<Pipelined<'_, Option<tokio_postgres::Row>>> =
+        writes
+            .iter()
+            .map(|write| -> Pipelined<'_, _> {
+                let (resource, key, token) = (
+                    write.resource.as_str(),
+                    write.key.as_str(),
+                    write.token.as_i64(),
+                );
+                match &write.op {
+                    WriteOp::Put(value) => Box::pin(async move {
+                        client
+                            .query_opt(put, &[&resource, &token, &key, &value.as_ref()])
+                            .await
+                    }),
+                    WriteOp::Delete => Box::pin(async move {
+                        client.query_opt(delete, &[&resource, &token, &key]).await
+                    }),
+                }
+            })
+            .collect();
+    let (begun, rows, committed) = pipeline(
+        client.batch_execute("BEGIN"),
+        rows,
+        client.batch_execute("COMMIT"),
+    )
+    .await;
+    if let Err(error) = begun {
+        // Should BEGIN ever fail while the connection lives, the statements after it ran
+        // on their own: what was applied is unknown.
+        return GroupResult::Failed(match classify(error, false) {
+            StoreError::Unavailable { reason, .. } => StoreError::Unavailable {
+                reason,
+                applied: None,
+            },
+            other => other,
+        });
+    }
+    if let Some(refused) = rows.iter().find_map(|row| row.as_ref().err()?.code()) {
+        // Postgres aborted the transaction at that statement: the COMMIT rolled back.
+        tracing::warn!(
+            code = refused.code(),
+            writes = writes.len(),
+            "write group rolled back; applying its writes one by one"
+        );
+        return match committed {
+            Ok(()) => GroupResult::RolledBack,
+            Err(error) => GroupResult::Failed(classify(error, false)),
+        };
+    }
+    if let Err(error) = committed {
+        return GroupResult::Failed(classify(error, true));
+    }
+    let mut answers = Vec::with_capacity(writes.len());
+    for (write, row) in writes.iter().zip(rows) {
+        answers.push(match row {
+            Ok(Some(row)) => applied(&write.op, row.get(0), row.get(1)).map(Some),
+            Ok(None) => Ok(None),
+            // A lost connection fails the COMMIT too, handled above.
+            Err(error) => Err(classify(error, true)),
+        });
+    }
+    GroupResult::Committed(answers)
+}
+
+/// Sends `first`, every one of `middle`, then `last` — each on its first poll, in this
+/// order, before waiting for any answer — and returns their answers.
+async fn pipeline<'a, A, B, C>(
+    first: impl Future<Output = A>,
+    middle: Vec<Pipelined<'a, B>>,
+    last: impl Future<Output = C>,
+) -> (A, Vec<Result<B, tokio_postgres::Error>>, C) {
+    let mut first = std::pin::pin!(maybe_done(first));
+    let mut middle: Vec<MaybeDone<Pipelined<'a, B>>> = middle.into_iter().map(maybe_done).collect();
+    let mut last = std::pin::pin!(maybe_done(last));
+    // tokio-postgres queues a request on the first poll of its future.
+    std::future::poll_fn(|cx| {
+        let _ = first.as_mut().poll(cx);
+        for future in &mut middle {
+            let _ = Pin::new(future).poll(cx);
+        }
+        let _ = last.as_mut().poll(cx);
+        std::task::Poll::Ready(())
+    })
+    .await;
+    first.as_mut().await;
+    let mut answers = Vec::with_capacity(middle.len());
+    for mut future in middle {
+        (&mut future).await;
+        answers.push(Pin::new(&mut future).take_output().expect("awaited above"));
+    }
+    last.as_mut().await;
+    (
+        first.as_mut().take_output().expect("awaited above"),
+        answers,
+        last.as_mut().take_output().expect("awaited above"),
+    )
+}
+
+fn clone_error(error: &StoreError) -> StoreError {
+    match error {
+        StoreError::Unavailable { reason, applied } => StoreError::Unavailable {
+            reason: *reason,
+            applied: *applied,
+        },
+        StoreError::Internal(message) => StoreError::Internal(message.clone()),
+    }
+}

@@ -1,0 +1,273 @@
+//! Group commit on Postgres: writes that queue while the write lanes are busy are
+//! applied together in one transaction, each still checked against its own fence.
+//!
+//! To make a group form for certain, a test holds the fence row of a `blocker`
+//! resource locked from its own connection and sends one write to it: the gateway's
+//! only lane (`--write-lanes 1`) waits on that lock, the writes sent next queue behind
+//! it, and releasing the lock lets the lane take them all as one group.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencegate_tests::db::TestDb;
+use fencegate_tests::gateway::Gateway;
+use fencegate_tests::http::{Client, Reply};
+use tokio::task::JoinSet;
+
+/// Writes queued behind the blocker in each test.
+const QUEUED: usize = 40;
+
+/// Starts a gateway with one write lane on a new database.
+async fn one_lane() -> (TestDb, Gateway) {
+    let db = TestDb::create().await;
+    let gateway = Gateway::builder()
+        .database(&db.url())
+        .arg("--write-lanes")
+        .arg("1")
+        .spawn()
+        .await;
+    (db, gateway)
+}
+
+/// Holds the `blocker` fence row locked until the returned transaction's connection
+/// commits, and returns the blocked write that occupies the only lane meanwhile.
+struct Blocker {
+    db: tokio_postgres::Client,
+    write: tokio::task::JoinHandle<Reply>,
+}
+
+impl Blocker {
+    async fn start(db: &TestDb, client: &Client) -> Blocker {
+        assert_eq!(client.put("blocker", "k", 1, "first").await.status, 201);
+        let connection = db.client().await;
+        connection
+            .batch_execute(
+                "BEGIN; SELECT highest FROM fencegate.fences WHERE resource = 'blocker' FOR UPDATE",
+            )
+            .await
+            .unwrap();
+        let blocked = client.clone();
+        let write = tokio::spawn(async move { blocked.put("blocker", "k", 2, "second").await });
+        // The blocked write must be the one in the lane before the others queue.
+        wait_for_lock_waiter(db).await;
+        Blocker {
+            db: connection,
+            write,
+        }
+    }
+
+    async fn release(self) {
+        self.db.batch_execute("COMMIT").await.unwrap();
+        assert_eq!(self.write.await.unwrap().status, 200);
+    }
+}
+
+/// Waits until some session waits for a lock (the lane's write on the blocker row).
+async fn wait_for_lock_waiter(db: &TestDb) {
+    let observer = db.client().await;
+    for _ in 0..500 {
+        let waiting: i64 = observer
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if waiting > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the write to the blocker never waited for its lock");
+}
+
+/// Sends the writes from `each`, all at once, and returns their replies in order.
+async fn send_all(client: &Client, writes: Vec<(String, String, u64)>) -> Vec<Reply> {
+    let mut set = JoinSet::new();
+    for (i, (resource, key, token)) in writes.into_iter().enumerate() {
+        let client = client.clone();
+        set.spawn(async move {
+            let value = format!("{resource}/{key}@{token}#{i}");
+            (i, client.put(&resource, &key, token, value).await)
+        });
+    }
+    let mut replies: Vec<(usize, Reply)> = set.join_all().await;
+    replies.sort_by_key(|(i, _)| *i);
+    replies.into_iter().map(|(_, reply)| reply).collect()
+}
+
+/// The largest group the gateway applied, from `fencegate_commit_group_size`: the
+/// smallest bucket bound that holds every group.
+async fn largest_group(client: &Client) -> f64 {
+    let metrics = client.metrics().await;
+    let count = fencegate_tests::http::metric_value(&metrics, "fencegate_commit_group_size_count")
+        .expect("the group size histogram is exported");
+    for bound in ["1", "2", "4", "8", "16", "32", "64", "128", "256"] {
+        let series = format!("fencegate_commit_group_size_bucket{{le=\"{bound}\"}}");
+        if fencegate_tests::http::metric_value(&metrics, &series) == Some(count) {
+            return bound.parse().unwrap();
+        }
+    }
+    f64::INFINITY
+}
+
+#[tokio::test]
+async fn each_write_of_a_group_is_checked_against_the_fence_the_writes_before_it_left() {
+    let (db, gateway) = one_lane().await;
+    let client = gateway.client();
+    let blocker = Blocker::start(&db, &client).await;
+    // Random tokens on one key: which are accepted depends on the order inside the group.
+    let writes: Vec<_> = (0..QUEUED)
+        .map(|_| ("g".to_owned(), "k".to_owned(), rand::random_range(1..=12)))
+        .collect();
+    let tokens: Vec<u64> = writes.iter().map(|(_, _, token)| *token).collect();
+    let sent = tokio::spawn({
+        let client = client.clone();
+        async move { send_all(&client, writes).await }
+    });
+    // Give the writes time to queue behind the blocked lane.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    blocker.release().await;
+    let replies = sent.await.unwrap();
+
+    assert!(
+        largest_group(&client).await >= 16.0,
+        "the queued writes were not applied as a group"
+    );
+    let mut accepted = Vec::new();
+    for (token, reply) in tokens.iter().zip(&replies) {
+        let body = reply.json();
+        match reply.status {
+            200 | 201 => accepted.push((body["version"].as_u64().unwrap(), *token)),
+            409 => assert!(body["highest"].as_u64().unwrap() > *token, "{body}"),
+            other => panic!("unexpected {other}: {body}"),
+        }
+    }
+    accepted.sort();
+    let versions: Vec<u64> = accepted.iter().map(|(version, _)| *version).collect();
+    assert_eq!(versions, (1..=accepted.len() as u64).collect::<Vec<_>>());
+    assert!(
+        accepted.windows(2).all(|pair| pair[0].1 <= pair[1].1),
+        "a write was applied after a higher token: {accepted:?}"
+    );
+    let max = *tokens.iter().max().unwrap();
+    assert_eq!(accepted.last().unwrap().1, max);
+    assert_eq!(db.highest("g").await, Some(max as i64));
+    let (_, stored_token, stored_version) = db.object("g", "k").await.unwrap();
+    assert_eq!(
+        (stored_token as u64, stored_version as u64),
+        (max, accepted.len() as u64)
+    );
+}
+
+#[tokio::test]
+async fn a_write_that_fails_leaves_nothing_and_does_not_fail_its_group() {
+    let (db, gateway) = one_lane().await;
+    let client = gateway.client();
+    // A write the database refuses: a trigger raises on key `poison`.
+    db.client()
+        .await
+        .batch_execute(
+            "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF NEW.key = 'poison' THEN RAISE EXCEPTION 'poisoned write'; END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON fencegate.objects
+                 FOR EACH ROW EXECUTE FUNCTION refuse_poison();",
+        )
+        .await
+        .unwrap();
+    let blocker = Blocker::start(&db, &client).await;
+    let writes: Vec<_> = (0..QUEUED)
+        .map(|i| {
+            if i % 10 == 3 {
+                ("p".to_owned(), "poison".to_owned(), 50 + i as u64)
+            } else {
+                // One token per resource: every one is accepted, whatever the order.
+                (format!("r{}", i % 7), format!("k{i}"), 1 + (i % 7) as u64)
+            }
+        })
+        .collect();
+    let expected: Vec<_> = writes.clone();
+    let sent = tokio::spawn({
+        let client = client.clone();
+        async move { send_all(&client, writes).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    blocker.release().await;
+    let replies = sent.await.unwrap();
+
+    assert!(largest_group(&client).await >= 16.0);
+    for ((resource, key, token), reply) in expected.iter().zip(&replies) {
+        if key == "poison" {
+            assert_eq!(reply.status, 500, "{}", reply.json());
+            assert_eq!(reply.error_code(), "internal");
+            continue;
+        }
+        assert_eq!(reply.status, 201, "{resource}/{key}: {}", reply.json());
+        let (_, stored_token, _) = db.object(resource, key).await.expect("stored");
+        assert_eq!(stored_token as u64, *token);
+    }
+    // The refused writes raised no fence and stored nothing.
+    assert_eq!(db.highest("p").await, None);
+    assert_eq!(db.object("p", "poison").await, None);
+}
+
+/// Two gateways, two lanes each, writers spreading writes over a few resources in
+/// random order: groups lock several fence rows each, and would deadlock if they took
+/// them in different orders. Postgres would then abort one after `deadlock_timeout`, and
+/// the gateway would log the rolled-back group before retrying its writes one by one.
+#[tokio::test]
+async fn groups_on_several_resources_never_deadlock() {
+    let db = TestDb::create().await;
+    let mut clients = Vec::new();
+    let mut gateways = Vec::new();
+    for _ in 0..2 {
+        let gateway = Gateway::builder()
+            .database(&db.url())
+            .arg("--write-lanes")
+            .arg("2")
+            .spawn()
+            .await;
+        clients.push(gateway.client());
+        gateways.push(gateway);
+    }
+    let next_token = Arc::new(AtomicU64::new(1));
+    let mut writers = JoinSet::new();
+    for writer in 0..32 {
+        let client = clients[writer % 2].clone();
+        let next_token = Arc::clone(&next_token);
+        writers.spawn(async move {
+            let mut statuses = Vec::new();
+            for i in 0..25 {
+                let resource = ["a", "b", "c", "d"][rand::random_range(0..4)];
+                let token = next_token.fetch_add(1, Ordering::Relaxed);
+                let reply = client
+                    .put(resource, &format!("w{writer}"), token, format!("{i}"))
+                    .await;
+                statuses.push((reply.status, reply.json()));
+            }
+            statuses
+        });
+    }
+    let statuses: Vec<_> = writers.join_all().await.into_iter().flatten().collect();
+    for (status, body) in &statuses {
+        assert!(
+            matches!(status, 200 | 201 | 409),
+            "unexpected {status}: {body}"
+        );
+    }
+    let mut grouped = 0.0;
+    for client in &clients {
+        grouped += largest_group(client).await;
+    }
+    assert!(grouped > 2.0, "no group formed: the test proved nothing");
+    for gateway in &gateways {
+        let rolled_back = gateway.events("write group rolled back; applying its writes one by one");
+        assert!(rolled_back.is_empty(), "{rolled_back:?}");
+    }
+}
