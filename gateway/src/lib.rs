@@ -96,6 +96,7 @@ pub async fn run(
             &config.data_dir,
             config.group_commit_max,
             config.backend_timeout,
+            metrics.commit_group_size.clone(),
         )?),
     };
     let store = store.with_sql(sqlguard::SqlPolicy::from_config(&config));

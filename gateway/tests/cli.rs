@@ -24,6 +24,9 @@ fn help_names_every_flag_and_its_environment_variable() {
         ("--database-url", "DATABASE_URL"),
         ("--data-dir", "FENCEGATE_DATA_DIR"),
         ("--pool-size", "FENCEGATE_POOL_SIZE"),
+        ("--write-lanes", "FENCEGATE_WRITE_LANES"),
+        ("--group-commit-max", "FENCEGATE_GROUP_COMMIT_MAX"),
+        ("--threads", "FENCEGATE_THREADS"),
         ("--max-body", "FENCEGATE_MAX_BODY"),
         ("--cache-size", "FENCEGATE_CACHE_SIZE"),
         ("--metrics-resource-cap", "FENCEGATE_METRICS_RESOURCE_CAP"),
@@ -51,6 +54,18 @@ fn settings_that_cannot_work_are_refused_with_the_flag_named() {
         (&["--max-body", "1MB"][..], "--max-body"),
         (&["--backend-timeout", "soon"][..], "--backend-timeout"),
         (&["--group-commit-max", "0"][..], "--group-commit-max"),
+        (&["--write-lanes", "0"][..], "--write-lanes"),
+        (
+            &[
+                "--database-url",
+                "postgres://127.0.0.1:1/x",
+                "--pool-size",
+                "2",
+                "--write-lanes",
+                "3",
+            ][..],
+            "--write-lanes",
+        ),
     ] {
         let output = fencegate(args);
         assert!(!output.status.success(), "{args:?} was accepted");

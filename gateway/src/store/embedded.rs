@@ -101,10 +101,12 @@ enum Outcome {
 impl EmbeddedStore {
     /// Opens (or creates) `<data_dir>/fencegate.redb` and starts the writer thread.
     /// `group_max` is the most writes committed together; 1 commits each on its own.
+    /// `group_size` observes the size of every batch committed.
     pub fn open(
         data_dir: &Path,
         group_max: usize,
         timeout: Duration,
+        group_size: prometheus::Histogram,
     ) -> Result<EmbeddedStore, EmbeddedStartError> {
         std::fs::create_dir_all(data_dir).map_err(|source| EmbeddedStartError::DataDir {
             path: data_dir.to_owned(),
@@ -129,7 +131,7 @@ impl EmbeddedStore {
         let writer_db = Arc::clone(&db);
         std::thread::Builder::new()
             .name("fencegate-store-writer".into())
-            .spawn(move || writer(&writer_db, jobs, group_max.max(1)))
+            .spawn(move || writer(&writer_db, jobs, group_max.max(1), &group_size))
             .map_err(|source| EmbeddedStartError::DataDir {
                 path: path.clone(),
                 source,
@@ -299,7 +301,12 @@ fn has_foreign_tables(txn: &redb::WriteTransaction) -> bool {
 }
 
 /// The writer thread: batches waiting jobs into one transaction each.
-fn writer(db: &Database, mut jobs: mpsc::Receiver<Job>, group_max: usize) {
+fn writer(
+    db: &Database,
+    mut jobs: mpsc::Receiver<Job>,
+    group_max: usize,
+    group_size: &prometheus::Histogram,
+) {
     let mut batch: Vec<Job> = Vec::with_capacity(group_max);
     while let Some(first) = jobs.blocking_recv() {
         batch.push(first);
@@ -309,6 +316,7 @@ fn writer(db: &Database, mut jobs: mpsc::Receiver<Job>, group_max: usize) {
                 Err(_) => break,
             }
         }
+        group_size.observe(batch.len() as f64);
         match commit_batch(db, &batch) {
             Ok(outcomes) => {
                 for (job, outcome) in batch.drain(..).zip(outcomes) {
