@@ -21,7 +21,7 @@ pub const DEFAULT_SQL_MAX_ROWS: usize = 10_000;
 pub const DEFAULT_DATA_DIR: &str = "./fencegate-data";
 pub const DEFAULT_GROUP_COMMIT_MAX: usize = 256;
 pub const DEFAULT_WRITE_LANES: usize = 4;
-pub const DEFAULT_THREADS: usize = 1;
+pub const DEFAULT_THREADS: usize = 0;
 
 /// fencegate: a fencing gateway in front of your storage.
 ///
@@ -83,10 +83,9 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_WRITE_LANES", default_value_t = DEFAULT_WRITE_LANES)]
     pub write_lanes: usize,
 
-    /// Threads that serve requests. 1 runs the whole gateway on one thread: no hand-offs
-    /// between threads, so the least latency and CPU per write; the database, not this
-    /// thread, limits accepted writes. Raise it (0 = one per CPU core) when the fencegate
-    /// process keeps a whole core busy, e.g. answering a large stale flood.
+    /// Threads that serve requests; 0 starts one per CPU core. 1 runs the whole gateway
+    /// on one thread, with no hand-offs between threads: a little less CPU per accepted
+    /// write, but stale rejections then use at most one core.
     #[arg(long, env = "FENCEGATE_THREADS", default_value_t = DEFAULT_THREADS)]
     pub threads: usize,
 
