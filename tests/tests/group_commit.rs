@@ -84,7 +84,30 @@ async fn wait_for_lock_waiter(db: &TestDb) {
     panic!("the write to the blocker never waited for its lock");
 }
 
-/// Sends the writes from `each`, all at once, and returns their replies in order.
+/// Sends `writes` while the only lane is held up by the blocker, so that they queue,
+/// then releases it: the lane applies them as one group. Returns the replies in order.
+async fn send_as_one_group(
+    db: &TestDb,
+    client: &Client,
+    writes: Vec<(String, String, u64)>,
+) -> Vec<Reply> {
+    let blocker = Blocker::start(db, client).await;
+    let sent = tokio::spawn({
+        let client = client.clone();
+        async move { send_all(&client, writes).await }
+    });
+    // Give the writes time to queue behind the blocked lane.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    blocker.release().await;
+    let replies = sent.await.unwrap();
+    assert!(
+        largest_group(client).await >= 16.0,
+        "the queued writes were not applied as a group"
+    );
+    replies
+}
+
+/// Sends `writes` all at once, and returns their replies in order.
 async fn send_all(client: &Client, writes: Vec<(String, String, u64)>) -> Vec<Reply> {
     let mut set = JoinSet::new();
     for (i, (resource, key, token)) in writes.into_iter().enumerate() {
@@ -118,25 +141,13 @@ async fn largest_group(client: &Client) -> f64 {
 async fn each_write_of_a_group_is_checked_against_the_fence_the_writes_before_it_left() {
     let (db, gateway) = one_lane().await;
     let client = gateway.client();
-    let blocker = Blocker::start(&db, &client).await;
     // Random tokens on one key: which are accepted depends on the order inside the group.
     let writes: Vec<_> = (0..QUEUED)
         .map(|_| ("g".to_owned(), "k".to_owned(), rand::random_range(1..=12)))
         .collect();
     let tokens: Vec<u64> = writes.iter().map(|(_, _, token)| *token).collect();
-    let sent = tokio::spawn({
-        let client = client.clone();
-        async move { send_all(&client, writes).await }
-    });
-    // Give the writes time to queue behind the blocked lane.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    blocker.release().await;
-    let replies = sent.await.unwrap();
+    let replies = send_as_one_group(&db, &client, writes).await;
 
-    assert!(
-        largest_group(&client).await >= 16.0,
-        "the queued writes were not applied as a group"
-    );
     let mut accepted = Vec::new();
     for (token, reply) in tokens.iter().zip(&replies) {
         let body = reply.json();
@@ -181,7 +192,6 @@ async fn a_write_that_fails_leaves_nothing_and_does_not_fail_its_group() {
         )
         .await
         .unwrap();
-    let blocker = Blocker::start(&db, &client).await;
     let writes: Vec<_> = (0..QUEUED)
         .map(|i| {
             if i % 10 == 3 {
@@ -193,15 +203,8 @@ async fn a_write_that_fails_leaves_nothing_and_does_not_fail_its_group() {
         })
         .collect();
     let expected: Vec<_> = writes.clone();
-    let sent = tokio::spawn({
-        let client = client.clone();
-        async move { send_all(&client, writes).await }
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    blocker.release().await;
-    let replies = sent.await.unwrap();
+    let replies = send_as_one_group(&db, &client, writes).await;
 
-    assert!(largest_group(&client).await >= 16.0);
     for ((resource, key, token), reply) in expected.iter().zip(&replies) {
         if key == "poison" {
             assert_eq!(reply.status, 500, "{}", reply.json());
