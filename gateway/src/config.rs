@@ -20,7 +20,7 @@ pub const DEFAULT_SQL_STATEMENT_TIMEOUT: &str = "2s";
 pub const DEFAULT_SQL_MAX_ROWS: usize = 10_000;
 pub const DEFAULT_DATA_DIR: &str = "./fencegate-data";
 pub const DEFAULT_GROUP_COMMIT_MAX: usize = 256;
-pub const DEFAULT_WRITE_LANES: usize = 4;
+pub const DEFAULT_WRITE_LANES: usize = 2;
 pub const DEFAULT_THREADS: usize = 0;
 
 /// fencegate: a fencing gateway in front of your storage.
