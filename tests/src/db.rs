@@ -92,6 +92,16 @@ impl TestDb {
         connect(&self.url()).await
     }
 
+    /// Runs `sql` (one or more statements) on a new connection; panics with the SQL if
+    /// it fails. For setting up what a test needs next to the gateway's tables.
+    pub async fn execute(&self, sql: &str) {
+        self.client()
+            .await
+            .batch_execute(sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    }
+
     /// The durable highest token of `resource`, read straight from the gateway's table.
     pub async fn highest(&self, resource: &str) -> Option<i64> {
         self.client()

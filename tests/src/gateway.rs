@@ -169,6 +169,16 @@ pub struct Gateway {
 }
 
 impl Gateway {
+    /// A gateway on `db` with fenced SQL transactions enabled (`--sql`) and defaults
+    /// otherwise.
+    pub async fn with_sql(db: &crate::db::TestDb) -> Gateway {
+        Gateway::builder()
+            .database(&db.url())
+            .arg("--sql")
+            .spawn()
+            .await
+    }
+
     pub fn builder() -> GatewayBuilder {
         GatewayBuilder::default()
     }

@@ -179,19 +179,16 @@ async fn a_write_that_fails_leaves_nothing_and_does_not_fail_its_group() {
     let (db, gateway) = one_lane().await;
     let client = gateway.client();
     // A write the database refuses: a trigger raises on key `poison`.
-    db.client()
-        .await
-        .batch_execute(
-            "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+    db.execute(
+        "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
              BEGIN
                  IF NEW.key = 'poison' THEN RAISE EXCEPTION 'poisoned write'; END IF;
                  RETURN NEW;
              END $$;
              CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON fencegate.objects
                  FOR EACH ROW EXECUTE FUNCTION refuse_poison();",
-        )
-        .await
-        .unwrap();
+    )
+    .await;
     let writes: Vec<_> = (0..QUEUED)
         .map(|i| {
             if i % 10 == 3 {

@@ -10,26 +10,15 @@ use fencegate_tests::http::{metric_value, Client};
 use fencegate_tests::proxy::Proxy;
 use serde_json::{json, Value};
 
-async fn sql_gateway(db: &TestDb) -> Gateway {
-    Gateway::builder()
-        .database(&db.url())
-        .arg("--sql")
-        .spawn()
-        .await
-}
-
 /// The seed's tables: the sweeper's own state row, and the invoices it reminds.
 async fn sweeper_tables(db: &TestDb) {
-    db.client()
-        .await
-        .batch_execute(
-            "CREATE TABLE sweep_state (id int PRIMARY KEY, last_epoch bigint NOT NULL, note text);
-             INSERT INTO sweep_state VALUES (1, 0, 'never swept');
-             CREATE TABLE invoices (id bigint PRIMARY KEY, reminded_at timestamptz, reminded_by text);
-             INSERT INTO invoices (id) VALUES (123), (124);",
-        )
-        .await
-        .unwrap();
+    db.execute(
+        "CREATE TABLE sweep_state (id int PRIMARY KEY, last_epoch bigint NOT NULL, note text);
+         INSERT INTO sweep_state VALUES (1, 0, 'never swept');
+         CREATE TABLE invoices (id bigint PRIMARY KEY, reminded_at timestamptz, reminded_by text);
+         INSERT INTO invoices (id) VALUES (123), (124);",
+    )
+    .await;
 }
 
 /// One sweep: the sweeper's state row and one invoice, in one fenced transaction.
@@ -68,7 +57,7 @@ async fn reminded_by(db: &TestDb, invoice: i64) -> Option<String> {
 async fn stale_sweeper_updates_never_reach_the_tables() {
     let db = TestDb::create().await;
     sweeper_tables(&db).await;
-    let gateway = sql_gateway(&db).await;
+    let gateway = Gateway::with_sql(&db).await;
     let direct = gateway.client();
     let network = Proxy::start(gateway.addr()).await;
     let via_network = Client::new(format!("http://{}", network.addr()));
@@ -166,7 +155,7 @@ async fn stale_sweeper_updates_never_reach_the_tables() {
 async fn control_the_same_stale_update_sent_directly_lands() {
     let db = TestDb::create().await;
     sweeper_tables(&db).await;
-    let gateway = sql_gateway(&db).await;
+    let gateway = Gateway::with_sql(&db).await;
     assert_eq!(
         gateway
             .client()
@@ -197,12 +186,9 @@ async fn control_the_same_stale_update_sent_directly_lands() {
 #[tokio::test]
 async fn a_failing_statement_rolls_back_the_transaction_and_the_fence() {
     let db = TestDb::create().await;
-    db.client()
-        .await
-        .batch_execute("CREATE TABLE ledger (id int PRIMARY KEY, amount int NOT NULL)")
-        .await
-        .unwrap();
-    let gateway = sql_gateway(&db).await;
+    db.execute("CREATE TABLE ledger (id int PRIMARY KEY, amount int NOT NULL)")
+        .await;
+    let gateway = Gateway::with_sql(&db).await;
     let client = gateway.client();
 
     let insert = |id: i64| json!({"sql": "INSERT INTO ledger VALUES ($1, 10)", "params": [id]});
@@ -260,14 +246,11 @@ async fn a_failing_statement_rolls_back_the_transaction_and_the_fence() {
     );
 
     // An error at commit (a deferred constraint) names no statement.
-    db.client()
-        .await
-        .batch_execute(
-            "CREATE TABLE parent (id int PRIMARY KEY);
+    db.execute(
+        "CREATE TABLE parent (id int PRIMARY KEY);
              CREATE TABLE child (id int REFERENCES parent DEFERRABLE INITIALLY DEFERRED);",
-        )
-        .await
-        .unwrap();
+    )
+    .await;
     let failed = client
         .sql(
             "ledger",
@@ -294,12 +277,12 @@ async fn a_failing_statement_rolls_back_the_transaction_and_the_fence() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_writers_commit_in_token_order() {
     let db = TestDb::create().await;
-    db.client()
-        .await
-        .batch_execute("CREATE TABLE counter (id int PRIMARY KEY, n bigint NOT NULL); INSERT INTO counter VALUES (1, 0);")
-        .await
-        .unwrap();
-    let gateway = sql_gateway(&db).await;
+    db.execute(
+        "CREATE TABLE counter (id int PRIMARY KEY, n bigint NOT NULL);
+         INSERT INTO counter VALUES (1, 0);",
+    )
+    .await;
+    let gateway = Gateway::with_sql(&db).await;
     let client = gateway.client();
 
     let mut writers = Vec::new();
@@ -372,11 +355,7 @@ async fn concurrent_writers_commit_in_token_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_database_answers_503() {
     let db = TestDb::create().await;
-    db.client()
-        .await
-        .batch_execute("CREATE TABLE t (id int)")
-        .await
-        .unwrap();
+    db.execute("CREATE TABLE t (id int)").await;
     let network = Proxy::start(server_addr().await).await;
     let url = db.url_via(network.addr());
     let gateway = Gateway::builder()

@@ -20,16 +20,9 @@ async fn marks(db: &TestDb) -> i64 {
 #[tokio::test]
 async fn escapes_are_refused_before_anything_runs() {
     let db = TestDb::create().await;
-    db.client()
-        .await
-        .batch_execute("CREATE TABLE marks (id serial PRIMARY KEY, note text)")
-        .await
-        .unwrap();
-    let gateway = Gateway::builder()
-        .database(&db.url())
-        .arg("--sql")
-        .spawn()
+    db.execute("CREATE TABLE marks (id serial PRIMARY KEY, note text)")
         .await;
+    let gateway = Gateway::with_sql(&db).await;
     let client = gateway.client();
 
     let attempts = [
@@ -129,11 +122,7 @@ async fn escapes_are_refused_before_anything_runs() {
 #[tokio::test]
 async fn ddl_runs_only_with_the_flag() {
     let db = TestDb::create().await;
-    let without = Gateway::builder()
-        .database(&db.url())
-        .arg("--sql")
-        .spawn()
-        .await;
+    let without = Gateway::with_sql(&db).await;
     let create = json!({"statements": [{"sql": "CREATE TABLE jobs (id int PRIMARY KEY)"}]});
     assert_eq!(
         without

@@ -42,11 +42,7 @@ async fn one_statement_latency_gateway_vs_direct() {
         )
         .await
         .unwrap();
-    let gateway = Gateway::builder()
-        .database(&db.url())
-        .arg("--sql")
-        .spawn()
-        .await;
+    let gateway = Gateway::with_sql(&db).await;
     let client = gateway.client();
     let body =
         json!({"statements": [{"sql": UPDATE, "params": [2, "sweep by node-b"]}]}).to_string();

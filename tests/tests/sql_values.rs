@@ -54,19 +54,12 @@ async fn every_supported_type_round_trips() {
         .iter()
         .map(|(name, ty, _)| format!("{name} {ty}"))
         .collect();
-    db.client()
-        .await
-        .batch_execute(&format!(
-            "CREATE TABLE typed (id int PRIMARY KEY, {})",
-            definition.join(", ")
-        ))
-        .await
-        .unwrap();
-    let gateway = Gateway::builder()
-        .database(&db.url())
-        .arg("--sql")
-        .spawn()
-        .await;
+    db.execute(&format!(
+        "CREATE TABLE typed (id int PRIMARY KEY, {})",
+        definition.join(", ")
+    ))
+    .await;
+    let gateway = Gateway::with_sql(&db).await;
     let client = gateway.client();
 
     let names: Vec<&str> = columns.iter().map(|(name, _, _)| *name).collect();
@@ -149,11 +142,8 @@ async fn every_supported_type_round_trips() {
 #[tokio::test]
 async fn each_error_is_answered_with_its_code() {
     let db = TestDb::create().await;
-    db.client()
-        .await
-        .batch_execute("CREATE TABLE t (id int PRIMARY KEY, at timestamptz)")
-        .await
-        .unwrap();
+    db.execute("CREATE TABLE t (id int PRIMARY KEY, at timestamptz)")
+        .await;
     let gateway = Gateway::builder()
         .database(&db.url())
         .arg("--sql")

@@ -73,7 +73,7 @@ pub struct StoredObject {
 }
 
 /// Why a backend operation failed. Messages never contain connection strings or SQL.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The backend could not be reached or went away. `applied` is `Some(false)` when
     /// the write certainly did not commit, `None` when it may have.

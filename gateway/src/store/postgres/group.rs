@@ -118,8 +118,8 @@ impl GroupCommit {
 
 /// One lane: take what is queued, apply it, answer, repeat.
 async fn lane(lanes: Arc<Lanes>) {
-    let mut group = Vec::with_capacity(lanes.max_group);
     loop {
+        let mut group = Vec::new();
         {
             // One lane at a time waits for writes; the others are busy or queue behind it.
             let mut receiver = lanes.receiver.lock().await;
@@ -128,14 +128,14 @@ async fn lane(lanes: Arc<Lanes>) {
             }
         }
         lanes.group_size.observe(group.len() as f64);
-        apply_group(&lanes.pool, &mut group).await;
+        apply_group(&lanes.pool, group).await;
     }
 }
 
-async fn apply_group(pool: &Pool, group: &mut Vec<Queued>) {
+async fn apply_group(pool: &Pool, group: Vec<Queued>) {
     let now = Instant::now();
     let (mut group, expired): (Vec<Queued>, Vec<Queued>) =
-        group.drain(..).partition(|queued| queued.deadline > now);
+        group.into_iter().partition(|queued| queued.deadline > now);
     for queued in expired {
         let _ = queued.reply.send(Err(StoreError::Unavailable {
             reason: UnavailableReason::Timeout,
@@ -159,7 +159,7 @@ async fn apply_group(pool: &Pool, group: &mut Vec<Queued>) {
         }
         Err(error) => {
             for queued in group {
-                let _ = queued.reply.send(Err(clone_error(&error)));
+                let _ = queued.reply.send(Err(error.clone()));
             }
         }
     }
@@ -178,7 +178,7 @@ async fn apply_on(client: &Object, writes: &[&Write]) -> Vec<Answer> {
     }
     match group_transaction(client, writes).await {
         GroupResult::Committed(answers) => answers,
-        GroupResult::Failed(error) => writes.iter().map(|_| Err(clone_error(&error))).collect(),
+        GroupResult::Failed(error) => vec![Err(error); writes.len()],
         GroupResult::RolledBack => {
             // A statement failed, so nothing of the group remains; give every write its
             // own statement and its own answer.
@@ -309,14 +309,4 @@ async fn pipeline<'a, A, B, C>(
         answers,
         last.as_mut().take_output().expect("awaited above"),
     )
-}
-
-fn clone_error(error: &StoreError) -> StoreError {
-    match error {
-        StoreError::Unavailable { reason, applied } => StoreError::Unavailable {
-            reason: *reason,
-            applied: *applied,
-        },
-        StoreError::Internal(message) => StoreError::Internal(message.clone()),
-    }
 }
