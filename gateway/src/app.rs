@@ -11,11 +11,14 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::fence_cache::FenceCache;
 use crate::metrics::Metrics;
+use crate::sql::SqlEndpoint;
 use crate::store::{AdvanceOutcome, Store, StoreError, Write, WriteOutcome};
 
 /// Everything a request handler needs.
 pub struct App {
     pub store: Store,
+    /// Fenced SQL transactions (`/v1/sql`), if this gateway runs them.
+    pub sql: SqlEndpoint,
     /// Highest committed token per resource; see its module for the invariant.
     pub cache: FenceCache,
     pub metrics: Metrics,
@@ -80,9 +83,10 @@ impl LogBudget {
 }
 
 impl App {
-    pub fn new(config: &Config, store: Store, metrics: Metrics) -> App {
+    pub fn new(config: &Config, store: Store, sql: SqlEndpoint, metrics: Metrics) -> App {
         App {
             store,
+            sql,
             cache: FenceCache::new(config.cache_size),
             metrics,
             max_body: config.max_body,
@@ -106,27 +110,35 @@ impl App {
         }
     }
 
-    /// Applies a fenced write.
-    ///
-    /// The backend call runs in its own task, so that a client that disconnects
-    /// cannot cancel it between commit and cache update: whatever the backend commits
-    /// is recorded, whether or not anyone is still waiting for the answer.
+    /// Runs a backend call in its own task, so that a client that disconnects cannot
+    /// cancel it between commit and cache update: whatever the backend commits is
+    /// recorded by `call` itself, whether or not anyone still waits for the answer.
+    pub async fn detached<T: Send + 'static>(
+        &self,
+        call: impl std::future::Future<Output = T> + Send + 'static,
+    ) -> Result<T, ApiError> {
+        tokio::spawn(call)
+            .await
+            .map_err(|error| StoreError::Internal(format!("backend task failed: {error}")).into())
+    }
+
+    /// Applies a fenced write; see [`App::detached`].
     pub async fn write(
         self: &Arc<Self>,
         write: Write,
         fencing: &Fencing,
     ) -> Result<WriteOutcome, ApiError> {
         let app = Arc::clone(self);
-        let (write, outcome) = tokio::spawn(async move {
-            let outcome = app.store.write(&write).await;
-            if let Ok(WriteOutcome::Applied { .. }) = outcome {
-                app.committed(&write.resource, write.token);
-            }
-            app.backend_result(&outcome);
-            (write, outcome)
-        })
-        .await
-        .map_err(|error| StoreError::Internal(format!("write task failed: {error}")))?;
+        let (write, outcome) = self
+            .detached(async move {
+                let outcome = app.store.write(&write).await;
+                if let Ok(WriteOutcome::Applied { .. }) = outcome {
+                    app.committed(&write.resource, write.token);
+                }
+                app.backend_result(&outcome);
+                (write, outcome)
+            })
+            .await?;
         match outcome? {
             WriteOutcome::Stale { highest } => {
                 Err(self.stale(&write.resource, Some(&write.key), fencing, highest))
@@ -146,16 +158,16 @@ impl App {
     ) -> Result<(), ApiError> {
         let app = Arc::clone(self);
         let (task_resource, token) = (resource.clone(), fencing.token);
-        let outcome = tokio::spawn(async move {
-            let outcome = app.store.advance(&task_resource, token).await;
-            if let Ok(AdvanceOutcome::Applied) = outcome {
-                app.committed(&task_resource, token);
-            }
-            app.backend_result(&outcome);
-            outcome
-        })
-        .await
-        .map_err(|error| StoreError::Internal(format!("advance task failed: {error}")))?;
+        let outcome = self
+            .detached(async move {
+                let outcome = app.store.advance(&task_resource, token).await;
+                if let Ok(AdvanceOutcome::Applied) = outcome {
+                    app.committed(&task_resource, token);
+                }
+                app.backend_result(&outcome);
+                outcome
+            })
+            .await?;
         match outcome? {
             AdvanceOutcome::Applied => Ok(()),
             AdvanceOutcome::Stale { highest } => Err(self.stale(resource, None, fencing, highest)),
@@ -206,18 +218,24 @@ impl App {
     /// Keeps `fencegate_backend_errors_total` and `fencegate_backend_ready` current.
     pub fn backend_result<T>(&self, result: &Result<T, StoreError>) {
         match result {
-            Ok(_) => self.metrics.backend_ready.set(1),
-            Err(error) => {
-                self.metrics
-                    .backend_errors
-                    .with_label_values(&[error.kind()])
-                    .inc();
-                if let StoreError::Unavailable { .. } = error {
-                    self.metrics.backend_ready.set(0);
-                } else {
-                    tracing::error!(%error, "backend error");
-                }
-            }
+            Ok(_) => self.backend_succeeded(),
+            Err(error) => self.backend_failed(error),
+        }
+    }
+
+    pub fn backend_succeeded(&self) {
+        self.metrics.backend_ready.set(1);
+    }
+
+    pub fn backend_failed(&self, error: &StoreError) {
+        self.metrics
+            .backend_errors
+            .with_label_values(&[error.kind()])
+            .inc();
+        if let StoreError::Unavailable { .. } = error {
+            self.metrics.backend_ready.set(0);
+        } else {
+            tracing::error!(%error, "backend error");
         }
     }
 }

@@ -18,6 +18,8 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: &str = "30s";
 pub const DEFAULT_SQL_MAX_STATEMENTS: usize = 100;
 pub const DEFAULT_SQL_STATEMENT_TIMEOUT: &str = "2s";
 pub const DEFAULT_SQL_MAX_ROWS: usize = 10_000;
+pub const DEFAULT_SQL_POOL_SIZE: usize = 8;
+pub const DEFAULT_SQL_MAX_STATEMENT_SIZE: &str = "64KiB";
 pub const DEFAULT_DATA_DIR: &str = "./fencegate-data";
 pub const DEFAULT_GROUP_COMMIT_MAX: usize = 256;
 pub const DEFAULT_WRITE_LANES: usize = 2;
@@ -41,16 +43,65 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the gateway (the default when no command is given).
-    Serve(Config),
+    Serve(Box<Config>),
+    #[command(flatten)]
+    Tables(TablesCommand),
+}
+
+/// The commands for fenced tables ([`crate::dbfence::admin`]).
+#[derive(Debug, Subcommand)]
+pub enum TablesCommand {
+    /// Fence a table of your own: from now on every INSERT, UPDATE, DELETE, TRUNCATE and
+    /// COPY on it (and on its partitions, present and future) must present a current
+    /// fencing token for RESOURCE, or it fails inside its transaction. Run it as the
+    /// table's owner; writers must not own it.
+    Protect(ProtectArgs),
+    /// Remove the fence from a table and its partitions.
+    Unprotect(UnprotectArgs),
+    /// Audit the fenced tables: partitions without the fence, triggers not enabled
+    /// ALWAYS, writers that own fenced tables, roles that can write fencegate's own
+    /// tables. Exits 1 if it finds a problem.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ProtectArgs {
+    /// The table, as SQL names it: `orders`, `app.orders`, `"Orders"`.
+    pub table: String,
+    /// The fence scope: the name of the lease whose tokens writers present.
+    #[arg(long)]
+    pub resource: String,
+    #[command(flatten)]
+    pub database: AdminDatabase,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct UnprotectArgs {
+    /// The table, as SQL names it.
+    pub table: String,
+    #[command(flatten)]
+    pub database: AdminDatabase,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub database: AdminDatabase,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct AdminDatabase {
+    /// Postgres connection string of a role that owns the tables (and may create or
+    /// migrate schema `fencegate`).
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: String,
 }
 
 impl Cli {
-    /// The configuration to serve with, whether or not `serve` was spelled out.
-    pub fn into_config(self) -> Config {
-        match self.command {
-            Some(Command::Serve(config)) => config,
-            None => self.serve,
-        }
+    /// The command to run: `serve` with the top-level flags unless another was given.
+    pub fn into_command(self) -> Command {
+        self.command
+            .unwrap_or_else(|| Command::Serve(Box::new(self.serve)))
     }
 }
 
@@ -132,13 +183,26 @@ pub struct Config {
     pub log: String,
 
     /// Enable fenced SQL transactions (`POST /v1/sql/{resource}`): writers' own
-    /// statements run in the fence check's transaction. Postgres backend only.
+    /// statements run in the fence check's transaction. Postgres backend only; needs
+    /// --sql-database-url.
     #[arg(long, env = "FENCEGATE_SQL")]
     pub sql: bool,
 
+    /// Postgres connection string for writers' SQL: the login of a writer-only role,
+    /// which may not be a superuser, create roles, own schema `fencegate` or write its
+    /// tables, nor be able to switch to a role that can. The gateway grants it EXECUTE on
+    /// `fencegate.fence()`; grant it the writers' tables yourself. Same database as
+    /// --database-url.
+    #[arg(long, env = "FENCEGATE_SQL_DATABASE_URL", hide_env_values = true)]
+    pub sql_database_url: Option<String>,
+
+    /// Most connections of the --sql-database-url pool.
+    #[arg(long, env = "FENCEGATE_SQL_POOL_SIZE", default_value_t = DEFAULT_SQL_POOL_SIZE)]
+    pub sql_pool_size: usize,
+
     /// Role every SQL transaction switches to (`SET LOCAL ROLE`) before the writer's
-    /// statements, so that writers get only its privileges. The gateway's database user
-    /// must be a member of it.
+    /// statements, to narrow the --sql-database-url login further. The login must be a
+    /// member of it.
     #[arg(long, env = "FENCEGATE_SQL_ROLE")]
     pub sql_role: Option<String>,
 
@@ -160,6 +224,11 @@ pub struct Config {
     /// are counted but left out, and the answer says so (`truncated`).
     #[arg(long, env = "FENCEGATE_SQL_MAX_ROWS", default_value_t = DEFAULT_SQL_MAX_ROWS)]
     pub sql_max_rows: usize,
+
+    /// Longest SQL text of one statement (bytes, KiB, MiB); longer ones are refused
+    /// before they are parsed.
+    #[arg(long, env = "FENCEGATE_SQL_MAX_STATEMENT_SIZE", default_value = DEFAULT_SQL_MAX_STATEMENT_SIZE, value_parser = parse_size)]
+    pub sql_max_statement_size: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -205,13 +274,25 @@ impl Config {
     fn validate_sql(&self) -> Result<(), ConfigError> {
         let fail = |msg: &str| Err(ConfigError(msg.to_owned()));
         if !self.sql {
-            if self.sql_role.is_some() || self.sql_allow_ddl {
-                return fail("--sql-role and --sql-allow-ddl need --sql");
+            if self.sql_role.is_some() || self.sql_allow_ddl || self.sql_database_url.is_some() {
+                return fail("--sql-database-url, --sql-role and --sql-allow-ddl need --sql");
             }
             return Ok(());
         }
         if self.database_url.is_none() {
             return fail("--sql needs the Postgres backend (--database-url)");
+        }
+        if self.sql_database_url.is_none() {
+            return fail(
+                "--sql needs --sql-database-url: the login of a writer-only role for writers' \
+                 SQL, separate from the gateway's own --database-url (see docs/sql.md)",
+            );
+        }
+        if self.sql_pool_size == 0 {
+            return fail("--sql-pool-size must be at least 1");
+        }
+        if self.sql_max_statement_size == 0 {
+            return fail("--sql-max-statement-size must be at least 1 byte");
         }
         if self
             .sql_role
@@ -267,8 +348,12 @@ mod tests {
     use super::*;
 
     fn parse(args: &[&str]) -> Result<Config, clap::Error> {
-        Cli::try_parse_from(std::iter::once("fencegate").chain(args.iter().copied()))
-            .map(Cli::into_config)
+        Cli::try_parse_from(std::iter::once("fencegate").chain(args.iter().copied())).map(|cli| {
+            match cli.into_command() {
+                Command::Serve(config) => *config,
+                other => panic!("not serve: {other:?}"),
+            }
+        })
     }
 
     #[test]
@@ -318,12 +403,12 @@ mod tests {
     #[test]
     fn sql_settings() {
         let sql = |extra: &[&str]| {
-            let mut args = vec!["--database-url", "x", "--sql"];
+            let mut args = vec!["--database-url", "x", "--sql", "--sql-database-url", "y"];
             args.extend_from_slice(extra);
             parse(&args).unwrap().validate().map_err(|e| e.to_string())
         };
         assert!(sql(&[]).is_ok());
-        let config = parse(&["--database-url", "x", "--sql"]).unwrap();
+        let config = parse(&["--database-url", "x", "--sql", "--sql-database-url", "y"]).unwrap();
         assert_eq!(config.sql_max_statements, DEFAULT_SQL_MAX_STATEMENTS);
         assert_eq!(config.sql_statement_timeout, Duration::from_secs(2));
         assert!(sql(&["--sql-role", "writer", "--sql-allow-ddl"]).is_ok());
@@ -331,6 +416,11 @@ mod tests {
             (&["--sql-max-statements", "0"][..], "--sql-max-statements"),
             (&["--sql-max-rows", "0"], "--sql-max-rows"),
             (&["--sql-role", ""], "--sql-role"),
+            (&["--sql-pool-size", "0"], "--sql-pool-size"),
+            (
+                &["--sql-max-statement-size", "0"],
+                "--sql-max-statement-size",
+            ),
             (
                 &["--sql-statement-timeout", "10s"],
                 "--sql-statement-timeout",
@@ -351,5 +441,37 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("--database-url"), "{err}");
+        let err = parse(&["--database-url", "x", "--sql"])
+            .unwrap()
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--sql-database-url"), "{err}");
+    }
+
+    #[test]
+    fn admin_commands() {
+        let cli = Cli::try_parse_from([
+            "fencegate",
+            "protect",
+            "app.orders",
+            "--resource",
+            "orders",
+            "--database-url",
+            "postgres://x",
+        ])
+        .unwrap();
+        match cli.command {
+            Some(Command::Tables(TablesCommand::Protect(args))) => {
+                assert_eq!(
+                    (args.table.as_str(), args.resource.as_str()),
+                    ("app.orders", "orders")
+                );
+                assert_eq!(args.database.database_url, "postgres://x");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from(["fencegate", "protect", "t", "--database-url", "x"]).is_err());
+        assert!(Cli::try_parse_from(["fencegate", "check", "--database-url", "x"]).is_ok());
     }
 }

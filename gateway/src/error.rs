@@ -5,7 +5,6 @@ use fencegate_proto::body::ErrorBody;
 use fencegate_proto::path::PathError;
 use fencegate_proto::{ErrorCode, ProtoError, ResourceName, Token};
 
-use crate::store::postgres::SqlRefusal;
 use crate::store::StoreError;
 
 /// Everything a request can fail with.
@@ -31,16 +30,10 @@ pub enum ApiError {
     VersionMismatch { current: Option<u64> },
     #[error(transparent)]
     Store(#[from] StoreError),
-    #[error("SQL transactions are not enabled on this gateway (--sql, Postgres backend)")]
-    SqlDisabled,
-    #[error("invalid SQL request: {0}")]
-    InvalidSqlRequest(String),
-    #[error("{given} statements in one transaction; the limit is {limit}")]
-    TooManyStatements { given: usize, limit: usize },
-    #[error("statement {statement} is not allowed: {reason}")]
-    StatementNotAllowed { statement: usize, reason: String },
-    #[error(transparent)]
-    Sql(#[from] SqlRefusal),
+    /// An endpoint's own refusal, with the whole client-facing body (its code decides
+    /// the status): how endpoint modules add errors without this enum knowing them.
+    #[error("{}", .0.message)]
+    Refused(Box<ErrorBody>),
 }
 
 impl From<PathError> for ApiError {
@@ -64,19 +57,15 @@ impl ApiError {
             ApiError::VersionMismatch { .. } => ErrorCode::VersionMismatch,
             ApiError::Store(StoreError::Unavailable { .. }) => ErrorCode::BackendUnavailable,
             ApiError::Store(StoreError::Internal(_)) => ErrorCode::Internal,
-            ApiError::SqlDisabled => ErrorCode::SqlDisabled,
-            ApiError::InvalidSqlRequest(_) => ErrorCode::InvalidBody,
-            ApiError::TooManyStatements { .. } => ErrorCode::TooManyStatements,
-            ApiError::StatementNotAllowed { .. } => ErrorCode::StatementNotAllowed,
-            ApiError::Sql(SqlRefusal::Failed { .. }) => ErrorCode::SqlError,
-            ApiError::Sql(SqlRefusal::InvalidParam { .. }) => ErrorCode::InvalidParam,
-            ApiError::Sql(SqlRefusal::UnsupportedType { .. }) => ErrorCode::UnsupportedType,
-            ApiError::Sql(SqlRefusal::NotSupportedByBackend) => ErrorCode::NotSupportedByBackend,
+            ApiError::Refused(body) => body.error,
         }
     }
 
     /// The body a client sees. Internal details (SQL, addresses) stay in the logs.
     pub fn body(&self) -> ErrorBody {
+        if let ApiError::Refused(body) = self {
+            return (**body).clone();
+        }
         let code = self.code();
         let mut body = ErrorBody::new(code, self.to_string());
         match self {
@@ -113,33 +102,6 @@ impl ApiError {
             ApiError::Store(StoreError::Internal(_)) => {
                 body.message =
                     "an internal error occurred; nothing is known to have been applied".to_owned();
-            }
-            ApiError::StatementNotAllowed { statement, .. } => body.statement = Some(*statement),
-            ApiError::Sql(SqlRefusal::Failed {
-                statement,
-                sqlstate,
-                ..
-            }) => {
-                body.statement = *statement;
-                body.sqlstate = Some(sqlstate.clone());
-            }
-            ApiError::Sql(
-                SqlRefusal::InvalidParam {
-                    statement,
-                    parameter,
-                    ..
-                }
-                | SqlRefusal::UnsupportedType {
-                    statement,
-                    parameter: Some(parameter),
-                    ..
-                },
-            ) => {
-                body.statement = Some(*statement);
-                body.parameter = Some(*parameter);
-            }
-            ApiError::Sql(SqlRefusal::UnsupportedType { statement, .. }) => {
-                body.statement = Some(*statement);
             }
             _ => {}
         }

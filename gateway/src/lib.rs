@@ -14,7 +14,10 @@
 //! - [`app`]: shared state, and the steps of a fenced write (cache check, backend, record).
 //! - [`fence_cache`]: resource -> highest committed token, for rejecting stale writes early.
 //! - [`store`]: the backends, with the contract every one of them keeps.
-//! - [`sqlguard`]: which writer SQL a fenced SQL transaction may run, and its limits.
+//! - [`dbfence`]: the fence check inside Postgres, for writers' own tables: the
+//!   `fencegate.fence()` function, the triggers of protected tables, and the
+//!   `protect`/`unprotect`/`check` commands.
+//! - [`sql`]: fenced SQL transactions (`/v1/sql`) on a writer-only login.
 //! - [`metrics`], [`telemetry`]: Prometheus metrics and logging.
 //!
 //! # Invariants
@@ -33,11 +36,12 @@
 pub mod api;
 pub mod app;
 pub mod config;
+pub mod dbfence;
 pub mod error;
 pub mod fence_cache;
 pub mod metrics;
 pub mod server;
-pub mod sqlguard;
+pub mod sql;
 pub mod store;
 pub mod telemetry;
 
@@ -51,6 +55,7 @@ pub use config::{Cli, Config};
 use crate::app::App;
 use crate::config::ConfigError;
 use crate::metrics::Metrics;
+use crate::sql::{SqlEndpoint, SqlService, SqlStartError};
 use crate::store::embedded::EmbeddedStartError;
 use crate::store::postgres::{PgOptions, PgStartError};
 use crate::store::{EmbeddedStore, PgStore, Store};
@@ -64,6 +69,8 @@ pub enum StartError {
     Postgres(#[from] PgStartError),
     #[error(transparent)]
     Embedded(#[from] EmbeddedStartError),
+    #[error(transparent)]
+    Sql(#[from] SqlStartError),
     #[error("the listener has no local address: {0}")]
     Listener(std::io::Error),
 }
@@ -99,8 +106,14 @@ pub async fn run(
             metrics.commit_group_size.clone(),
         )?),
     };
-    let store = store.with_sql(sqlguard::SqlPolicy::from_config(&config));
-    let app = Arc::new(App::new(&config, store, metrics));
+    let sql = match &store {
+        Store::Postgres(pg) if config.sql => {
+            SqlEndpoint::Enabled(Arc::new(SqlService::connect(&config, pg).await?))
+        }
+        Store::Postgres(_) => SqlEndpoint::Disabled,
+        Store::Embedded(_) => SqlEndpoint::NotSupported,
+    };
+    let app = Arc::new(App::new(&config, store, sql, metrics));
     let addr = listener.local_addr().map_err(StartError::Listener)?;
     tracing::info!(%addr, backend = %app.store.describe(), "fencegate ready");
     server::serve(listener, app, shutdown, config.shutdown_timeout).await;

@@ -1,11 +1,22 @@
-//! The `fencegate` binary: parse the configuration, set up logging, bind, run.
+//! The `fencegate` binary: parse the command line, set up logging, then serve or run
+//! one of the fenced-table commands.
+
+use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use fencegate_gateway::{config::Cli, telemetry};
+use fencegate_gateway::config::{Cli, Command, Config, LogFormat, TablesCommand};
+use fencegate_gateway::dbfence::admin;
+use fencegate_gateway::telemetry;
 
-fn main() -> anyhow::Result<()> {
-    let config = Cli::parse().into_config();
+fn main() -> anyhow::Result<ExitCode> {
+    match Cli::parse().into_command() {
+        Command::Serve(config) => serve(*config).map(|()| ExitCode::SUCCESS),
+        Command::Tables(command) => tables(command),
+    }
+}
+
+fn serve(config: Config) -> anyhow::Result<()> {
     config.validate()?;
     telemetry::init(config.log_format, &config.log).context("invalid --log filter")?;
     let runtime = if config.threads == 1 {
@@ -27,6 +38,22 @@ fn main() -> anyhow::Result<()> {
         let shutdown = shutdown_signal().context("could not install the signal handlers")?;
         fencegate_gateway::run(config, listener, shutdown).await?;
         Ok(())
+    })
+}
+
+/// Runs a fenced-table command on a single-threaded runtime; exit status 1 if `check`
+/// found a problem.
+fn tables(command: TablesCommand) -> anyhow::Result<ExitCode> {
+    telemetry::init(LogFormat::Text, "warn").context("could not set up logging")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("could not start the async runtime")?;
+    let clean = runtime.block_on(admin::run(command))?;
+    Ok(if clean {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     })
 }
 

@@ -3,10 +3,13 @@
 //! The server is the machine's Postgres (`FENCEGATE_TEST_PG`, default
 //! `postgres://postgres@127.0.0.1:5432`). Each [`TestDb`] creates a uniquely named
 //! database and drops it when the value is dropped, so tests never see each other's
-//! fences and can run in parallel.
+//! fences and can run in parallel. Roles belong to the whole server, so the roles a
+//! test creates ([`TestDb::create_role`]) carry the database's name and are dropped
+//! with it.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 
 use tokio_postgres::{Client, NoTls};
 
@@ -56,7 +59,20 @@ pub fn via(url: &str, addr: SocketAddr) -> String {
 pub struct TestDb {
     name: String,
     server: String,
+    /// Roles created for this test, dropped after the database.
+    roles: Mutex<Vec<String>>,
 }
+
+/// The privileges of the writer role of [`TestDb::writer`]: the data of schema
+/// `public`, now and for tables created later by `postgres`.
+const WRITER_GRANTS: &str = "
+    GRANT USAGE ON SCHEMA public TO {role};
+    GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON ALL TABLES IN SCHEMA public TO {role};
+    GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA public TO {role};
+    ALTER DEFAULT PRIVILEGES FOR ROLE postgres IN SCHEMA public
+        GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON TABLES TO {role};
+    ALTER DEFAULT PRIVILEGES FOR ROLE postgres IN SCHEMA public
+        GRANT USAGE, SELECT ON SEQUENCES TO {role};";
 
 impl TestDb {
     /// Creates an empty database. Panics, with instructions, if Postgres is unreachable.
@@ -74,7 +90,53 @@ impl TestDb {
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
             .unwrap_or_else(|e| panic!("could not create test database {name}: {e}"));
-        TestDb { name, server }
+        TestDb {
+            name,
+            server,
+            roles: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The database's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Creates a role that can log in, named `<database>_<suffix>`, with `attributes`
+    /// (e.g. `NOSUPERUSER`, `CREATEROLE`); dropped with the database. Returns its name.
+    pub async fn create_role(&self, suffix: &str, attributes: &str) -> String {
+        let role = format!("{}_{suffix}", self.name);
+        self.execute(&format!("CREATE ROLE {role} LOGIN {attributes}"))
+            .await;
+        self.roles.lock().unwrap().push(role.clone());
+        role
+    }
+
+    /// The writer-only role for fenced SQL, `<database>_writer`, created on first use:
+    /// it may read and write the tables of schema `public` (also those created later),
+    /// and nothing of the gateway's. Returns its connection string.
+    pub async fn writer(&self) -> String {
+        let role = self.writer_role();
+        if !self.roles.lock().unwrap().contains(&role) {
+            self.create_role("writer", "").await;
+            self.execute(&WRITER_GRANTS.replace("{role}", &role)).await;
+        }
+        self.url_as(&role)
+    }
+
+    /// The name of [`TestDb::writer`]'s role.
+    pub fn writer_role(&self) -> String {
+        format!("{}_writer", self.name)
+    }
+
+    /// This database's URL, logging in as `role` (trust auth).
+    pub fn url_as(&self, role: &str) -> String {
+        let server = self
+            .server
+            .split_once("://")
+            .map_or(self.server.as_str(), |(_, rest)| rest);
+        let host = server.rsplit_once('@').map_or(server, |(_, host)| host);
+        format!("postgres://{role}@{host}/{}", self.name)
     }
 
     /// The connection string of this database.
@@ -134,6 +196,7 @@ impl Drop for TestDb {
     fn drop(&mut self) {
         // Drop runs outside any runtime we may use, so clean up on a thread of its own.
         let (server, name) = (self.server.clone(), self.name.clone());
+        let roles = std::mem::take(&mut *self.roles.lock().unwrap());
         let cleanup = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -145,10 +208,16 @@ impl Drop for TestDb {
                         .await
                         .ok()?;
                 tokio::spawn(connection);
-                client
+                let dropped = client
                     .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
                     .await
-                    .ok()
+                    .ok();
+                for role in roles {
+                    let _ = client
+                        .batch_execute(&format!("DROP ROLE IF EXISTS {role}"))
+                        .await;
+                }
+                dropped
             })
         });
         let _ = cleanup.join();

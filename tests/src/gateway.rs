@@ -64,6 +64,11 @@ impl GatewayBuilder {
         self.arg("--database-url").arg(url)
     }
 
+    /// `--sql`, running writers' SQL as the login of `url` (`--sql-database-url`).
+    pub fn sql_as(self, url: &str) -> Self {
+        self.arg("--sql").arg("--sql-database-url").arg(url)
+    }
+
     /// Any other flag or value.
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
         self.args.push(arg.into());
@@ -169,12 +174,12 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// A gateway on `db` with fenced SQL transactions enabled (`--sql`) and defaults
-    /// otherwise.
+    /// A gateway on `db` with fenced SQL transactions enabled (`--sql`), run as the
+    /// database's writer role ([`crate::db::TestDb::writer`]), and defaults otherwise.
     pub async fn with_sql(db: &crate::db::TestDb) -> Gateway {
         Gateway::builder()
             .database(&db.url())
-            .arg("--sql")
+            .sql_as(&db.writer().await)
             .spawn()
             .await
     }

@@ -6,6 +6,8 @@
 //! - [`db`]: a fresh database per test on the machine's Postgres, dropped afterwards.
 //! - [`deployment`]: a gateway with its own fresh store, for tests run against every
 //!   backend (`backend_tests!`).
+//! - [`fenced`]: fenced tables in a fresh database, and writers connected straight to
+//!   Postgres.
 //! - [`gateway`]: spawns the built `fencegate` binary on a free port and waits for its
 //!   "ready" log line; SIGTERM, SIGKILL, restart, captured logs.
 //! - [`http`]: a small client for the gateway's API.
@@ -20,6 +22,7 @@
 
 pub mod db;
 pub mod deployment;
+pub mod fenced;
 pub mod gateway;
 pub mod http;
 pub mod lease;

@@ -358,9 +358,10 @@ async fn an_unreachable_database_answers_503() {
     db.execute("CREATE TABLE t (id int)").await;
     let network = Proxy::start(server_addr().await).await;
     let url = db.url_via(network.addr());
+    let writer = fencegate_tests::db::via(&db.writer().await, network.addr());
     let gateway = Gateway::builder()
         .database(&url)
-        .arg("--sql")
+        .sql_as(&writer)
         .arg("--backend-timeout")
         .arg("1s")
         .arg("--sql-statement-timeout")

@@ -133,9 +133,16 @@ async fn ddl_runs_only_with_the_flag() {
         "statement_not_allowed"
     );
 
+    // DDL needs the privilege to create tables as well as the flag.
+    let writer = db.writer().await;
+    db.execute(&format!(
+        "GRANT CREATE ON SCHEMA public TO {}",
+        db.writer_role()
+    ))
+    .await;
     let with = Gateway::builder()
         .database(&db.url())
-        .arg("--sql")
+        .sql_as(&writer)
         .arg("--sql-allow-ddl")
         .spawn()
         .await;

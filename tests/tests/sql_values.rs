@@ -146,7 +146,7 @@ async fn each_error_is_answered_with_its_code() {
         .await;
     let gateway = Gateway::builder()
         .database(&db.url())
-        .arg("--sql")
+        .sql_as(&db.writer().await)
         .arg("--sql-max-statements")
         .arg("3")
         .arg("--sql-max-rows")

@@ -203,36 +203,6 @@ impl Store {
     }
 }
 
-/// Fenced SQL transactions (`/v1/sql`): the Postgres backend only.
-impl Store {
-    /// Enables SQL transactions with `policy`; other backends ignore it and keep
-    /// answering that they do not run SQL.
-    pub fn with_sql(self, policy: Option<crate::sqlguard::SqlPolicy>) -> Store {
-        match self {
-            Store::Postgres(store) => Store::Postgres(store.with_sql(policy)),
-            Store::Embedded(store) => Store::Embedded(store),
-        }
-    }
-
-    /// The SQL policy, if SQL transactions are enabled.
-    pub fn sql_policy(&self) -> Option<&crate::sqlguard::SqlPolicy> {
-        match self {
-            Store::Postgres(store) => store.sql_policy(),
-            Store::Embedded(_) => None,
-        }
-    }
-
-    pub async fn sql(
-        &self,
-        tx: &postgres::SqlTransaction,
-    ) -> Result<postgres::SqlOutcome, postgres::SqlFailure> {
-        match self {
-            Store::Postgres(store) => store.sql(tx).await,
-            Store::Embedded(_) => Err(postgres::SqlRefusal::NotSupportedByBackend.into()),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,6 +1,6 @@
 //! The clients the load generator drives: one per concurrent writer.
 //!
-//! - [`Writer::Direct`]: the gateway's own fenced-write statement ([`sql::FENCED_PUT`]),
+//! - [`Writer::Direct`]: the gateway's own fenced-write statement ([`statements::FENCED_PUT`]),
 //!   prepared and run through a deadpool pool configured as the gateway configures its
 //!   own (same size, same recycling), so that the baseline is what a careful user would
 //!   write by hand.
@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
-use fencegate_gateway::store::postgres::sql;
+use fencegate_gateway::store::postgres::statements;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::{http1, http2};
@@ -95,7 +95,7 @@ impl Writer {
             Writer::Direct(pool) => {
                 let client = pool.get().await.map_err(|e| e.to_string())?;
                 let statement = client
-                    .prepare_cached(sql::FENCED_PUT)
+                    .prepare_cached(statements::FENCED_PUT)
                     .await
                     .map_err(|e| e.to_string())?;
                 let token = i64::try_from(call.token).map_err(|e| e.to_string())?;

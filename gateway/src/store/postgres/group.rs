@@ -2,8 +2,8 @@
 //!
 //! Concurrent writes queue here, and a few *lanes* take them in groups: each lane takes
 //! every write queued when it becomes free (up to `--group-commit-max`), and applies the
-//! group in ONE transaction on one pooled connection — `BEGIN`, one [`sql::FENCED_PUT`]
-//! or [`sql::FENCED_DELETE`] per write, `COMMIT`, all sent at once (one round trip).
+//! group in ONE transaction on one pooled connection — `BEGIN`, one [`statements::FENCED_PUT`]
+//! or [`statements::FENCED_DELETE`] per write, `COMMIT`, all sent at once (one round trip).
 //! A write never waits for a group to fill: a lane that is free takes what is queued,
 //! even a single write, which then runs as one autocommitted statement as before.
 //! Groups form only while every lane is busy, which is when they help: one commit, one
@@ -47,7 +47,7 @@ use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio::time::Instant;
 
 use super::{applied, classify, with_client_until, write_unconditional};
-use crate::store::postgres::sql;
+use crate::store::postgres::statements;
 use crate::store::{StoreError, UnavailableReason, Write, WriteOp, WriteOutcome};
 
 /// What a queued write is answered with: its outcome, `None` if its token was stale.
@@ -204,8 +204,8 @@ type Pipelined<'a, T> = Pin<Box<dyn Future<Output = Result<T, tokio_postgres::Er
 
 async fn group_transaction(client: &Object, writes: &[&Write]) -> GroupResult {
     let statements = tokio::try_join!(
-        client.prepare_cached(sql::FENCED_PUT),
-        client.prepare_cached(sql::FENCED_DELETE)
+        client.prepare_cached(statements::FENCED_PUT),
+        client.prepare_cached(statements::FENCED_DELETE)
     );
     let (put, delete) = match statements {
         Ok(statements) => statements,

@@ -2,27 +2,23 @@
 //!
 //! # Behavior
 //!
-//! - A write without a precondition is one statement ([`sql::FENCED_PUT`],
-//!   [`sql::FENCED_DELETE`]): atomic by construction. Concurrent ones are committed in
+//! - A write without a precondition is one statement ([`statements::FENCED_PUT`],
+//!   [`statements::FENCED_DELETE`]): atomic by construction. Concurrent ones are committed in
 //!   groups, one transaction and one round trip per group ([`group`]); a write that
 //!   arrives alone is one autocommitted statement.
 //! - A write with a precondition (`If-Match`) runs in an explicit transaction: raise the
 //!   fence and read the object's version (pipelined), check the precondition, then write
 //!   and commit — or roll back, so that a failed precondition leaves the fence as it was.
-//! - A SQL transaction (`/v1/sql`, [`sql_tx`]) runs the same fence step first, then
-//!   the writer's own statements, then commits — or rolls everything back.
 //! - A stale answer is followed by a read of the committed highest token, in a new
 //!   statement: it sees the value that caused the rejection, or a later one.
 //! - Every operation is bounded by the backend timeout. A connection that timed out is
-//!   discarded, not returned to the pool; a broken one is dropped by the pool's recycle
-//!   check, and new connections are made as the database comes back.
+//!   discarded, not returned to the pool — after a cancel request has stopped whatever
+//!   it was still running in Postgres, so that nothing holds a lock on after the answer;
+//!   a broken one is dropped by the pool's recycle check, and new connections are made
+//!   as the database comes back.
 
 mod group;
-pub mod sql;
-mod sql_tx;
-mod values;
-
-pub use sql_tx::{SqlFailure, SqlOutcome, SqlRefusal, SqlTransaction};
+pub mod statements;
 
 use std::time::Duration;
 
@@ -34,7 +30,7 @@ use fencegate_proto::{ObjectKey, ResourceName, Token};
 use tokio::time::{timeout_at, Instant};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::NoTls;
+use tokio_postgres::{CancelToken, NoTls};
 
 use super::{
     precondition_holds, AdvanceOutcome, StoreError, StoredObject, UnavailableReason, Write,
@@ -61,8 +57,6 @@ pub struct PgStore {
     timeout: Duration,
     group: group::GroupCommit,
     description: String,
-    /// SQL transactions (`/v1/sql`): enabled only with a policy; see [`sql_tx`].
-    sql: Option<crate::sqlguard::SqlPolicy>,
 }
 
 /// Why the backend could not start.
@@ -121,46 +115,46 @@ impl PgStore {
             pool,
             timeout,
             description,
-            sql: None,
         };
-        store.migrate().await?;
+        store
+            .with_client(async |client| Ok(migrate(client).await))
+            .await
+            .map_err(PgStartError::Migrate)??;
         Ok(store)
     }
 
-    async fn migrate(&self) -> Result<(), PgStartError> {
-        let supported = sql::MIGRATIONS.last().map_or(0, |(version, _)| *version);
-        let found = self
-            .with_client(async |client| {
-                let tx = client.transaction().await.map_err(|e| classify(e, false))?;
-                tx.batch_execute(sql::PREPARE_MIGRATIONS)
-                    .await
-                    .map_err(|e| classify(e, false))?;
-                let found: i32 = tx
-                    .query_one(sql::SCHEMA_VERSION, &[])
+    /// The name of the database the store is in.
+    pub async fn database(&self) -> Result<String, StoreError> {
+        self.with_client(async |client| {
+            let row = client
+                .query_one("SELECT current_database()::text", &[])
+                .await
+                .map_err(|e| classify(e, false))?;
+            Ok(row.get(0))
+        })
+        .await
+    }
+
+    /// Lets `role` call `fencegate.fence()`: the privileges of a writer, and no more.
+    pub async fn grant_fence(&self, role: &str) -> Result<(), StoreError> {
+        self.with_client(async |client| {
+            for grant in [
+                "SELECT format('GRANT USAGE ON SCHEMA fencegate TO %I', $1::text)",
+                "SELECT format('GRANT EXECUTE ON FUNCTION fencegate.fence(text, bigint) TO %I', $1::text)",
+            ] {
+                let statement: String = client
+                    .query_one(grant, &[&role])
                     .await
                     .map_err(|e| classify(e, false))?
                     .get(0);
-                for (version, text) in sql::MIGRATIONS
-                    .iter()
-                    .filter(|(version, _)| *version > found)
-                {
-                    tx.batch_execute(text)
-                        .await
-                        .map_err(|e| classify(e, false))?;
-                    tx.execute(sql::RECORD_MIGRATION, &[version])
-                        .await
-                        .map_err(|e| classify(e, false))?;
-                    tracing::info!(version, "applied fencegate schema migration");
-                }
-                tx.commit().await.map_err(|e| classify(e, false))?;
-                Ok(found)
-            })
-            .await
-            .map_err(PgStartError::Migrate)?;
-        if found > supported {
-            return Err(PgStartError::SchemaTooNew { found, supported });
-        }
-        Ok(())
+                client
+                    .batch_execute(&statement)
+                    .await
+                    .map_err(|e| classify(e, false))?;
+            }
+            Ok(())
+        })
+        .await
     }
 
     pub fn describe(&self) -> String {
@@ -190,7 +184,7 @@ impl PgStore {
         let raised = self
             .with_client(async |client| {
                 let statement = client
-                    .prepare_cached(sql::FENCE_RAISE)
+                    .prepare_cached(statements::FENCE_RAISE)
                     .await
                     .map_err(|e| classify(e, false))?;
                 let row = client
@@ -216,7 +210,7 @@ impl PgStore {
     ) -> Result<Option<StoredObject>, StoreError> {
         self.with_client(async |client| {
             let statement = client
-                .prepare_cached(sql::GET_OBJECT)
+                .prepare_cached(statements::GET_OBJECT)
                 .await
                 .map_err(|e| classify(e, false))?;
             let row = client
@@ -243,7 +237,7 @@ impl PgStore {
     pub async fn ping(&self) -> Result<(), StoreError> {
         self.with_client(async |client| {
             client
-                .simple_query(sql::PING)
+                .simple_query(statements::PING)
                 .await
                 .map_err(|e| classify(e, false))?;
             Ok(())
@@ -277,9 +271,44 @@ impl PgStore {
     }
 }
 
+/// Creates or migrates the `fencegate` schema on `client`, in one transaction,
+/// serialised with other gateways starting at the same time.
+pub async fn migrate(client: &mut tokio_postgres::Client) -> Result<(), PgStartError> {
+    let supported = statements::MIGRATIONS
+        .last()
+        .map_or(0, |(version, _)| *version);
+    let failed = |e| PgStartError::Migrate(classify(e, false));
+    let tx = client.transaction().await.map_err(failed)?;
+    tx.batch_execute(statements::PREPARE_MIGRATIONS)
+        .await
+        .map_err(failed)?;
+    let found: i32 = tx
+        .query_one(statements::SCHEMA_VERSION, &[])
+        .await
+        .map_err(failed)?
+        .get(0);
+    if found > supported {
+        return Err(PgStartError::SchemaTooNew { found, supported });
+    }
+    for (version, text) in statements::MIGRATIONS
+        .iter()
+        .filter(|(version, _)| *version > found)
+    {
+        tx.batch_execute(text).await.map_err(failed)?;
+        tx.execute(statements::RECORD_MIGRATION, &[version])
+            .await
+            .map_err(failed)?;
+        tracing::info!(version, "applied fencegate schema migration");
+    }
+    tx.commit().await.map_err(failed)
+}
+
+/// How long a cancel request may take before the gateway answers anyway.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// Runs `op` on a connection from `pool`, all before `deadline`; see
 /// [`PgStore::with_client`].
-async fn with_client_until<T>(
+pub(crate) async fn with_client_until<T>(
     pool: &Pool,
     deadline: Instant,
     op: impl AsyncFnOnce(&mut Object) -> Result<T, StoreError>,
@@ -300,15 +329,28 @@ async fn with_client_until<T>(
             })
         }
     };
+    let cancel = client.cancel_token();
     match timeout_at(deadline, op(&mut client)).await {
         Ok(result) => result,
         Err(_) => {
+            cancel_running(&cancel).await;
             drop(Object::take(client));
             Err(StoreError::Unavailable {
                 reason: UnavailableReason::Timeout,
                 applied: None,
             })
         }
+    }
+}
+
+/// Asks Postgres to stop the statement a connection we give up on is running, so that
+/// it releases its locks now rather than when it finishes; bounded by
+/// [`CANCEL_TIMEOUT`]. Closing the connection afterwards rolls back its transaction.
+async fn cancel_running(cancel: &CancelToken) {
+    match tokio::time::timeout(CANCEL_TIMEOUT, cancel.cancel_query(NoTls)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::warn!(%error, "could not cancel a timed-out statement"),
+        Err(_) => tracing::warn!("cancelling a timed-out statement timed out"),
     }
 }
 
@@ -323,7 +365,7 @@ async fn write_unconditional(
     let row = match &write.op {
         WriteOp::Put(value) => {
             let statement = client
-                .prepare_cached(sql::FENCED_PUT)
+                .prepare_cached(statements::FENCED_PUT)
                 .await
                 .map_err(|e| classify(e, false))?;
             client
@@ -332,7 +374,7 @@ async fn write_unconditional(
         }
         WriteOp::Delete => {
             let statement = client
-                .prepare_cached(sql::FENCED_DELETE)
+                .prepare_cached(statements::FENCED_DELETE)
                 .await
                 .map_err(|e| classify(e, false))?;
             client
@@ -356,8 +398,8 @@ async fn write_conditional(
     let key = write.key.as_str();
     let token = write.token.as_i64();
     let (fence_raise, object_version) = tokio::try_join!(
-        client.prepare_cached(sql::FENCE_RAISE),
-        client.prepare_cached(sql::OBJECT_VERSION)
+        client.prepare_cached(statements::FENCE_RAISE),
+        client.prepare_cached(statements::OBJECT_VERSION)
     )
     .map_err(|e| classify(e, false))?;
     let tx = client.transaction().await.map_err(|e| classify(e, false))?;
@@ -382,7 +424,7 @@ async fn write_conditional(
     let row = match &write.op {
         WriteOp::Put(value) => {
             let statement = tx
-                .prepare_cached(sql::OBJECT_PUT)
+                .prepare_cached(statements::OBJECT_PUT)
                 .await
                 .map_err(|e| classify(e, false))?;
             tx.query_one(&statement, &[&resource, &token, &key, &value.as_ref()])
@@ -390,7 +432,7 @@ async fn write_conditional(
         }
         WriteOp::Delete => {
             let statement = tx
-                .prepare_cached(sql::OBJECT_DELETE)
+                .prepare_cached(statements::OBJECT_DELETE)
                 .await
                 .map_err(|e| classify(e, false))?;
             tx.query_one(&statement, &[&resource, &token, &key]).await
@@ -404,7 +446,7 @@ async fn write_conditional(
 
 async fn read_fence(client: &Object, resource: &ResourceName) -> Result<Option<Token>, StoreError> {
     let statement = client
-        .prepare_cached(sql::GET_FENCE)
+        .prepare_cached(statements::GET_FENCE)
         .await
         .map_err(|e| classify(e, false))?;
     let row = client
@@ -436,7 +478,7 @@ fn token_from_db(value: i64) -> Result<Token, StoreError> {
 /// "internal". `may_have_committed` is true once a statement that commits by itself
 /// (autocommit, or COMMIT) has been sent: losing the connection then leaves the
 /// outcome unknown.
-fn classify(error: tokio_postgres::Error, may_have_committed: bool) -> StoreError {
+pub(crate) fn classify(error: tokio_postgres::Error, may_have_committed: bool) -> StoreError {
     if let Some(code) = error.code() {
         // The server answered with an error, so this statement did not commit.
         let aborted = [
@@ -476,7 +518,7 @@ fn classify(error: tokio_postgres::Error, may_have_committed: bool) -> StoreErro
 }
 
 /// `host:port/dbname`, without user or password.
-fn describe(config: &tokio_postgres::Config) -> String {
+pub(crate) fn describe(config: &tokio_postgres::Config) -> String {
     use tokio_postgres::config::Host;
     let host = match config.get_hosts().first() {
         Some(Host::Tcp(host)) => host.clone(),

@@ -1,7 +1,8 @@
 //! Every SQL text the Postgres backend runs, and the schema migrations.
 //!
-//! Kept to SQL that Postgres-compatible distributed engines also accept: no
-//! functions, no triggers, no advisory locks in the write path.
+//! The write path is kept to SQL that Postgres-compatible distributed engines also
+//! accept: no functions, no triggers, no advisory locks. Migration 2 adds the
+//! in-database fence for writers' own tables ([`crate::dbfence`]), which needs PL/pgSQL.
 //!
 //! # Locking rule
 //!
@@ -14,9 +15,10 @@
 //! only ever modified by the holder of its resource's fence lock.
 
 /// Schema migrations, in order. Each runs once, in the migration transaction.
-pub const MIGRATIONS: &[(i32, &str)] = &[(
-    1,
-    "CREATE TABLE fencegate.fences (
+pub const MIGRATIONS: &[(i32, &str)] = &[
+    (
+        1,
+        "CREATE TABLE fencegate.fences (
          resource   text PRIMARY KEY,
          highest    bigint NOT NULL CHECK (highest > 0),
          updated_at timestamptz NOT NULL DEFAULT now()
@@ -34,7 +36,9 @@ pub const MIGRATIONS: &[(i32, &str)] = &[(
          updated_at timestamptz NOT NULL DEFAULT now(),
          PRIMARY KEY (resource, key)
      );",
-)];
+    ),
+    (2, crate::dbfence::SCHEMA_SQL),
+];
 
 /// Creates the schema and the migrations table, serialised between gateways that
 /// start together by a transaction-scoped advisory lock (start-up only).

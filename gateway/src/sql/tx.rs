@@ -1,25 +1,28 @@
-//! Fenced SQL transactions: a writer's own statements, committed together with the
-//! fence check of their resource, or not at all.
+//! One fenced SQL transaction, on one connection of the writer-only pool.
 //!
 //! # Behavior
 //!
-//! One transaction on one pooled connection, in this order:
-//!
 //! 1. `BEGIN`.
-//! 2. The fence step, [`sql::FENCE_RAISE`]: the same statement, and so the same row
-//!    lock, as every `/v1/kv` write and fence advance of the resource. From here until
-//!    commit no other write of the resource can commit in between. A stale token ends
-//!    the transaction here: it is rolled back before any of the writer's statements
-//!    ran.
-//! 3. `SET LOCAL ROLE` (with `--sql-role`) and `SET LOCAL statement_timeout`.
+//! 2. The fence step, `SELECT fencegate.fence(resource, token)` ([`crate::dbfence`]):
+//!    the same fence row as every `/v1/kv` write and fence advance of the resource,
+//!    locked from here to the end of the transaction — shared with the open
+//!    transactions of the same token, exclusively to raise it. A stale token ends the
+//!    transaction here, before any of the writer's statements ran. The token is also
+//!    recorded for the triggers of the resource's protected tables.
+//! 3. `SET LOCAL ROLE` (with `--sql-role`).
 //! 4. The writer's statements, in order: each is prepared (the database reports the
-//!    types of its parameters and columns), its values are converted ([`values`]),
-//!    it runs, and its rows are read until the answer's row budget is spent.
+//!    types of its parameters and columns), its values are converted ([`super::values`]),
+//!    it runs, and its rows are read until the answer's row budget is spent. A
+//!    statement that fails on the in-database fence (`ZF001`: it wrote a protected
+//!    table or called `fencegate.fence()` under a stale token) is a stale rejection
+//!    like the fence step's.
 //! 5. `COMMIT`.
 //!
 //! Every early return drops the transaction, which rolls it back: the writer's tables
 //! and the fence stay as they were (invariant 4). The whole transaction is bounded by
-//! the backend timeout, each statement by the statement timeout.
+//! the backend timeout — after which Postgres is asked to cancel what runs, and the
+//! answer says the write was not applied unless `COMMIT` had been sent — and each
+//! statement by the pinned `statement_timeout` and `lock_timeout`.
 //!
 //! # Pipelining
 //!
@@ -31,143 +34,89 @@
 //! With `--sql-allow-ddl` only the first statement is prepared up front: a later one
 //! may name a table an earlier one creates, so it is prepared just before it runs.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use deadpool_postgres::Transaction;
-use fencegate_proto::body::{SqlColumn, SqlResult, SqlStatement};
-use fencegate_proto::{ResourceName, Token};
+use fencegate_proto::body::{SqlColumn, SqlResult};
 use futures_util::{pin_mut, TryStreamExt};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Statement;
 
-use super::{classify, sql, values, PgStore};
-use crate::sqlguard::SqlPolicy;
+use super::{values, SqlError, SqlFailure, SqlPolicy, SqlService, SqlTransaction};
+use crate::dbfence::StaleRejection;
+use crate::store::postgres::classify;
 use crate::store::StoreError;
 
-/// A writer's statements, to run under `token` on `resource`'s fence. The statements
-/// have passed [`crate::sqlguard::check`].
-#[derive(Debug, Clone)]
-pub struct SqlTransaction {
-    pub resource: ResourceName,
-    pub token: Token,
-    pub statements: Vec<SqlStatement>,
-}
+/// The fence step.
+const FENCE: &str = "SELECT fencegate.fence($1::text, $2::bigint)";
 
-/// What happened to a SQL transaction. Both variants describe committed state.
-#[derive(Debug, Clone, PartialEq)]
-pub enum SqlOutcome {
-    /// Committed, with the fence raised to the token; one result per statement.
-    Committed(Vec<SqlResult>),
-    /// Rejected: the resource's committed highest token is above the presented one.
-    Stale { highest: Token },
-}
-
-/// Why a SQL transaction was not committed.
-#[derive(Debug, thiserror::Error)]
-pub enum SqlFailure {
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    Refused(#[from] SqlRefusal),
-}
-
-/// The writer's SQL could not run; nothing of the transaction was applied. Messages
-/// are the writer's own business and safe to show it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SqlRefusal {
-    /// The database refused a statement (`statement: None`: the commit, e.g. a
-    /// deferred constraint).
-    #[error("{} failed with SQLSTATE {sqlstate}: {message}", at(*.statement))]
-    Failed {
-        statement: Option<usize>,
-        sqlstate: String,
-        message: String,
-    },
-    /// A value does not fit its parameter's type; `parameter` counts from 1 (`$1`).
-    #[error("statement {statement}, parameter ${parameter}: {reason}")]
-    InvalidParam {
-        statement: usize,
-        parameter: usize,
-        reason: String,
-    },
-    /// A parameter (`Some`) or result column (`None`) of a type the gateway cannot convert.
-    #[error("statement {statement}: {reason}")]
-    UnsupportedType {
-        statement: usize,
-        parameter: Option<usize>,
-        reason: String,
-    },
-    #[error(
-        "SQL transactions need the Postgres backend: start the gateway with --database-url \
-         (or DATABASE_URL) and --sql"
-    )]
-    NotSupportedByBackend,
-}
-
-fn at(statement: Option<usize>) -> String {
-    match statement {
-        Some(index) => format!("statement {index}"),
-        None => "the commit".to_owned(),
-    }
-}
-
-impl PgStore {
-    /// Enables SQL transactions with `policy` (`None` leaves them disabled).
-    pub fn with_sql(mut self, policy: Option<SqlPolicy>) -> PgStore {
-        self.sql = policy;
-        self
-    }
-
-    pub fn sql_policy(&self) -> Option<&SqlPolicy> {
-        self.sql.as_ref()
-    }
-
-    /// Runs a fenced SQL transaction; see the module doc.
-    pub async fn sql(&self, tx: &SqlTransaction) -> Result<SqlOutcome, SqlFailure> {
-        let policy = self.sql.as_ref().ok_or(SqlRefusal::NotSupportedByBackend)?;
-        let committed = self
-            .with_client(async |client| {
-                let fence = client
-                    .prepare_cached(sql::FENCE_RAISE)
-                    .await
-                    .map_err(|e| classify(e, false))?;
-                let transaction = client.transaction().await.map_err(|e| classify(e, false))?;
-                Ok(run(transaction, &fence, tx, policy).await)
-            })
-            .await??;
-        match committed {
-            Some(results) => Ok(SqlOutcome::Committed(results)),
-            None => Ok(SqlOutcome::Stale {
-                highest: self.highest_above(&tx.resource, tx.token).await?,
-            }),
+/// Runs `tx`; see the module doc.
+pub(super) async fn run(
+    service: &SqlService,
+    tx: &SqlTransaction,
+) -> Result<Vec<SqlResult>, SqlFailure> {
+    let commit_sent = AtomicBool::new(false);
+    let outcome = service
+        .with_client(async |client| {
+            let fence = client
+                .prepare_cached(FENCE)
+                .await
+                .map_err(|e| classify(e, false))?;
+            let transaction = client.transaction().await.map_err(|e| classify(e, false))?;
+            Ok(steps(transaction, &fence, tx, service.policy(), &commit_sent).await)
+        })
+        .await;
+    match outcome {
+        Ok(outcome) => outcome,
+        // Given up before COMMIT was sent: the cancel and the closed connection roll
+        // the transaction back, so it certainly did not apply.
+        Err(StoreError::Unavailable {
+            reason,
+            applied: None,
+        }) if !commit_sent.load(Ordering::Acquire) => Err(StoreError::Unavailable {
+            reason,
+            applied: Some(false),
         }
+        .into()),
+        Err(error) => Err(error.into()),
     }
 }
 
-/// Steps 2–5 of the module doc; `None` if the token was stale.
-async fn run(
+/// Steps 2–5 of the module doc.
+async fn steps(
     transaction: Transaction<'_>,
     fence: &Statement,
     tx: &SqlTransaction,
     policy: &SqlPolicy,
-) -> Result<Option<Vec<SqlResult>>, SqlFailure> {
-    let settings = settings(policy);
+    commit_sent: &AtomicBool,
+) -> Result<Vec<SqlResult>, SqlFailure> {
     let fence_params: [&(dyn ToSql + Sync); 2] = [&tx.resource.as_str(), &tx.token.as_i64()];
     let eager = if policy.allow_ddl {
         1
     } else {
         tx.statements.len()
     };
-    let (raised, set, prepared) = tokio::join!(
-        transaction.query_opt(fence, &fence_params),
-        transaction.batch_execute(&settings),
+    let role = policy.role.as_deref().map(set_role).unwrap_or_default();
+    let (fenced, set, prepared) = tokio::join!(
+        transaction.query_one(fence, &fence_params),
+        async {
+            match role.is_empty() {
+                true => Ok(()),
+                false => transaction.batch_execute(&role).await,
+            }
+        },
         futures_util::future::join_all(
             tx.statements[..eager]
                 .iter()
                 .map(|statement| transaction.prepare(&statement.sql))
         ),
     );
-    if raised.map_err(|e| classify(e, false))?.is_none() {
-        return Ok(None);
+    if let Err(error) = fenced {
+        return Err(match stale(&error) {
+            Some(rejection) => SqlFailure::Stale(rejection),
+            None => SqlFailure::Store(classify(error, false)),
+        });
     }
     set.map_err(|e| classify(e, false))?;
     let mut prepared = prepared.into_iter();
@@ -190,27 +139,27 @@ async fn run(
             .await?,
         );
     }
-    transaction
-        .commit()
-        .await
-        .map_err(|e| match server_refusal(None, &e) {
+    commit_sent.store(true, Ordering::Release);
+    transaction.commit().await.map_err(|e| match stale(&e) {
+        Some(rejection) => SqlFailure::Stale(rejection),
+        None => match server_refusal(None, &e) {
             Some(refusal) => SqlFailure::Refused(refusal),
             // COMMIT was sent: if the connection broke, it may have committed.
             None => SqlFailure::Store(classify(e, true)),
-        })?;
-    Ok(Some(results))
+        },
+    })?;
+    Ok(results)
 }
 
-/// `SET LOCAL` for the role and the statement timeout, as one batch.
-fn settings(policy: &SqlPolicy) -> String {
-    let timeout = policy.statement_timeout.as_millis().max(1);
-    let mut text = format!("SET LOCAL statement_timeout = {timeout}");
-    if let Some(role) = &policy.role {
-        // An identifier, quoted: the role name comes from the operator, not the writer,
-        // but may still need quoting.
-        text = format!("SET LOCAL ROLE \"{}\"; {text}", role.replace('"', "\"\""));
-    }
-    text
+/// `SET LOCAL ROLE`, the role quoted as an identifier: it comes from the operator, not
+/// the writer, but may still need quoting.
+fn set_role(role: &str) -> String {
+    format!("SET LOCAL ROLE \"{}\"", role.replace('"', "\"\""))
+}
+
+/// The stale rejection of the in-database fence, if `error` is one.
+fn stale(error: &tokio_postgres::Error) -> Option<StaleRejection> {
+    StaleRejection::from_db_error(error.as_db_error()?)
 }
 
 /// Binds, runs and reads one prepared statement.
@@ -223,7 +172,7 @@ async fn execute(
 ) -> Result<SqlResult, SqlFailure> {
     let types = statement.params();
     if params.len() != types.len() {
-        return Err(SqlRefusal::InvalidParam {
+        return Err(SqlError::InvalidParam {
             statement: index,
             parameter: params.len().min(types.len()) + 1,
             reason: format!(
@@ -238,7 +187,7 @@ async fn execute(
     for (position, (value, ty)) in params.iter().zip(types).enumerate() {
         let parameter = position + 1;
         bound.push(values::to_param(value, ty).map_err(|error| match error {
-            values::ParamError::Unsupported => SqlRefusal::UnsupportedType {
+            values::ParamError::Unsupported => SqlError::UnsupportedType {
                 statement: index,
                 parameter: Some(parameter),
                 reason: format!(
@@ -248,7 +197,7 @@ async fn execute(
                     values::type_name(ty)
                 ),
             },
-            values::ParamError::Invalid(reason) => SqlRefusal::InvalidParam {
+            values::ParamError::Invalid(reason) => SqlError::InvalidParam {
                 statement: index,
                 parameter,
                 reason: format!("expected {}: {reason}", values::type_name(ty)),
@@ -261,7 +210,7 @@ async fn execute(
         .iter()
         .find(|column| !values::supported(column.type_()))
     {
-        return Err(SqlRefusal::UnsupportedType {
+        return Err(SqlError::UnsupportedType {
             statement: index,
             parameter: None,
             reason: format!(
@@ -305,7 +254,7 @@ async fn execute(
         for (position, column) in statement.columns().iter().enumerate() {
             values.push(
                 values::column_value(&row, position, column.type_()).map_err(|reason| {
-                    SqlRefusal::UnsupportedType {
+                    SqlError::UnsupportedType {
                         statement: index,
                         parameter: None,
                         reason: format!("column \"{}\": {reason}", column.name()),
@@ -319,9 +268,12 @@ async fn execute(
     Ok(result)
 }
 
-/// A writer's statement failed: its own error if the server refused it, else the
-/// backend's.
+/// A writer's statement failed: a stale rejection if the in-database fence refused it,
+/// its own error if the server refused it otherwise, else the backend's.
 fn failed(statement: Option<usize>, error: tokio_postgres::Error) -> SqlFailure {
+    if let Some(rejection) = stale(&error) {
+        return SqlFailure::Stale(rejection);
+    }
     match server_refusal(statement, &error) {
         Some(refusal) => SqlFailure::Refused(refusal),
         None => SqlFailure::Store(classify(error, false)),
@@ -330,9 +282,9 @@ fn failed(statement: Option<usize>, error: tokio_postgres::Error) -> SqlFailure 
 
 /// The server's answer to a writer's statement, unless it says the server itself is
 /// going away or refusing connections (then [`classify`] decides). Serialization
-/// failures, deadlocks and statement timeouts are the writer's to handle: they come
-/// with their SQLSTATE.
-fn server_refusal(statement: Option<usize>, error: &tokio_postgres::Error) -> Option<SqlRefusal> {
+/// failures, deadlocks, statement and lock timeouts are the writer's to handle: they
+/// come with their SQLSTATE.
+fn server_refusal(statement: Option<usize>, error: &tokio_postgres::Error) -> Option<SqlError> {
     let db = error.as_db_error()?;
     let code = db.code();
     let unavailable = [
@@ -345,7 +297,7 @@ fn server_refusal(statement: Option<usize>, error: &tokio_postgres::Error) -> Op
     if unavailable.contains(code) || code.code().starts_with("08") {
         return None;
     }
-    Some(SqlRefusal::Failed {
+    Some(SqlError::Failed {
         statement,
         sqlstate: code.code().to_owned(),
         message: db.message().to_owned(),
@@ -355,22 +307,10 @@ fn server_refusal(statement: Option<usize>, error: &tokio_postgres::Error) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
-    fn settings_quote_the_role() {
-        let mut policy = SqlPolicy {
-            role: None,
-            allow_ddl: false,
-            max_statements: 10,
-            statement_timeout: Duration::from_millis(1500),
-            max_rows: 10,
-        };
-        assert_eq!(settings(&policy), "SET LOCAL statement_timeout = 1500");
-        policy.role = Some("odd\"role".to_owned());
-        assert_eq!(
-            settings(&policy),
-            "SET LOCAL ROLE \"odd\"\"role\"; SET LOCAL statement_timeout = 1500"
-        );
+    fn roles_are_quoted() {
+        assert_eq!(set_role("writer"), "SET LOCAL ROLE \"writer\"");
+        assert_eq!(set_role("odd\"role"), "SET LOCAL ROLE \"odd\"\"role\"");
     }
 }

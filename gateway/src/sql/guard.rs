@@ -1,0 +1,808 @@
+//! What a writer's SQL may do inside a fenced transaction: the statement classifier
+//! and the limits of `POST /v1/sql/{resource}`.
+//!
+//! This is defence in depth, not the boundary: the boundary is the writer-only login
+//! the statements run as, and the in-database fence on the writer's tables (see the
+//! [`crate::sql`] module doc). What it adds is refusing, before anything runs, what a
+//! writer has no business sending.
+//!
+//! # Behavior
+//!
+//! A statement is first bounded, without recursion: its size (`--sql-max-statement-size`)
+//! and the number of operators in it ([`MAX_OPERATORS`]), which bounds the depth of the
+//! syntax tree that parsing, checking and dropping it walk recursively. Then it is
+//! parsed (sqlparser, PostgreSQL dialect, which also caps nesting) and checked, and the
+//! transaction is refused whole if one statement is not allowed. The rules fail closed:
+//! SQL the parser cannot read is refused, not passed through.
+//!
+//! - Exactly one command per `sql` string.
+//! - Allowed: `SELECT`, `VALUES`, `TABLE`, `INSERT`, `UPDATE`, `DELETE`, `MERGE`, and
+//!   `WITH` queries whose parts are these. With `--sql-allow-ddl`, also creating,
+//!   altering and dropping tables, views, indexes, sequences, types and schemas,
+//!   `TRUNCATE`, `COMMENT` and `SELECT ... INTO`.
+//! - Refused always: whatever would end or escape the fenced transaction, the role or
+//!   the gateway's limits — transaction control, `SET`/`RESET`, `GRANT`/`REVOKE`, `DO`,
+//!   `CALL`, `COPY`, `LISTEN`/`NOTIFY`, `PREPARE`/`EXECUTE`, functions, triggers,
+//!   extensions, roles, temporary tables (they outlive the transaction on a pooled
+//!   connection) — calls of functions that do the same from inside a query
+//!   ([`DENIED_FUNCTIONS`], large objects), writes to the system catalogs (`UPDATE
+//!   pg_settings` changes settings for the session), and any object in the gateway's
+//!   own `fencegate` schema.
+
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use sqlparser::ast::{
+    Expr, ObjectName, ObjectNamePart, ObjectType, Query, SetExpr, Statement, TableFactor, Visit,
+    Visitor,
+};
+use sqlparser::dialect::PostgreSqlDialect;
+use sqlparser::keywords::Keyword;
+use sqlparser::parser::Parser;
+use sqlparser::tokenizer::{Token, Tokenizer};
+
+use fencegate_proto::body::SqlStatement;
+
+use crate::config::Config;
+
+/// Most operators in one statement. Parsing builds a chain of binary operators
+/// (`a + b + c ...`) as a left-deep tree without recursing, but walking the tree to check it
+/// recurses once per link, with frames of several KiB in unoptimised builds; this bound
+/// and [`GUARD_STACK`] keep that walk inside its stack. Nesting by parentheses and
+/// prefix operators is capped by the parser itself (50 levels).
+pub const MAX_OPERATORS: usize = 1000;
+
+/// The stack of the threads that check statements ([`Checker`]): twice what a chain of
+/// [`MAX_OPERATORS`] takes in an unoptimised build (tested), many times what it takes
+/// in a release build. Reserved, not committed: only the pages a walk touches use
+/// memory.
+pub const GUARD_STACK: usize = 32 << 20;
+
+/// Functions refused anywhere in a statement, whatever their schema:
+///
+/// - `set_config` changes settings from inside a query — `role` (undoing `SET LOCAL
+///   ROLE`: the session user may always return to itself), `statement_timeout`,
+///   `search_path`;
+/// - session-level advisory locks outlive the transaction on a pooled connection;
+/// - `dblink*` and the `query_to_xml` family run SQL text the classifier never saw,
+///   the former outside the fenced transaction;
+/// - `pg_notify` is `NOTIFY`;
+/// - server administration and server file access;
+/// - large objects (`lo_*`, `lowrite`), which no table trigger fences.
+pub const DENIED_FUNCTIONS: &[&str] = &[
+    "set_config",
+    "pg_advisory_lock",
+    "pg_advisory_lock_shared",
+    "pg_try_advisory_lock",
+    "pg_try_advisory_lock_shared",
+    "pg_advisory_unlock",
+    "pg_advisory_unlock_shared",
+    "pg_advisory_unlock_all",
+    "query_to_xml",
+    "query_to_xmlschema",
+    "query_to_xml_and_xmlschema",
+    "cursor_to_xml",
+    "cursor_to_xmlschema",
+    "pg_notify",
+    "pg_terminate_backend",
+    "pg_cancel_backend",
+    "pg_reload_conf",
+    "pg_read_file",
+    "pg_read_binary_file",
+    "pg_ls_dir",
+    "pg_stat_file",
+    "lowrite",
+];
+
+/// Function name prefixes refused like [`DENIED_FUNCTIONS`]: `dblink*`, and the large
+/// object functions (`lo_create`, `lo_import`, `lo_put`, `lo_unlink`...).
+const DENIED_PREFIXES: &[&str] = &["dblink", "lo_"];
+
+/// The gateway's own schema: fence rows must only change through the fence step.
+const GATEWAY_SCHEMA: &str = "fencegate";
+
+/// Schemas of the system catalogs, which a writer may read but not write.
+const CATALOG_SCHEMAS: &[&str] = &["pg_catalog", "information_schema", "pg_toast"];
+
+/// How `POST /v1/sql/{resource}` is allowed to run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqlPolicy {
+    /// The role every transaction switches to with `SET LOCAL ROLE`, if any.
+    pub role: Option<String>,
+    pub allow_ddl: bool,
+    pub max_statements: usize,
+    /// Longest SQL text of one statement, in bytes.
+    pub max_statement_size: usize,
+    /// `statement_timeout` (and `lock_timeout`) of every transaction.
+    pub statement_timeout: Duration,
+    /// Most rows returned in one answer, over all its statements.
+    pub max_rows: usize,
+}
+
+impl SqlPolicy {
+    /// The policy of `config`'s `--sql-*` flags.
+    pub fn from_config(config: &Config) -> SqlPolicy {
+        SqlPolicy {
+            role: config.sql_role.clone(),
+            allow_ddl: config.sql_allow_ddl,
+            max_statements: config.sql_max_statements,
+            max_statement_size: config.sql_max_statement_size,
+            statement_timeout: config.sql_statement_timeout,
+            max_rows: config.sql_max_rows,
+        }
+    }
+}
+
+/// Why a statement is refused. The reason is safe to show the writer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Refused(pub String);
+
+/// Checks statements on a few threads of their own, whose stacks hold the deepest walk
+/// [`MAX_OPERATORS`] allows (a request handler's stack is far smaller). Dropping the
+/// checker stops them.
+pub struct Checker {
+    queue: tokio::sync::mpsc::Sender<Job>,
+}
+
+/// The statements of one request, checked in order.
+struct Job {
+    statements: Vec<SqlStatement>,
+    policy: SqlPolicy,
+    reply: tokio::sync::oneshot::Sender<Checked>,
+}
+
+/// The statements back, and the index and reason of the first one refused.
+pub type Checked = (Vec<SqlStatement>, Result<(), (usize, Refused)>);
+
+impl Checker {
+    /// Starts `threads` checking threads.
+    pub fn start(threads: usize) -> std::io::Result<Checker> {
+        let (queue, jobs) = tokio::sync::mpsc::channel::<Job>(1024);
+        let jobs = std::sync::Arc::new(std::sync::Mutex::new(jobs));
+        for _ in 0..threads {
+            let jobs = std::sync::Arc::clone(&jobs);
+            std::thread::Builder::new()
+                .name("fencegate-sql-guard".to_owned())
+                .stack_size(GUARD_STACK)
+                .spawn(move || loop {
+                    // One thread waits for the next job; the others wait for the lock.
+                    let job = jobs.lock().map(|mut jobs| jobs.blocking_recv());
+                    let Ok(Some(job)) = job else {
+                        return;
+                    };
+                    let verdict =
+                        job.statements
+                            .iter()
+                            .enumerate()
+                            .try_for_each(|(index, statement)| {
+                                check(&statement.sql, &job.policy)
+                                    .map_err(|refused| (index, refused))
+                            });
+                    let _ = job.reply.send((job.statements, verdict));
+                })?;
+        }
+        Ok(Checker { queue })
+    }
+
+    /// Checks `statements` in order; on a refusal, the index of the first statement
+    /// refused. The statements come back either way.
+    pub async fn check_all(&self, statements: Vec<SqlStatement>, policy: &SqlPolicy) -> Checked {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job = Job {
+            statements,
+            policy: policy.clone(),
+            reply,
+        };
+        if let Err(refused) = self.queue.send(job).await {
+            let job = refused.0;
+            return (
+                job.statements,
+                Err((0, Refused("the SQL checker has stopped".to_owned()))),
+            );
+        }
+        answer.await.unwrap_or_else(|_| {
+            (
+                Vec::new(),
+                Err((0, Refused("the SQL checker has stopped".to_owned()))),
+            )
+        })
+    }
+}
+
+/// Refuses `sql` unless it is one statement of an allowed kind, within the bounds; see
+/// the module doc. Run it on a [`Checker`] thread: its walk needs up to [`GUARD_STACK`].
+pub fn check(sql: &str, policy: &SqlPolicy) -> Result<(), Refused> {
+    if sql.len() > policy.max_statement_size {
+        return Err(Refused(format!(
+            "the statement is {} bytes long; the limit is {} (--sql-max-statement-size)",
+            sql.len(),
+            policy.max_statement_size
+        )));
+    }
+    let dialect = PostgreSqlDialect {};
+    let tokens = Tokenizer::new(&dialect, sql)
+        .tokenize()
+        .map_err(|error| Refused(format!("the statement could not be read: {error}")))?;
+    let operators = tokens.iter().filter(|token| deepens(token)).count();
+    if operators > MAX_OPERATORS {
+        return Err(Refused(format!(
+            "the statement has {operators} operators; the limit is {MAX_OPERATORS}: pass \
+             values as parameters, or split it"
+        )));
+    }
+    let statements = Parser::new(&dialect)
+        .with_tokens(tokens)
+        .parse_statements()
+        .map_err(|error| Refused(format!("the statement could not be parsed: {error}")))?;
+    let statement = match statements.as_slice() {
+        [statement] => statement,
+        [] => return Err(Refused("the statement is empty".to_owned())),
+        _ => {
+            return Err(Refused(format!(
+                "one command per statement: found {}",
+                statements.len()
+            )))
+        }
+    };
+    let allow_ddl = policy.allow_ddl;
+    let kind = kind(statement);
+    match kind {
+        Kind::Dml => {}
+        Kind::Ddl if allow_ddl => {}
+        Kind::Ddl => {
+            return Err(Refused(format!(
+                "{} is DDL, which this gateway does not run (--sql-allow-ddl)",
+                command(statement)
+            )))
+        }
+        Kind::Never => {
+            return Err(Refused(format!(
+                "{} is not allowed in a fenced transaction",
+                command(statement)
+            )))
+        }
+    }
+    if let Some(name) = gateway_object(statement) {
+        return Err(Refused(format!(
+            "{name} belongs to the gateway's own schema"
+        )));
+    }
+    match statement.visit(&mut Inspector {
+        allow_ddl,
+        writing: false,
+    }) {
+        ControlFlow::Continue(()) => Ok(()),
+        ControlFlow::Break(refused) => Err(refused),
+    }
+}
+
+/// Whether a token can add a level to the syntax tree without the parser recursing:
+/// an operator symbol or an operator keyword.
+fn deepens(token: &Token) -> bool {
+    match token {
+        Token::Word(word) => {
+            word.quote_style.is_none()
+                && matches!(
+                    word.keyword,
+                    Keyword::AND
+                        | Keyword::OR
+                        | Keyword::NOT
+                        | Keyword::IS
+                        | Keyword::IN
+                        | Keyword::LIKE
+                        | Keyword::ILIKE
+                        | Keyword::SIMILAR
+                        | Keyword::BETWEEN
+                        | Keyword::COLLATE
+                        | Keyword::AT
+                        | Keyword::OPERATOR
+                        | Keyword::OVERLAPS
+                        | Keyword::ESCAPE
+                        | Keyword::XOR
+                )
+        }
+        Token::Whitespace(_)
+        | Token::Number(..)
+        | Token::Comma
+        | Token::SemiColon
+        | Token::LParen
+        | Token::RParen
+        | Token::Period
+        | Token::Placeholder(_)
+        | Token::EOF => false,
+        Token::SingleQuotedString(_)
+        | Token::DoubleQuotedString(_)
+        | Token::DollarQuotedString(_)
+        | Token::EscapedStringLiteral(_)
+        | Token::UnicodeStringLiteral(_)
+        | Token::NationalStringLiteral(_)
+        | Token::HexStringLiteral(_)
+        | Token::SingleQuotedByteStringLiteral(_) => false,
+        _ => true,
+    }
+}
+
+enum Kind {
+    Dml,
+    Ddl,
+    Never,
+}
+
+fn kind(statement: &Statement) -> Kind {
+    match statement {
+        // Temporary objects outlive the transaction on a pooled connection and would be
+        // seen by the next request that gets it.
+        Statement::CreateTable(create) if create.temporary => Kind::Never,
+        Statement::CreateView {
+            temporary: true, ..
+        }
+        | Statement::CreateSequence {
+            temporary: true, ..
+        } => Kind::Never,
+        Statement::Query(_)
+        | Statement::Insert(_)
+        | Statement::Update { .. }
+        | Statement::Delete(_)
+        | Statement::Merge { .. } => Kind::Dml,
+        Statement::CreateTable(_)
+        | Statement::CreateView { .. }
+        | Statement::CreateIndex(_)
+        | Statement::CreateSequence { .. }
+        | Statement::CreateSchema { .. }
+        | Statement::CreateType { .. }
+        | Statement::AlterTable { .. }
+        | Statement::AlterIndex { .. }
+        | Statement::AlterView { .. }
+        | Statement::AlterType(_)
+        | Statement::Drop { .. }
+        | Statement::Truncate { .. }
+        | Statement::Comment { .. } => Kind::Ddl,
+        _ => Kind::Never,
+    }
+}
+
+/// The statement's command, for messages: its first words as the parser prints them.
+fn command(statement: &Statement) -> String {
+    let text = statement.to_string();
+    let words: Vec<&str> = text.split_whitespace().take(2).collect();
+    let first = words.first().copied().unwrap_or_default();
+    // Two words where one says little (`CREATE TABLE`, `START TRANSACTION`).
+    let command = match (first, words.get(1)) {
+        ("CREATE" | "ALTER" | "DROP" | "START" | "RELEASE" | "PREPARE", Some(second)) => {
+            format!("{first} {second}")
+        }
+        _ => first.to_owned(),
+    };
+    command.trim_end_matches(';').to_owned()
+}
+
+/// Names a `DROP` or `TRUNCATE` target in the gateway's schema; the visitor below sees
+/// the relations of every other statement.
+fn gateway_object(statement: &Statement) -> Option<String> {
+    let names: Vec<&ObjectName> = match statement {
+        Statement::Drop {
+            object_type: ObjectType::Schema,
+            names,
+            ..
+        } => {
+            return names
+                .iter()
+                .find(|name| {
+                    last_part(name).is_some_and(|s| s.eq_ignore_ascii_case(GATEWAY_SCHEMA))
+                })
+                .map(ToString::to_string)
+        }
+        Statement::Drop { names, .. } => names.iter().collect(),
+        Statement::Truncate { table_names, .. } => table_names.iter().map(|t| &t.name).collect(),
+        _ => Vec::new(),
+    };
+    names
+        .into_iter()
+        .find(|name| in_gateway_schema(name))
+        .map(ToString::to_string)
+}
+
+fn in_gateway_schema(name: &ObjectName) -> bool {
+    schema_of(name).is_some_and(|s| s.eq_ignore_ascii_case(GATEWAY_SCHEMA))
+}
+
+/// The schema part of a qualified name (`pg_catalog` of `pg_catalog.pg_settings`).
+fn schema_of(name: &ObjectName) -> Option<&str> {
+    let parts = &name.0;
+    parts.len().checked_sub(2).and_then(|at| ident(&parts[at]))
+}
+
+/// A system catalog: a relation in a catalog schema, or an unqualified `pg_*` name
+/// (which resolves to `pg_catalog` first).
+fn in_catalog(name: &ObjectName) -> bool {
+    match schema_of(name) {
+        Some(schema) => CATALOG_SCHEMAS
+            .iter()
+            .any(|catalog| schema.eq_ignore_ascii_case(catalog)),
+        None => last_part(name).is_some_and(|last| last.to_ascii_lowercase().starts_with("pg_")),
+    }
+}
+
+fn ident(part: &ObjectNamePart) -> Option<&str> {
+    part.as_ident().map(|ident| ident.value.as_str())
+}
+
+/// The last part of a (possibly schema-qualified) name, e.g. `set_config` of
+/// `pg_catalog.set_config`.
+fn last_part(name: &ObjectName) -> Option<&str> {
+    name.0.last().and_then(ident)
+}
+
+fn denied_function(name: &ObjectName) -> bool {
+    last_part(name).is_some_and(|last| {
+        DENIED_FUNCTIONS
+            .iter()
+            .any(|denied| last.eq_ignore_ascii_case(denied))
+            || DENIED_PREFIXES
+                .iter()
+                .any(|prefix| last.to_ascii_lowercase().starts_with(prefix))
+    })
+}
+
+/// Walks every nested statement, query, relation and expression of an allowed
+/// top-level statement.
+struct Inspector {
+    allow_ddl: bool,
+    /// Whether a data-modifying statement has been seen: from then on, no relation may
+    /// be a system catalog.
+    writing: bool,
+}
+
+impl Visitor for Inspector {
+    type Break = Refused;
+
+    fn pre_visit_statement(&mut self, statement: &Statement) -> ControlFlow<Refused> {
+        self.writing |= matches!(
+            statement,
+            Statement::Insert(_)
+                | Statement::Update { .. }
+                | Statement::Delete(_)
+                | Statement::Merge { .. }
+        );
+        // Statements nested in queries (`WITH d AS (DELETE ...)`) follow the same rules.
+        match kind(statement) {
+            Kind::Dml => ControlFlow::Continue(()),
+            Kind::Ddl if self.allow_ddl => ControlFlow::Continue(()),
+            _ => ControlFlow::Break(Refused(format!(
+                "{} is not allowed inside a query",
+                command(statement)
+            ))),
+        }
+    }
+
+    fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<Refused> {
+        if selects_into(&query.body, true) {
+            return ControlFlow::Break(Refused(
+                "SELECT ... INTO TEMPORARY creates a table that outlives the transaction"
+                    .to_owned(),
+            ));
+        }
+        if !self.allow_ddl && selects_into(&query.body, false) {
+            return ControlFlow::Break(Refused(
+                "SELECT ... INTO creates a table, which is DDL (--sql-allow-ddl)".to_owned(),
+            ));
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn pre_visit_relation(&mut self, relation: &ObjectName) -> ControlFlow<Refused> {
+        if in_gateway_schema(relation) {
+            return ControlFlow::Break(Refused(format!(
+                "{relation} belongs to the gateway's own schema"
+            )));
+        }
+        if self.writing && in_catalog(relation) {
+            return ControlFlow::Break(Refused(format!(
+                "{relation} is a system catalog, which a fenced transaction may read but not \
+                 write"
+            )));
+        }
+        // `FROM set_config(...)` is parsed as a relation with arguments.
+        if denied_function(relation) {
+            return ControlFlow::Break(refused_function(relation));
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn pre_visit_table_factor(&mut self, factor: &TableFactor) -> ControlFlow<Refused> {
+        if let TableFactor::Function { name, .. } = factor {
+            if denied_function(name) {
+                return ControlFlow::Break(refused_function(name));
+            }
+        }
+        ControlFlow::Continue(())
+    }
+
+    fn pre_visit_expr(&mut self, expr: &Expr) -> ControlFlow<Refused> {
+        if let Expr::Function(function) = expr {
+            if denied_function(&function.name) {
+                return ControlFlow::Break(refused_function(&function.name));
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}
+
+fn refused_function(name: &ObjectName) -> Refused {
+    Refused(format!(
+        "function {name} is not allowed in a fenced transaction"
+    ))
+}
+
+/// Whether a `SELECT` in `body` has an `INTO` clause (only temporary ones if
+/// `temporary_only`).
+fn selects_into(body: &SetExpr, temporary_only: bool) -> bool {
+    match body {
+        SetExpr::Select(select) => select
+            .into
+            .as_ref()
+            .is_some_and(|into| into.temporary || !temporary_only),
+        SetExpr::Query(query) => selects_into(&query.body, temporary_only),
+        SetExpr::SetOperation { left, right, .. } => {
+            selects_into(left, temporary_only) || selects_into(right, temporary_only)
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(allow_ddl: bool) -> SqlPolicy {
+        SqlPolicy {
+            role: None,
+            allow_ddl,
+            max_statements: 100,
+            max_statement_size: 64 << 10,
+            statement_timeout: Duration::from_secs(2),
+            max_rows: 100,
+        }
+    }
+
+    fn allowed(sql: &str) -> bool {
+        check(sql, &policy(false)).is_ok()
+    }
+
+    fn allowed_with_ddl(sql: &str) -> bool {
+        check(sql, &policy(true)).is_ok()
+    }
+
+    #[test]
+    fn data_statements_run() {
+        for sql in [
+            "SELECT 1",
+            "select * from invoices where id = $1",
+            "UPDATE sweep_state SET note = $1 WHERE id = 1",
+            "INSERT INTO t (a) VALUES ($1) ON CONFLICT (a) DO UPDATE SET a = EXCLUDED.a RETURNING *",
+            "DELETE FROM t WHERE a = $1",
+            "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN UPDATE SET v = s.v",
+            "WITH d AS (DELETE FROM q WHERE id = 1 RETURNING *) INSERT INTO done SELECT * FROM d",
+            "VALUES (1), (2)",
+            "SELECT 1;",
+            "  /* leading comment */ -- and another\n SELECT pg_advisory_xact_lock(1)",
+            "SELECT * FROM t FOR UPDATE",
+            "SELECT current_setting('role')",
+        ] {
+            assert!(allowed(sql), "{sql}: {:?}", check(sql, &policy(false)));
+        }
+    }
+
+    #[test]
+    fn escapes_are_refused() {
+        for sql in [
+            "COMMIT",
+            "commit",
+            "  /* x */ CoMmIt -- y",
+            "END",
+            "ROLLBACK",
+            "BEGIN",
+            "START TRANSACTION",
+            "SAVEPOINT a",
+            "RELEASE SAVEPOINT a",
+            "PREPARE TRANSACTION 'x'",
+            "SET ROLE postgres",
+            "set local role postgres",
+            "RESET ROLE",
+            "SET statement_timeout = 0",
+            "SET SESSION AUTHORIZATION postgres",
+            "RESET ALL",
+            "GRANT ALL ON t TO PUBLIC",
+            "REVOKE ALL ON t FROM PUBLIC",
+            "DO $$ BEGIN PERFORM 1; END $$",
+            "LISTEN chan",
+            "NOTIFY chan",
+            "COPY t FROM '/etc/passwd'",
+            "COPY t TO STDOUT",
+            "CALL p()",
+            "PREPARE s AS SELECT 1",
+            "EXECUTE s",
+            "DISCARD ALL",
+            "SELECT 1; COMMIT",
+            "SELECT 1; SELECT 2",
+            "UPDATE t SET a = 1; SET ROLE postgres",
+            "",
+            "   ",
+            "-- only a comment",
+            "/* /* nested */ COMMIT */ SELECT 1; COMMIT",
+            "SELECT set_config('role', 'postgres', true)",
+            "SELECT pg_catalog.SET_CONFIG('statement_timeout', '0', true)",
+            "SELECT * FROM set_config('role', 'none', true)",
+            "WITH x AS (SELECT set_config('role', 'none', true)) UPDATE t SET a = 1",
+            "UPDATE t SET a = (SELECT 1 FROM set_config('role', 'none', true))",
+            "SELECT pg_advisory_lock(1)",
+            "SELECT dblink_exec('dbname=x', 'DELETE FROM t')",
+            "SELECT query_to_xml('select 1', true, false, '')",
+            "UPDATE fencegate.fences SET highest = 1",
+            "DELETE FROM FenceGate.fences",
+            "SELECT * FROM \"fencegate\".fences",
+            "WITH f AS (UPDATE fencegate.fences SET highest = 1 RETURNING 1) SELECT 1",
+            "EXPLAIN ANALYZE DELETE FROM t",
+            "VACUUM t",
+            "LOCK TABLE t",
+            "CREATE FUNCTION f() RETURNS int AS 'select 1' LANGUAGE sql",
+            "CREATE EXTENSION dblink",
+            "CREATE ROLE r",
+            "CREATE TRIGGER tr AFTER INSERT ON t EXECUTE FUNCTION f()",
+            "ALTER ROLE writer SUPERUSER",
+            "UPDATE pg_settings SET setting = 'off' WHERE name = 'synchronous_commit'",
+            "update PG_CATALOG.PG_SETTINGS set setting = '0' where name = 'statement_timeout'",
+            "WITH s AS (UPDATE pg_settings SET setting = 'x' WHERE name = 'search_path' RETURNING 1) SELECT 1",
+            "DELETE FROM pg_catalog.pg_largeobject",
+            "INSERT INTO information_schema.sql_features SELECT * FROM information_schema.sql_features",
+            "SELECT lo_create(0)",
+            "SELECT lo_from_bytea(0, '\\x00')",
+            "SELECT pg_catalog.lowrite(0, 'x')",
+            "SELECT pg_notify('chan', 'x')",
+        ] {
+            assert!(!allowed(sql), "{sql} was allowed");
+            assert!(!allowed_with_ddl(sql), "{sql} was allowed with DDL");
+        }
+    }
+
+    #[test]
+    fn ddl_needs_the_flag() {
+        for sql in [
+            "CREATE TABLE t (id int PRIMARY KEY)",
+            "create index on t (a)",
+            "ALTER TABLE t ADD COLUMN b text",
+            "DROP TABLE t",
+            "TRUNCATE t",
+            "CREATE VIEW v AS SELECT 1",
+            "SELECT 1 AS a INTO newtable",
+            "CREATE TABLE t2 AS SELECT * FROM t",
+        ] {
+            assert!(!allowed(sql), "{sql} was allowed without --sql-allow-ddl");
+            assert!(
+                allowed_with_ddl(sql),
+                "{sql}: {:?}",
+                check(sql, &policy(true))
+            );
+        }
+        for sql in [
+            "DROP SCHEMA fencegate CASCADE",
+            "drop schema public, FenceGate cascade",
+            "DROP TABLE fencegate.fences",
+            "TRUNCATE fencegate.objects",
+            "CREATE TABLE t (a text DEFAULT set_config('role', 'none', true))",
+            "CREATE TEMP TABLE t (a int)",
+            "CREATE TEMPORARY VIEW v AS SELECT 1",
+            "CREATE TEMP SEQUENCE s",
+            "SELECT 1 AS a INTO TEMP t",
+        ] {
+            assert!(!allowed_with_ddl(sql), "{sql} was allowed with DDL");
+        }
+    }
+
+    #[test]
+    fn catalogs_can_be_read() {
+        for sql in [
+            "SELECT setting FROM pg_settings WHERE name = 'search_path'",
+            "SELECT count(*) FROM pg_catalog.pg_class",
+            "UPDATE t SET a = 1 WHERE EXISTS (SELECT 1 FROM pg_my_table)",
+        ] {
+            let verdict = check(sql, &policy(false));
+            assert_eq!(
+                verdict.is_ok(),
+                !sql.starts_with("UPDATE"),
+                "{sql}: {verdict:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn size_is_bounded_before_parsing() {
+        let mut policy = policy(false);
+        policy.max_statement_size = 20;
+        assert!(check("SELECT 1", &policy).is_ok());
+        let refused = check("SELECT 1 FROM a_rather_long_table_name", &policy).unwrap_err();
+        assert!(refused.0.contains("--sql-max-statement-size"), "{refused}");
+    }
+
+    /// Chains of operators as long as the bound allows are checked within half of
+    /// [`GUARD_STACK`]; one more operator is refused before parsing.
+    #[test]
+    fn operator_chains_are_bounded() {
+        let shapes: [(&str, &str, &str); 5] = [
+            ("SELECT 1", " + 1", ""),
+            ("SELECT x", "::int", " FROM t"),
+            ("SELECT * FROM t WHERE a", " AND a", ""),
+            ("SELECT 'a'", " || 'a'", ""),
+            ("UPDATE t SET a = b", " * b", " WHERE c = $1"),
+        ];
+        let operators = |sql: &str| {
+            Tokenizer::new(&PostgreSqlDialect {}, sql)
+                .tokenize()
+                .unwrap()
+                .iter()
+                .filter(|token| deepens(token))
+                .count()
+        };
+        for (head, link, tail) in shapes {
+            let statement = |links: usize| format!("{head}{}{tail}", link.repeat(links));
+            let at_bound = statement(MAX_OPERATORS - operators(head) - operators(tail));
+            assert_eq!(operators(&at_bound), MAX_OPERATORS);
+            let verdict = std::thread::Builder::new()
+                .stack_size(GUARD_STACK / 2)
+                .spawn(move || {
+                    let mut policy = policy(false);
+                    policy.max_statement_size = usize::MAX;
+                    check(&at_bound, &policy)
+                })
+                .unwrap()
+                .join()
+                .expect("checking a chain at the bound must not overflow the stack");
+            assert_eq!(verdict, Ok(()), "{head}{link}...");
+            let mut policy = policy(false);
+            policy.max_statement_size = usize::MAX;
+            let refused = check(
+                &statement(MAX_OPERATORS + 1 - operators(head) - operators(tail)),
+                &policy,
+            )
+            .unwrap_err();
+            assert!(refused.0.contains("operators"), "{refused}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_checker_answers_in_order() {
+        let checker = Checker::start(2).unwrap();
+        let statements = |sqls: &[&str]| -> Vec<SqlStatement> {
+            sqls.iter()
+                .map(|sql| SqlStatement {
+                    sql: (*sql).to_owned(),
+                    params: Vec::new(),
+                })
+                .collect()
+        };
+        let (back, verdict) = checker
+            .check_all(
+                statements(&["SELECT 1", "UPDATE t SET a = 1"]),
+                &policy(false),
+            )
+            .await;
+        assert_eq!((back.len(), verdict), (2, Ok(())));
+        let deep = format!("SELECT 1{}", " + 1".repeat(MAX_OPERATORS));
+        let (_, verdict) = checker
+            .check_all(statements(&["SELECT 1", &deep, "COMMIT"]), &policy(false))
+            .await;
+        assert_eq!(verdict.map_err(|(index, _)| index), Err(2));
+    }
+
+    #[test]
+    fn refusals_name_the_command() {
+        let refused = check("  /* hi */ commit", &policy(false)).unwrap_err();
+        assert!(refused.0.contains("COMMIT"), "{refused}");
+        let refused = check("CREATE TABLE t (a int)", &policy(false)).unwrap_err();
+        assert!(
+            refused.0.contains("CREATE TABLE") && refused.0.contains("--sql-allow-ddl"),
+            "{refused}"
+        );
+    }
+}

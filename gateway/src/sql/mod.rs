@@ -1,0 +1,397 @@
+//! Fenced SQL transactions (`POST /v1/sql/{resource}`): a writer's own statements,
+//! committed together with the fence check of their resource, or not at all.
+//!
+//! # The boundary
+//!
+//! What keeps a hostile writer in is Postgres, not this module's parser:
+//!
+//! - Writers' SQL runs on its own pool, logged in as a writer-only role
+//!   (`--sql-database-url`). At start the gateway grants it EXECUTE on
+//!   `fencegate.fence()` and refuses to start if it — or any role it can become — is a
+//!   superuser, can create roles, owns schema `fencegate`, or has any privilege on its
+//!   tables ([`SqlService::connect`]).
+//! - The fence step is `fencegate.fence(resource, token)` ([`crate::dbfence`]), and a
+//!   writer's tables are protected for their resource, so naming another resource does
+//!   not let a stale writer write them.
+//! - Every request starts from a clean session: each connection is reset when it is
+//!   taken from the pool (`RESET ALL`, role and session authorisation, temporary
+//!   tables, advisory locks, cursors, `LISTEN`, sequence state), and the settings the
+//!   guarantees rest on are pinned in its start-up packet, so that `RESET ALL` returns
+//!   them there: `synchronous_commit`, `standard_conforming_strings`,
+//!   `statement_timeout`, `lock_timeout`, `idle_in_transaction_session_timeout`,
+//!   `default_transaction_isolation`.
+//! - A transaction the gateway gives up on (backend timeout) is cancelled in Postgres
+//!   before the answer, so nothing runs on or holds a lock after a 503.
+//!
+//! [`guard`] still refuses transaction control, settings, catalog writes and
+//! functions that reach outside the transaction before anything runs, and bounds the
+//! size and depth of statements before they are parsed: defence in depth.
+//!
+//! # Layout
+//!
+//! - this module: the service (pool, start-up checks) and its errors;
+//! - [`guard`]: what a statement may be, checked before anything runs;
+//! - [`tx`]: one transaction, step by step;
+//! - [`values`]: JSON <-> Postgres values.
+
+pub mod guard;
+mod tx;
+pub mod values;
+
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
+use fencegate_proto::body::{ErrorBody, SqlResult, SqlStatement};
+use fencegate_proto::{ErrorCode, ResourceName, Token};
+use tokio_postgres::NoTls;
+
+use crate::config::Config;
+use crate::dbfence::StaleRejection;
+use crate::error::ApiError;
+use crate::store::postgres::{classify, describe, with_client_until, PgStore};
+use crate::store::StoreError;
+
+pub use guard::SqlPolicy;
+
+/// What `/v1/sql` does on this gateway.
+pub enum SqlEndpoint {
+    Enabled(std::sync::Arc<SqlService>),
+    /// Postgres backend, started without `--sql`.
+    Disabled,
+    /// The embedded store: there is no database to run SQL in.
+    NotSupported,
+}
+
+/// Runs fenced SQL transactions on the writer-only pool.
+pub struct SqlService {
+    pool: Pool,
+    policy: SqlPolicy,
+    checker: guard::Checker,
+    timeout: Duration,
+}
+
+/// A writer's statements, to run under `token` on `resource`'s fence. The statements
+/// have passed [`guard::check`].
+#[derive(Debug, Clone)]
+pub struct SqlTransaction {
+    pub resource: ResourceName,
+    pub token: Token,
+    pub statements: Vec<SqlStatement>,
+}
+
+/// Why `/v1/sql` could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SqlStartError {
+    #[error("--sql-database-url is not valid: {0}")]
+    InvalidUrl(tokio_postgres::Error),
+    #[error("could not reach the database of --sql-database-url: {0}")]
+    Unavailable(StoreError),
+    #[error("could not start the SQL checking threads: {0}")]
+    Threads(std::io::Error),
+    #[error(
+        "--sql-database-url logs in as \"{login}\", which {reason}; writers' SQL must run \
+         as a role that cannot reach the gateway's own tables. Create one for it, e.g.\n  \
+         CREATE ROLE fencegate_sql LOGIN PASSWORD '...';\n  \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON <the writers' tables> TO fencegate_sql;\n\
+         (the gateway grants it EXECUTE on fencegate.fence() itself; see docs/sql.md)"
+    )]
+    UnsafeLogin { login: String, reason: String },
+    #[error(
+        "--sql-database-url names database \"{sql}\" but --database-url names \"{gateway}\": \
+         they must be the same database, where the fences are"
+    )]
+    OtherDatabase { sql: String, gateway: String },
+}
+
+/// Everything `/v1/sql` can refuse with, besides the errors every endpoint has.
+/// Messages are the writer's own business and safe to show it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SqlError {
+    #[error("SQL transactions are not enabled on this gateway (--sql, Postgres backend)")]
+    Disabled,
+    #[error(
+        "SQL transactions need the Postgres backend: start the gateway with --database-url \
+         (or DATABASE_URL) and --sql"
+    )]
+    NotSupportedByBackend,
+    #[error("invalid SQL request: {0}")]
+    InvalidRequest(String),
+    #[error("{given} statements in one transaction; the limit is {limit}")]
+    TooManyStatements { given: usize, limit: usize },
+    #[error("statement {statement} is not allowed: {reason}")]
+    NotAllowed { statement: usize, reason: String },
+    /// The database refused a statement (`statement: None`: the commit, e.g. a
+    /// deferred constraint).
+    #[error("{} failed with SQLSTATE {sqlstate}: {message}", at(*.statement))]
+    Failed {
+        statement: Option<usize>,
+        sqlstate: String,
+        message: String,
+    },
+    /// A value does not fit its parameter's type; `parameter` counts from 1 (`$1`).
+    #[error("statement {statement}, parameter ${parameter}: {reason}")]
+    InvalidParam {
+        statement: usize,
+        parameter: usize,
+        reason: String,
+    },
+    /// A parameter (`Some`) or result column (`None`) of a type the gateway cannot convert.
+    #[error("statement {statement}: {reason}")]
+    UnsupportedType {
+        statement: usize,
+        parameter: Option<usize>,
+        reason: String,
+    },
+}
+
+fn at(statement: Option<usize>) -> String {
+    match statement {
+        Some(index) => format!("statement {index}"),
+        None => "the commit".to_owned(),
+    }
+}
+
+impl SqlError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            SqlError::Disabled => ErrorCode::SqlDisabled,
+            SqlError::NotSupportedByBackend => ErrorCode::NotSupportedByBackend,
+            SqlError::InvalidRequest(_) => ErrorCode::InvalidBody,
+            SqlError::TooManyStatements { .. } => ErrorCode::TooManyStatements,
+            SqlError::NotAllowed { .. } => ErrorCode::StatementNotAllowed,
+            SqlError::Failed { .. } => ErrorCode::SqlError,
+            SqlError::InvalidParam { .. } => ErrorCode::InvalidParam,
+            SqlError::UnsupportedType { .. } => ErrorCode::UnsupportedType,
+        }
+    }
+
+    fn body(&self) -> ErrorBody {
+        let mut body = ErrorBody::new(self.code(), self.to_string());
+        match self {
+            SqlError::NotAllowed { statement, .. } => body.statement = Some(*statement),
+            SqlError::Failed {
+                statement,
+                sqlstate,
+                ..
+            } => {
+                body.statement = *statement;
+                body.sqlstate = Some(sqlstate.clone());
+            }
+            SqlError::InvalidParam {
+                statement,
+                parameter,
+                ..
+            } => {
+                body.statement = Some(*statement);
+                body.parameter = Some(*parameter);
+            }
+            SqlError::UnsupportedType {
+                statement,
+                parameter,
+                ..
+            } => {
+                body.statement = Some(*statement);
+                body.parameter = *parameter;
+            }
+            _ => {}
+        }
+        body
+    }
+}
+
+impl From<SqlError> for ApiError {
+    fn from(error: SqlError) -> ApiError {
+        ApiError::Refused(Box::new(error.body()))
+    }
+}
+
+/// Why a transaction was not committed; nothing of it was applied.
+#[derive(Debug, thiserror::Error)]
+pub enum SqlFailure {
+    /// The in-database fence refused a stale token: usually the transaction's own fence
+    /// step, but a writer's statement may also call `fencegate.fence()` itself.
+    #[error("stale fencing token {} for resource {}", .0.presented, .0.resource)]
+    Stale(StaleRejection),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Refused(#[from] SqlError),
+}
+
+/// The session as every request finds it: what `RESET ALL` and the rest of the reset
+/// return it to. Start-up options outrank role and database defaults, which the
+/// writer's login could change for itself (`ALTER ROLE ... SET`).
+fn pinned_options(config: &Config) -> String {
+    let ms = |d: Duration| d.as_millis().max(1);
+    format!(
+        "-c synchronous_commit=on -c standard_conforming_strings=on \
+         -c statement_timeout={} -c lock_timeout={} \
+         -c idle_in_transaction_session_timeout={} \
+         -c default_transaction_isolation=read\\ committed",
+        ms(config.sql_statement_timeout),
+        ms(config.sql_statement_timeout),
+        ms(config.backend_timeout),
+    )
+}
+
+/// Facts about the SQL login and every role it can become (`MEMBER`: by inheritance
+/// or `SET ROLE`), for the start-up check.
+const LOGIN_FACTS: &str = "
+    WITH reach AS (
+        SELECT r.* FROM pg_roles r WHERE pg_has_role(session_user, r.oid, 'MEMBER')
+    )
+    SELECT session_user::text,
+           current_database()::text,
+           (SELECT string_agg(rolname, ', ') FROM reach WHERE rolsuper),
+           (SELECT string_agg(rolname, ', ') FROM reach WHERE rolcreaterole),
+           (SELECT string_agg(reach.rolname, ', ') FROM reach
+               JOIN pg_namespace n ON n.nspowner = reach.oid WHERE n.nspname = 'fencegate'),
+           (SELECT string_agg(DISTINCT reach.rolname, ', ') FROM reach
+               CROSS JOIN pg_class c
+               WHERE c.relnamespace = 'fencegate'::regnamespace
+                 AND (c.relowner = reach.oid OR has_table_privilege(reach.oid, c.oid,
+                      'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER'))),
+           (SELECT string_agg(rolname, ', ') FROM reach
+               WHERE has_schema_privilege(reach.oid, 'fencegate', 'CREATE'))";
+
+impl SqlService {
+    /// Connects the writer-only pool, grants its login EXECUTE on `fencegate.fence()`
+    /// (through `gateway`, the schema's owner) and checks that the login can reach
+    /// nothing more of fencegate's; see the module doc.
+    pub async fn connect(config: &Config, gateway: &PgStore) -> Result<SqlService, SqlStartError> {
+        let url = config
+            .sql_database_url
+            .as_deref()
+            .expect("validated: --sql comes with --sql-database-url");
+        let mut pg_config: tokio_postgres::Config =
+            url.parse().map_err(SqlStartError::InvalidUrl)?;
+        if pg_config.get_application_name().is_none() {
+            pg_config.application_name("fencegate-sql");
+        }
+        let options = match pg_config.get_options() {
+            Some(theirs) => format!("{theirs} {}", pinned_options(config)),
+            None => pinned_options(config),
+        };
+        pg_config.options(&options);
+        pg_config.connect_timeout(config.backend_timeout);
+        pg_config.keepalives_idle(Duration::from_secs(30));
+        tracing::debug!(database = %describe(&pg_config), "connecting the SQL pool");
+        let manager = Manager::from_config(
+            pg_config,
+            NoTls,
+            ManagerConfig {
+                // CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *;
+                // SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES — on
+                // every checkout. Prepared statements are kept: writers cannot create any.
+                recycling_method: RecyclingMethod::Clean,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(config.sql_pool_size)
+            .queue_mode(QueueMode::Lifo)
+            .runtime(Runtime::Tokio1)
+            .build()
+            .expect("a pool with a runtime always builds");
+        let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
+        let service = SqlService {
+            pool,
+            policy: SqlPolicy::from_config(config),
+            checker: guard::Checker::start(threads).map_err(SqlStartError::Threads)?,
+            timeout: config.backend_timeout,
+        };
+        let login: String = service
+            .with_client(async |client| {
+                let row = client
+                    .query_one("SELECT session_user::text", &[])
+                    .await
+                    .map_err(|e| classify(e, false))?;
+                Ok(row.get(0))
+            })
+            .await
+            .map_err(SqlStartError::Unavailable)?;
+        gateway
+            .grant_fence(&login)
+            .await
+            .map_err(SqlStartError::Unavailable)?;
+        service.check_login(gateway).await?;
+        Ok(service)
+    }
+
+    /// Refuses a login that is, or can become, more than a writer.
+    async fn check_login(&self, gateway: &PgStore) -> Result<(), SqlStartError> {
+        type Facts = (String, String, [Option<String>; 5]);
+        let (login, database, reached): Facts = self
+            .with_client(async |client| {
+                let row = client
+                    .query_one(LOGIN_FACTS, &[])
+                    .await
+                    .map_err(|e| classify(e, false))?;
+                Ok((
+                    row.get(0),
+                    row.get(1),
+                    [row.get(2), row.get(3), row.get(4), row.get(5), row.get(6)],
+                ))
+            })
+            .await
+            .map_err(SqlStartError::Unavailable)?;
+        let gateway_database = gateway
+            .database()
+            .await
+            .map_err(SqlStartError::Unavailable)?;
+        if database != gateway_database {
+            return Err(SqlStartError::OtherDatabase {
+                sql: database,
+                gateway: gateway_database,
+            });
+        }
+        let what = [
+            "is a superuser",
+            "may create roles",
+            "owns schema fencegate",
+            "has privileges on fencegate's tables",
+            "may create objects in schema fencegate",
+        ];
+        for (roles, what) in reached.into_iter().zip(what) {
+            if let Some(roles) = roles {
+                let reason = if roles == login {
+                    what.to_owned()
+                } else {
+                    format!("can act as {roles}, which {what}")
+                };
+                return Err(SqlStartError::UnsafeLogin { login, reason });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn policy(&self) -> &SqlPolicy {
+        &self.policy
+    }
+
+    /// Checks a request's statements with [`guard::check`] before anything runs; the
+    /// statements come back, and on a refusal the index of the first one refused.
+    pub async fn check(
+        &self,
+        statements: Vec<SqlStatement>,
+    ) -> (Vec<SqlStatement>, Result<(), SqlError>) {
+        let (statements, verdict) = self.checker.check_all(statements, &self.policy).await;
+        let verdict = verdict.map_err(|(statement, refused)| SqlError::NotAllowed {
+            statement,
+            reason: refused.0,
+        });
+        (statements, verdict)
+    }
+
+    /// Runs a fenced SQL transaction; one result per statement; see [`tx`].
+    pub async fn run(&self, tx: &SqlTransaction) -> Result<Vec<SqlResult>, SqlFailure> {
+        tx::run(self, tx).await
+    }
+
+    /// Runs `op` on a connection of the writer-only pool within the backend timeout.
+    async fn with_client<T>(
+        &self,
+        op: impl AsyncFnOnce(&mut deadpool_postgres::Object) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        with_client_until(&self.pool, tokio::time::Instant::now() + self.timeout, op).await
+    }
+}
