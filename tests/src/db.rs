@@ -102,11 +102,11 @@ impl TestDb {
         &self.name
     }
 
-    /// Creates a role that can log in, named `<database>_<suffix>`, with `attributes`
-    /// (e.g. `NOSUPERUSER`, `CREATEROLE`); dropped with the database. Returns its name.
+    /// Creates a role named `<database>_<suffix>` with `attributes` (e.g. `LOGIN`,
+    /// `LOGIN CREATEROLE`, `NOLOGIN`); dropped with the database. Returns its name.
     pub async fn create_role(&self, suffix: &str, attributes: &str) -> String {
         let role = format!("{}_{suffix}", self.name);
-        self.execute(&format!("CREATE ROLE {role} LOGIN {attributes}"))
+        self.execute(&format!("CREATE ROLE {role} {attributes}"))
             .await;
         self.roles.lock().unwrap().push(role.clone());
         role
@@ -118,7 +118,7 @@ impl TestDb {
     pub async fn writer(&self) -> String {
         let role = self.writer_role();
         if !self.roles.lock().unwrap().contains(&role) {
-            self.create_role("writer", "").await;
+            self.create_role("writer", "LOGIN").await;
             self.execute(&WRITER_GRANTS.replace("{role}", &role)).await;
         }
         self.url_as(&role)
@@ -161,7 +161,7 @@ impl TestDb {
             .await
             .batch_execute(sql)
             .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
     }
 
     /// The durable highest token of `resource`, read straight from the gateway's table.

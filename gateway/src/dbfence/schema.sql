@@ -243,7 +243,7 @@ AS $fn$
 DECLARE
     rel regclass;
 BEGIN
-    FOR rel IN SELECT p.tbl FROM fencegate.protected p WHERE p.tbl IN (SELECT fencegate.family(tbl)) LOOP
+    FOR rel IN SELECT p.tbl FROM fencegate.protected p WHERE p.tbl IN (SELECT fencegate.family(unprotect.tbl)) LOOP
         EXECUTE format('DROP TRIGGER fencegate_fence ON %s', rel);
         RETURN NEXT rel;
     END LOOP;

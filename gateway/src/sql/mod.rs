@@ -48,7 +48,7 @@ use tokio_postgres::NoTls;
 use crate::config::Config;
 use crate::dbfence::StaleRejection;
 use crate::error::ApiError;
-use crate::store::postgres::{classify, describe, with_client_until, PgStore};
+use crate::store::postgres::{describe, error_text, with_client_until, PgStore};
 use crate::store::StoreError;
 
 pub use guard::SqlPolicy;
@@ -84,7 +84,9 @@ pub struct SqlTransaction {
 pub enum SqlStartError {
     #[error("--sql-database-url is not valid: {0}")]
     InvalidUrl(tokio_postgres::Error),
-    #[error("could not reach the database of --sql-database-url: {0}")]
+    #[error("could not connect with --sql-database-url: {0}")]
+    Connect(String),
+    #[error("could not reach the database: {0}")]
     Unavailable(StoreError),
     #[error("could not start the SQL checking threads: {0}")]
     Threads(std::io::Error),
@@ -240,9 +242,7 @@ const LOGIN_FACTS: &str = "
     WITH reach AS (
         SELECT r.* FROM pg_roles r WHERE pg_has_role(session_user, r.oid, 'MEMBER')
     )
-    SELECT session_user::text,
-           current_database()::text,
-           (SELECT string_agg(rolname, ', ') FROM reach WHERE rolsuper),
+    SELECT (SELECT string_agg(rolname, ', ') FROM reach WHERE rolsuper),
            (SELECT string_agg(rolname, ', ') FROM reach WHERE rolcreaterole),
            (SELECT string_agg(reach.rolname, ', ') FROM reach
                JOIN pg_namespace n ON n.nspowner = reach.oid WHERE n.nspname = 'fencegate'),
@@ -275,7 +275,27 @@ impl SqlService {
         pg_config.options(&options);
         pg_config.connect_timeout(config.backend_timeout);
         pg_config.keepalives_idle(Duration::from_secs(30));
-        tracing::debug!(database = %describe(&pg_config), "connecting the SQL pool");
+        // One connection of its own for the checks, so that a login that cannot connect
+        // says why.
+        let (client, connection) = pg_config
+            .connect(NoTls)
+            .await
+            .map_err(|e| SqlStartError::Connect(error_text(&e)))?;
+        let connection = tokio::spawn(connection);
+        let login: String = client
+            .query_one("SELECT session_user::text", &[])
+            .await
+            .map_err(|e| SqlStartError::Connect(error_text(&e)))?
+            .get(0);
+        gateway
+            .grant_fence(&login)
+            .await
+            .map_err(SqlStartError::Unavailable)?;
+        let checked = check_login(&client, gateway).await;
+        drop(client);
+        let _ = connection.await;
+        checked?;
+        tracing::debug!(database = %describe(&pg_config), %login, "writers' SQL runs as this login");
         let manager = Manager::from_config(
             pg_config,
             NoTls,
@@ -293,75 +313,12 @@ impl SqlService {
             .build()
             .expect("a pool with a runtime always builds");
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
-        let service = SqlService {
+        Ok(SqlService {
             pool,
             policy: SqlPolicy::from_config(config),
             checker: guard::Checker::start(threads).map_err(SqlStartError::Threads)?,
             timeout: config.backend_timeout,
-        };
-        let login: String = service
-            .with_client(async |client| {
-                let row = client
-                    .query_one("SELECT session_user::text", &[])
-                    .await
-                    .map_err(|e| classify(e, false))?;
-                Ok(row.get(0))
-            })
-            .await
-            .map_err(SqlStartError::Unavailable)?;
-        gateway
-            .grant_fence(&login)
-            .await
-            .map_err(SqlStartError::Unavailable)?;
-        service.check_login(gateway).await?;
-        Ok(service)
-    }
-
-    /// Refuses a login that is, or can become, more than a writer.
-    async fn check_login(&self, gateway: &PgStore) -> Result<(), SqlStartError> {
-        type Facts = (String, String, [Option<String>; 5]);
-        let (login, database, reached): Facts = self
-            .with_client(async |client| {
-                let row = client
-                    .query_one(LOGIN_FACTS, &[])
-                    .await
-                    .map_err(|e| classify(e, false))?;
-                Ok((
-                    row.get(0),
-                    row.get(1),
-                    [row.get(2), row.get(3), row.get(4), row.get(5), row.get(6)],
-                ))
-            })
-            .await
-            .map_err(SqlStartError::Unavailable)?;
-        let gateway_database = gateway
-            .database()
-            .await
-            .map_err(SqlStartError::Unavailable)?;
-        if database != gateway_database {
-            return Err(SqlStartError::OtherDatabase {
-                sql: database,
-                gateway: gateway_database,
-            });
-        }
-        let what = [
-            "is a superuser",
-            "may create roles",
-            "owns schema fencegate",
-            "has privileges on fencegate's tables",
-            "may create objects in schema fencegate",
-        ];
-        for (roles, what) in reached.into_iter().zip(what) {
-            if let Some(roles) = roles {
-                let reason = if roles == login {
-                    what.to_owned()
-                } else {
-                    format!("can act as {roles}, which {what}")
-                };
-                return Err(SqlStartError::UnsafeLogin { login, reason });
-            }
-        }
-        Ok(())
+        })
     }
 
     pub fn policy(&self) -> &SqlPolicy {
@@ -394,4 +351,47 @@ impl SqlService {
     ) -> Result<T, StoreError> {
         with_client_until(&self.pool, tokio::time::Instant::now() + self.timeout, op).await
     }
+}
+
+/// Refuses a login that is, or can become, more than a writer; see the module doc.
+async fn check_login(
+    client: &tokio_postgres::Client,
+    gateway: &PgStore,
+) -> Result<(), SqlStartError> {
+    let failed = |e: tokio_postgres::Error| SqlStartError::Connect(error_text(&e));
+    let row = client
+        .query_one("SELECT session_user::text, current_database()::text", &[])
+        .await
+        .map_err(failed)?;
+    let (login, database): (String, String) = (row.get(0), row.get(1));
+    let gateway_database = gateway
+        .database()
+        .await
+        .map_err(SqlStartError::Unavailable)?;
+    if database != gateway_database {
+        return Err(SqlStartError::OtherDatabase {
+            sql: database,
+            gateway: gateway_database,
+        });
+    }
+    let row = client.query_one(LOGIN_FACTS, &[]).await.map_err(failed)?;
+    let what = [
+        "is a superuser",
+        "may create roles",
+        "owns schema fencegate",
+        "has privileges on fencegate's tables",
+        "may create objects in schema fencegate",
+    ];
+    for (column, what) in what.into_iter().enumerate() {
+        let Some(roles) = row.get::<_, Option<String>>(column) else {
+            continue;
+        };
+        let reason = if roles.split(", ").any(|role| role == login) {
+            what.to_owned()
+        } else {
+            format!("can act as {roles}, which {what}")
+        };
+        return Err(SqlStartError::UnsafeLogin { login, reason });
+    }
+    Ok(())
 }

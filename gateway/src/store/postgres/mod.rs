@@ -517,6 +517,22 @@ pub(crate) fn classify(error: tokio_postgres::Error, may_have_committed: bool) -
     StoreError::Internal(error.to_string())
 }
 
+/// What went wrong, for a log line or a start-up error: the server's message and
+/// SQLSTATE for an error the server sent (tokio-postgres prints only "db error" for
+/// those), the error and its causes otherwise.
+pub(crate) fn error_text(error: &tokio_postgres::Error) -> String {
+    if let Some(db) = error.as_db_error() {
+        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    }
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
 /// `host:port/dbname`, without user or password.
 pub(crate) fn describe(config: &tokio_postgres::Config) -> String {
     use tokio_postgres::config::Host;

@@ -43,6 +43,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
 /// Creates the schema and the migrations table, serialised between gateways that
 /// start together by a transaction-scoped advisory lock (start-up only).
 pub const PREPARE_MIGRATIONS: &str = "
+    SET LOCAL client_min_messages = warning;
     SELECT pg_advisory_xact_lock(7317411105063129665);
     CREATE SCHEMA IF NOT EXISTS fencegate;
     CREATE TABLE IF NOT EXISTS fencegate.schema_migrations (
