@@ -112,6 +112,11 @@ impl TestDb {
         role
     }
 
+    /// Drops `role` with the database: for roles a test creates itself.
+    pub fn drop_role_later(&self, role: &str) {
+        self.roles.lock().unwrap().push(role.to_owned());
+    }
+
     /// The writer-only role for fenced SQL, `<database>_writer`, created on first use:
     /// it may read and write the tables of schema `public` (also those created later),
     /// and nothing of the gateway's. Returns its connection string.

@@ -3,9 +3,13 @@
 //! token or fails inside its own transaction, with fencegate's SQLSTATE.
 
 use std::process::Command;
+use std::time::Duration;
 
 use bytes::Bytes;
-use fencegate_tests::fenced::{fence_error, sqlstate, FencedDb};
+use fencegate_tests::db::{server_addr, via};
+use fencegate_tests::eventually;
+use fencegate_tests::fenced::{connect_with, fence_error, sqlstate, FencedDb};
+use fencegate_tests::proxy::Proxy;
 use futures_util::SinkExt;
 use tokio_postgres::Client;
 
@@ -522,7 +526,7 @@ async fn writers_cannot_lower_or_forge_fences() {
         ("SELECT * FROM fencegate.fences", "42501"),
         ("SELECT * FROM fencegate.objects", "42501"),
         ("SELECT fencegate.fence_check('orders', 1, NULL)", "42501"),
-        ("SELECT fencegate.protect('orders', 'other')", "42501"),
+        ("SELECT fencegate.protect('orders', 'other')", "P0001"),
         ("SELECT fencegate.unprotect('orders')", "42501"),
         (
             "ALTER TABLE orders DISABLE TRIGGER fencegate_fence",
@@ -547,4 +551,64 @@ async fn writers_cannot_lower_or_forge_fences() {
     writer.batch_execute("ROLLBACK").await.unwrap();
     assert_eq!(fenced.highest("orders").await, Some(5));
     assert_eq!(fenced.count("orders").await, 0);
+}
+
+/// The seed's sweeper, over its own connections: node-a (epoch 1) sends its sweep,
+/// which the network holds; node-b takes over with epoch 2 and sweeps; node-a's sweep
+/// arrives and its own transaction refuses it — `sweep_state` keeps node-b's note.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_sweeper_over_direct_connections() {
+    let fenced = FencedDb::create().await;
+    fenced
+        .execute(
+            "CREATE TABLE sweep_state (id int PRIMARY KEY, last_epoch bigint NOT NULL, note text);
+             INSERT INTO sweep_state VALUES (1, 1, 'sweep by node-a');",
+        )
+        .await;
+    fenced.protect("sweep_state", "sweeper").await;
+    fenced.raise("sweeper", 1).await;
+
+    let network = Proxy::start(server_addr().await).await;
+    let node_a = connect_with(&via(fenced.writer_url(), network.addr()), "").await;
+    network.hold();
+    let delayed = tokio::spawn(async move {
+        node_a
+            .batch_execute(
+                "BEGIN; SELECT fencegate.fence('sweeper', 1);
+                 UPDATE sweep_state SET last_epoch = 1, note = 'stale write by node-a' WHERE id = 1;
+                 COMMIT;",
+            )
+            .await
+    });
+    eventually(
+        Duration::from_secs(5),
+        "node-a's sweep to reach the network",
+        || async { network.held_bytes() > 0 },
+    )
+    .await;
+
+    let node_b = fenced.writer("").await;
+    node_b
+        .batch_execute(
+            "BEGIN; SELECT fencegate.fence('sweeper', 2);
+             UPDATE sweep_state SET last_epoch = 2, note = 'sweep by node-b' WHERE id = 1;
+             COMMIT;",
+        )
+        .await
+        .unwrap();
+
+    network.release();
+    let late = delayed.await.unwrap().unwrap_err();
+    let error = fence_error(&late);
+    assert_eq!(
+        (error.code().code(), error.detail()),
+        ("ZF001", Some("resource=sweeper presented=1 highest=2"))
+    );
+    let note: String = fenced
+        .admin
+        .query_one("SELECT note FROM sweep_state", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(note, "sweep by node-b");
 }

@@ -10,7 +10,7 @@ use std::fmt;
 use tokio_postgres::{Client, NoTls};
 
 use crate::config::TablesCommand;
-use crate::store::postgres::{migrate, PgStartError};
+use crate::store::postgres::{error_text, migrate, PgStartError};
 
 /// Why an administrative command failed. Database messages are the operator's own
 /// business and are shown as Postgres wrote them; the connection string never is.
@@ -19,7 +19,7 @@ pub enum AdminError {
     #[error("the database URL is not valid: {0}")]
     InvalidUrl(tokio_postgres::Error),
     #[error("could not connect to the database: {0}")]
-    Connect(tokio_postgres::Error),
+    Connect(String),
     #[error(transparent)]
     Schema(#[from] PgStartError),
     #[error("{0}")]
@@ -59,17 +59,38 @@ pub async fn run(command: TablesCommand) -> Result<bool, AdminError> {
     }
 }
 
-/// Connects to `url` and brings the `fencegate` schema to this binary's version.
+/// Connects to `url` and brings the `fencegate` schema to this binary's version — or,
+/// for a role that may not change the schema (a table owner other than the gateway's
+/// login), uses it as the gateway installed it.
 pub async fn connect(url: &str) -> Result<Client, AdminError> {
     let config: tokio_postgres::Config = url.parse().map_err(AdminError::InvalidUrl)?;
-    let (mut client, connection) = config.connect(NoTls).await.map_err(AdminError::Connect)?;
+    let (mut client, connection) = config
+        .connect(NoTls)
+        .await
+        .map_err(|e| AdminError::Connect(error_text(&e)))?;
     tokio::spawn(async move {
         if let Err(error) = connection.await {
             tracing::debug!(%error, "admin connection ended");
         }
     });
-    migrate(&mut client).await?;
-    Ok(client)
+    match migrate(&mut client).await {
+        Ok(()) => Ok(client),
+        Err(PgStartError::Migrate(error)) => {
+            let installed: bool = client
+                .query_one(
+                    "SELECT EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+                                    WHERE n.nspname = 'fencegate' AND p.proname = 'protect')",
+                    &[],
+                )
+                .await?
+                .get(0);
+            match installed {
+                true => Ok(client),
+                false => Err(PgStartError::Migrate(error).into()),
+            }
+        }
+        Err(error) => Err(error.into()),
+    }
 }
 
 /// Fences `table` (and every partition and child below it) for `resource`; returns

@@ -349,9 +349,11 @@ AS $fn$
           AND has_schema_privilege(r.oid, 'fencegate', 'CREATE')
     UNION ALL
     SELECT 'problem', 'public_can_execute', p.oid::regprocedure::text,
-           'every role may execute this function (REVOKE EXECUTE ... FROM PUBLIC)'
+           'every role may execute this function, which changes fences (REVOKE EXECUTE ... FROM PUBLIC)'
         FROM pg_proc p
         WHERE p.pronamespace = 'fencegate'::regnamespace
+          AND (p.prosecdef OR p.proname = 'fence_check')
+          AND p.prorettype NOT IN ('trigger'::regtype, 'event_trigger'::regtype)
           AND EXISTS (SELECT FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
                       WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')
     UNION ALL
@@ -361,7 +363,16 @@ AS $fn$
 $fn$;
 
 REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fencegate FROM PUBLIC;
-REVOKE ALL ON fencegate.protected FROM PUBLIC;
+-- What a table's owner needs to fence it and to audit: harmless to every role, since
+-- protect() and unprotect() run with the caller's privileges, only a table's owner may
+-- change its triggers, and a trigger function cannot be called but as a trigger
+-- (creating a trigger needs EXECUTE on it). Roles still need USAGE on the schema.
+GRANT EXECUTE ON FUNCTION fencegate.valid_resource(text), fencegate.require_resource(text),
+    fencegate.family(regclass), fencegate.unprotected_descendants(),
+    fencegate.protect(regclass, text), fencegate.unprotect(regclass), fencegate.audit(),
+    fencegate.enforce()
+    TO PUBLIC;
+GRANT SELECT ON fencegate.protected TO PUBLIC;
 
 DO $do$
 BEGIN

@@ -248,7 +248,7 @@ const LOGIN_FACTS: &str = "
                JOIN pg_namespace n ON n.nspowner = reach.oid WHERE n.nspname = 'fencegate'),
            (SELECT string_agg(DISTINCT reach.rolname, ', ') FROM reach
                CROSS JOIN pg_class c
-               WHERE c.relnamespace = 'fencegate'::regnamespace
+               WHERE c.relnamespace = 'fencegate'::regnamespace AND c.relkind IN ('r', 'p')
                  AND (c.relowner = reach.oid OR has_table_privilege(reach.oid, c.oid,
                       'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER'))),
            (SELECT string_agg(rolname, ', ') FROM reach

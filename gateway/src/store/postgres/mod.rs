@@ -498,7 +498,7 @@ pub(crate) fn classify(error: tokio_postgres::Error, may_have_committed: bool) -
                 applied: Some(false),
             };
         }
-        return StoreError::Internal(format!("database error {}: {error}", code.code()));
+        return StoreError::Internal(format!("database error: {}", error_text(&error)));
     }
     if error.is_closed()
         || std::error::Error::source(&error).is_some_and(|s| s.is::<std::io::Error>())
@@ -514,7 +514,7 @@ pub(crate) fn classify(error: tokio_postgres::Error, may_have_committed: bool) -
             applied,
         };
     }
-    StoreError::Internal(error.to_string())
+    StoreError::Internal(error_text(&error))
 }
 
 /// What went wrong, for a log line or a start-up error: the server's message and
