@@ -101,7 +101,7 @@ async fn a_writer_only_login_starts_with_just_the_fence_granted() {
                 "SELECT has_schema_privilege($1, 'fencegate', 'USAGE'),
                         has_function_privilege($1, 'fencegate.fence(text, bigint)', 'EXECUTE'),
                         has_table_privilege($1, 'fencegate.fences', 'SELECT'),
-                        has_function_privilege($1, 'fencegate.protect(regclass, text)', 'EXECUTE')",
+                        has_function_privilege($1, 'fencegate.fence_check(text, bigint, regclass)', 'EXECUTE')",
                 &[&db.writer_role()],
             )
             .await
