@@ -34,6 +34,9 @@ fn help_names_every_flag_and_its_environment_variable() {
         ("--log-format", "FENCEGATE_LOG_FORMAT"),
         ("--stale-log-limit", "FENCEGATE_STALE_LOG_LIMIT"),
         ("--sql", "FENCEGATE_SQL"),
+        ("--sql-database-url", "FENCEGATE_SQL_DATABASE_URL"),
+        ("--sql-pool-size", "FENCEGATE_SQL_POOL_SIZE"),
+        ("--sql-max-statement-size", "FENCEGATE_SQL_MAX_STATEMENT_SIZE"),
     ] {
         assert!(
             help.contains(flag),
@@ -41,10 +44,25 @@ fn help_names_every_flag_and_its_environment_variable() {
         );
         assert!(help.contains(env), "--help does not mention {env}:\n{help}");
     }
-    assert!(
-        help.contains("serve"),
-        "--help does not list the serve command"
-    );
+    for command in ["serve", "protect", "unprotect", "check"] {
+        assert!(
+            help.contains(command),
+            "--help does not list the {command} command"
+        );
+    }
+}
+
+#[test]
+fn the_table_commands_explain_themselves() {
+    let output = fencegate(&["protect", "--help"]);
+    assert!(output.status.success());
+    let help = String::from_utf8(output.stdout).unwrap();
+    for needed in ["<TABLE>", "--resource", "--database-url", "DATABASE_URL", "partitions"] {
+        assert!(help.contains(needed), "protect --help lacks {needed}:\n{help}");
+    }
+    let output = fencegate(&["check"]);
+    assert!(!output.status.success(), "check without a database URL");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--database-url"));
 }
 
 #[test]
@@ -55,6 +73,11 @@ fn settings_that_cannot_work_are_refused_with_the_flag_named() {
         (&["--backend-timeout", "soon"][..], "--backend-timeout"),
         (&["--group-commit-max", "0"][..], "--group-commit-max"),
         (&["--write-lanes", "0"][..], "--write-lanes"),
+        (
+            &["--database-url", "postgres://127.0.0.1:1/x", "--sql"][..],
+            "--sql-database-url",
+        ),
+        (&["--sql-database-url", "postgres://x"][..], "--sql"),
         (
             &[
                 "--database-url",

@@ -105,10 +105,11 @@ $fn$;
 
 -- The token this transaction presented for `resource`: the one a fencegate.fence() call
 -- recorded, else the fencegate.token setting; NULL if neither. Not trusted: the caller
--- checks it against the fence like any other token.
+-- checks it against the fence like any other token. Without a SET clause, so that it
+-- is inlined into its caller, enforce(), whose search_path is fixed; only the schema's
+-- owner may call it.
 CREATE FUNCTION fencegate.presented(resource text) RETURNS text
     LANGUAGE sql STABLE
-    SET search_path = pg_catalog, pg_temp
 AS $fn$
     SELECT coalesce(
         nullif(split_part(split_part(' ' || current_setting('fencegate.fenced', true) || ' ',
@@ -145,6 +146,12 @@ $fn$;
 -- The fence step for writers: checks `token` against `resource`'s fence, raising it if
 -- higher, keeps the fence row locked until the transaction ends, and records the token
 -- for the triggers of the resource's protected tables. Returns the highest token.
+--
+-- The common case — the token of the current term — is one statement: the share lock
+-- of a row whose highest equals the token. Everything else (a new term, a stale or
+-- invalid token, an unknown resource) goes through the checks and fence_check().
+-- (PL/pgSQL sets up its expressions again in every transaction; the fast paths keep to
+-- few of them, and to no regular expression.)
 CREATE FUNCTION fencegate.fence(resource text, token bigint) RETURNS bigint
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -153,12 +160,15 @@ DECLARE
     highest bigint;
     fenced text := coalesce(current_setting('fencegate.fenced', true), '');
 BEGIN
-    PERFORM fencegate.require_resource(fence.resource);
-    PERFORM fencegate.parse_token(fence.resource, fence.token::text, NULL);
-    highest := fencegate.fence_check(fence.resource, fence.token, NULL);
+    SELECT f.highest INTO highest FROM fencegate.fences f
+        WHERE f.resource = fence.resource AND f.highest = fence.token FOR SHARE;
+    IF NOT FOUND THEN
+        PERFORM fencegate.require_resource(fence.resource);
+        PERFORM fencegate.parse_token(fence.resource, fence.token::text, NULL);
+        highest := fencegate.fence_check(fence.resource, fence.token, NULL);
+    END IF;
     -- Newest first: fencegate.presented() reads the first entry of a resource.
-    IF split_part(split_part(' ' || fenced || ' ', ' ' || fence.resource || '=', 2), ' ', 1)
-       IS DISTINCT FROM fence.token::text THEN
+    IF strpos(' ' || fenced, ' ' || fence.resource || '=' || fence.token || ' ') <> 1 THEN
         PERFORM set_config('fencegate.fenced', fence.resource || '=' || fence.token || ' ' || fenced, true);
     END IF;
     RETURN highest;
@@ -167,19 +177,26 @@ $fn$;
 
 -- The trigger of protected tables (argument: the resource). Fails closed: without a
 -- token for the resource, the statement is refused.
+--
+-- Every statement checks again, since any record of an earlier check in this
+-- transaction could be forged (custom settings are writable by every role). For a
+-- token already checked it costs one index probe: the share lock the transaction
+-- holds, taken again. Anything else goes the long way (fence_check).
 CREATE FUNCTION fencegate.enforce() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    scope text := TG_ARGV[0];
-    token bigint := fencegate.parse_token(scope, fencegate.presented(scope), TG_RELID);
+    presented text := fencegate.presented(TG_ARGV[0]);
 BEGIN
-    -- Already checked in this transaction at this token: re-taking the share lock the
-    -- transaction holds costs one index probe. Anything else goes the long way.
-    PERFORM FROM fencegate.fences f WHERE f.resource = scope AND f.highest = token FOR SHARE;
+    -- Compared as text, so that no cast can fail here; a token written otherwise
+    -- ('007') is read properly below.
+    PERFORM FROM fencegate.fences f
+        WHERE f.resource = TG_ARGV[0] AND f.highest::text = presented FOR SHARE;
     IF NOT FOUND THEN
-        PERFORM fencegate.fence_check(scope, token, TG_RELID);
+        PERFORM fencegate.fence_check(TG_ARGV[0],
+                                      fencegate.parse_token(TG_ARGV[0], presented, TG_RELID),
+                                      TG_RELID);
     END IF;
     RETURN NULL;
 END

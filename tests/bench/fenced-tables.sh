@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# What the in-database fence costs a writer: pgbench on the same table unfenced and
+# fenced, a single-row UPDATE autocommitted and a 5-statement transaction, at
+# concurrency 1 and 16, in interleaved rounds; then the same UPDATE looped inside the
+# server, without a network round trip in between.
+#
+#   tests/bench/fenced-tables.sh [ROUNDS] [SECONDS]      (defaults: 3 rounds of 5 s)
+#
+# Needs pgbench and psql, a Postgres at $PGURL (default postgres://postgres@127.0.0.1:5432)
+# and the fencegate binary (target/release, else target/debug; build it first). The
+# fenced writers present their token for the session (options=-c fencegate.token=7);
+# the "fence()" rows call SELECT fencegate.fence('bench', 7) first in each transaction
+# instead. synchronous_commit is off for these sessions: the fence's cost does not
+# depend on it, and the commit's fsync would drown it in noise.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+ROUNDS=${1:-3}
+SECONDS_PER_RUN=${2:-5}
+PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
+DB=fg_bench_fenced
+FENCEGATE=target/release/fencegate
+[ -x "$FENCEGATE" ] || FENCEGATE=target/debug/fencegate
+[ -x "$FENCEGATE" ] || { echo "build fencegate first: cargo build --release" >&2; exit 1; }
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+
+psql "$PGURL/postgres" -qX -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB"
+URL="$PGURL/$DB"
+psql "$URL" -qX -v ON_ERROR_STOP=1 <<'SQL'
+CREATE TABLE plain (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0);
+CREATE TABLE fenced (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0);
+INSERT INTO plain (id) SELECT generate_series(1, 10000);
+INSERT INTO fenced (id) SELECT generate_series(1, 10000);
+SQL
+"$FENCEGATE" protect fenced --resource bench --database-url "$URL" >/dev/null
+psql "$URL" -qX -c "SELECT fencegate.fence('bench', 7)" >/dev/null
+
+update() { printf 'UPDATE %s SET v = v + 1 WHERE id = :id;\n' "$1"; }
+for table in plain fenced; do
+  { echo '\set id random(1, 10000)'; update "$table"; } >"$WORK/one-$table.sql"
+  { echo '\set id random(1, 10000)'; echo 'BEGIN;'; for _ in 1 2 3 4 5; do update "$table"; done; echo 'COMMIT;'; } >"$WORK/five-$table.sql"
+done
+{ echo '\set id random(1, 10000)'; echo 'BEGIN;'; echo "SELECT fencegate.fence('bench', 7);"; update fenced; echo 'COMMIT;'; } >"$WORK/one-fence.sql"
+{ echo '\set id random(1, 10000)'; echo 'BEGIN;'; echo "SELECT fencegate.fence('bench', 7);"; for _ in 1 2 3 4 5; do update fenced; done; echo 'COMMIT;'; } >"$WORK/five-fence.sql"
+{ echo '\set id random(1, 10000)'; echo 'BEGIN;'; update plain; echo 'COMMIT;'; } >"$WORK/one-plain-tx.sql"
+
+# run NAME SCRIPT CLIENTS OPTIONS: appends "name clients tps latency_ms" to results.
+run() {
+  local out
+  out=$(PGOPTIONS="-c synchronous_commit=off $4" pgbench "$URL" -n -M prepared \
+        -c "$3" -j "$(( $3 < 2 ? $3 : 2 ))" -T "$SECONDS_PER_RUN" -f "$WORK/$2.sql" 2>&1)
+  local tps lat
+  tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<<"$out")
+  lat=$(sed -n 's/^latency average = \([0-9.]*\) ms/\1/p' <<<"$out")
+  [ -n "$tps" ] || { echo "$out" >&2; exit 1; }
+  echo "$1 $3 $tps $lat" >>"$WORK/results"
+}
+
+TOKEN="-c fencegate.token=7"
+for round in $(seq "$ROUNDS"); do
+  echo "round $round of $ROUNDS" >&2
+  for clients in 1 16; do
+    run "1-statement unfenced" one-plain "$clients" ""
+    run "1-statement fenced" one-fenced "$clients" "$TOKEN"
+    run "1-statement fence()" one-fence "$clients" ""
+    run "1-statement-in-BEGIN unfenced" one-plain-tx "$clients" ""
+    run "5-statement unfenced" five-plain "$clients" ""
+    run "5-statement fenced" five-fenced "$clients" "$TOKEN"
+    run "5-statement fence()" five-fence "$clients" ""
+  done
+done
+
+echo
+echo "pgbench -M prepared, -T $SECONDS_PER_RUN, $ROUNDS interleaved rounds; median of the rounds"
+echo
+echo "| workload | clients | tps | latency avg (ms) |"
+echo "|---|---|---|---|"
+python3 - "$WORK/results" <<'PY'
+import statistics, sys
+rows = {}
+for line in open(sys.argv[1]):
+    *name, clients, tps, lat = line.split()
+    rows.setdefault((" ".join(name), int(clients)), []).append((float(tps), float(lat)))
+med = {k: (statistics.median(t for t, _ in v), statistics.median(l for _, l in v)) for k, v in rows.items()}
+for (name, clients), (tps, lat) in sorted(med.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    print(f"| {name} | {clients} | {tps:,.0f} | {lat:.3f} |")
+print()
+for clients in (1, 16):
+    one = (med[("1-statement fenced", clients)][1] - med[("1-statement unfenced", clients)][1]) * 1000
+    five = (med[("5-statement fenced", clients)][1] - med[("5-statement unfenced", clients)][1]) * 1000
+    call = (med[("1-statement fence()", clients)][1] - med[("1-statement-in-BEGIN unfenced", clients)][1]) * 1000
+    print(f"clients {clients}: fence per transaction {one:+.1f} us (session token); "
+          f"per further statement {(five - one) / 4:+.1f} us; "
+          f"fence() call per transaction {call:+.1f} us (one more statement, round trip included)")
+PY
+
+echo
+echo "Inside the server (one session, 20000 single-row UPDATEs in a DO loop, no round trips):"
+psql "$URL" -qX -v ON_ERROR_STOP=1 <<'SQL' | sed -n 's/^Time: \(.*\)/\1/p' | paste - - - - | awk '{
+  printf "  unfenced %.2f us/statement, fenced %.2f us/statement: the fence adds %.2f us per statement\n",
+    ($1+$5)/2/20, ($3+$7)/2/20, (($3+$7)-($1+$5))/2/20 }'
+SET synchronous_commit = off;
+SET fencegate.token = 7;
+\timing on
+DO $$ BEGIN FOR i IN 1..20000 LOOP UPDATE plain SET v = v + 1 WHERE id = 1 + i % 10000; END LOOP; END $$;
+DO $$ BEGIN FOR i IN 1..20000 LOOP UPDATE fenced SET v = v + 1 WHERE id = 1 + i % 10000; END LOOP; END $$;
+DO $$ BEGIN FOR i IN 1..20000 LOOP UPDATE plain SET v = v + 1 WHERE id = 1 + i % 10000; END LOOP; END $$;
+DO $$ BEGIN FOR i IN 1..20000 LOOP UPDATE fenced SET v = v + 1 WHERE id = 1 + i % 10000; END LOOP; END $$;
+SQL
+psql "$PGURL/postgres" -qX -c "DROP DATABASE $DB WITH (FORCE)"
