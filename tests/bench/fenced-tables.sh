@@ -17,6 +17,7 @@ cd "$(dirname "$0")/../.."
 
 ROUNDS=${1:-3}
 SECONDS_PER_RUN=${2:-5}
+IN_SERVER_RUNS=${IN_SERVER_RUNS:-7}
 PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
 DB=fg_bench_fenced
 FENCEGATE=target/release/fencegate
@@ -96,16 +97,40 @@ for clients in (1, 16):
 PY
 
 echo
-echo "Inside the server (one session, 20000 single-row UPDATEs in a DO loop, no round trips):"
-psql "$URL" -qX -v ON_ERROR_STOP=1 <<'SQL' | sed -n 's/^Time: \(.*\)/\1/p' | paste - - - - | awk '{
-  printf "  unfenced %.2f us/statement, fenced %.2f us/statement: the fence adds %.2f us per statement\n",
-    ($1+$5)/2/20, ($3+$7)/2/20, (($3+$7)-($1+$5))/2/20 }'
-SET synchronous_commit = off;
-SET fencegate.token = 7;
-\timing on
-DO $$ BEGIN FOR i IN 1..20000 LOOP UPDATE plain SET v = v + 1 WHERE id = 1 + i % 10000; END LOOP; END $$;
-DO $$ BEGIN FOR i IN 1..20000 LOOP UPDATE fenced SET v = v + 1 WHERE id = 1 + i % 10000; END LOOP; END $$;
-DO $$ BEGIN FOR i IN 1..20000 LOOP UPDATE plain SET v = v + 1 WHERE id = 1 + i % 10000; END LOOP; END $$;
-DO $$ BEGIN FOR i IN 1..20000 LOOP UPDATE fenced SET v = v + 1 WHERE id = 1 + i % 10000; END LOOP; END $$;
+echo "Inside the server, one session, no round trips (median and range of $IN_SERVER_RUNS interleaved runs):"
+psql "$URL" -qX -v ON_ERROR_STOP=1 <<'SQL' >/dev/null
+CREATE PROCEDURE tx_plain(n int) LANGUAGE plpgsql AS $$
+BEGIN FOR i IN 1..n LOOP UPDATE plain SET v = v + 1 WHERE id = 1 + i % 10000; COMMIT; END LOOP; END $$;
+CREATE PROCEDURE tx_fenced(n int) LANGUAGE plpgsql AS $$
+BEGIN FOR i IN 1..n LOOP UPDATE fenced SET v = v + 1 WHERE id = 1 + i % 10000; COMMIT; END LOOP; END $$;
+CREATE PROCEDURE tx_fence_call(n int) LANGUAGE plpgsql AS $$
+BEGIN FOR i IN 1..n LOOP PERFORM fencegate.fence('bench', 7); UPDATE fenced SET v = v + 1 WHERE id = 1 + i % 10000; COMMIT; END LOOP; END $$;
+CREATE PROCEDURE st_plain(n int) LANGUAGE plpgsql AS $$
+BEGIN FOR i IN 1..n LOOP UPDATE plain SET v = v + 1 WHERE id = 1 + i % 10000; END LOOP; END $$;
+CREATE PROCEDURE st_fenced(n int) LANGUAGE plpgsql AS $$
+BEGIN FOR i IN 1..n LOOP UPDATE fenced SET v = v + 1 WHERE id = 1 + i % 10000; END LOOP; END $$;
 SQL
+{
+  echo 'SET synchronous_commit = off;'
+  echo 'SET fencegate.token = 7;'
+  echo '\timing on'
+  for _ in $(seq "$IN_SERVER_RUNS"); do
+    echo "CALL tx_plain(5000);"
+    echo "CALL tx_fenced(5000);"
+    echo "CALL tx_fence_call(5000);"
+    echo "CALL st_plain(20000);"
+    echo "CALL st_fenced(20000);"
+  done
+} | psql "$URL" -qX -v ON_ERROR_STOP=1 | sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' | paste - - - - - | python3 -c '
+import statistics, sys
+runs = [list(map(float, line.split())) for line in sys.stdin]
+def per(i, j, n):  # us per unit of column j minus column i, over the runs
+    deltas = [(r[j] - r[i]) * 1000 / n for r in runs]
+    return f"{statistics.median(deltas):+.1f} us ({min(deltas):+.1f} to {max(deltas):+.1f})"
+def base(i, n):
+    return statistics.median(r[i] * 1000 / n for r in runs)
+print(f"  a 1-statement transaction takes {base(0, 5000):.1f} us unfenced; the fence adds {per(0, 1, 5000)} "
+      f"with a session token, {per(0, 2, 5000)} with a fence() call first")
+print(f"  a further statement in a transaction takes {base(3, 20000):.1f} us unfenced; the fence adds {per(3, 4, 20000)}")
+'
 psql "$PGURL/postgres" -qX -c "DROP DATABASE $DB WITH (FORCE)"
