@@ -36,7 +36,10 @@ fn help_names_every_flag_and_its_environment_variable() {
         ("--sql", "FENCEGATE_SQL"),
         ("--sql-database-url", "FENCEGATE_SQL_DATABASE_URL"),
         ("--sql-pool-size", "FENCEGATE_SQL_POOL_SIZE"),
-        ("--sql-max-statement-size", "FENCEGATE_SQL_MAX_STATEMENT_SIZE"),
+        (
+            "--sql-max-statement-size",
+            "FENCEGATE_SQL_MAX_STATEMENT_SIZE",
+        ),
     ] {
         assert!(
             help.contains(flag),
@@ -57,8 +60,17 @@ fn the_table_commands_explain_themselves() {
     let output = fencegate(&["protect", "--help"]);
     assert!(output.status.success());
     let help = String::from_utf8(output.stdout).unwrap();
-    for needed in ["<TABLE>", "--resource", "--database-url", "DATABASE_URL", "partitions"] {
-        assert!(help.contains(needed), "protect --help lacks {needed}:\n{help}");
+    for needed in [
+        "<TABLE>",
+        "--resource",
+        "--database-url",
+        "DATABASE_URL",
+        "partitions",
+    ] {
+        assert!(
+            help.contains(needed),
+            "protect --help lacks {needed}:\n{help}"
+        );
     }
     let output = fencegate(&["check"]);
     assert!(!output.status.success(), "check without a database URL");
