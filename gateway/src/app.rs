@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use fencegate_proto::headers::Fencing;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
@@ -13,6 +13,8 @@ use crate::fence_cache::FenceCache;
 use crate::metrics::Metrics;
 use crate::sql::SqlEndpoint;
 use crate::store::{AdvanceOutcome, Store, StoreError, Write, WriteOutcome};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
 
 /// Everything a request handler needs.
 pub struct App {
@@ -23,15 +25,30 @@ pub struct App {
     pub cache: FenceCache,
     pub metrics: Metrics,
     pub max_body: usize,
+    pub body_timeout: Duration,
+    /// Writes being processed (`--max-writes-in-flight`).
+    writes: Arc<Semaphore>,
+    /// Request-body bytes held in memory (`--max-body-memory`), one permit a byte.
+    body_bytes: Arc<Semaphore>,
+    /// Cancelled when shutdown begins: requests still receiving their body stop.
+    pub shutdown: CancellationToken,
     stale_log: LogBudget,
 }
 
-/// A budget of "stale write rejected" lines per wall-clock second (`--stale-log-limit`).
+/// Why a request was turned away before any work: the gateway is at one of its bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overload {
+    Writes,
+    BodyMemory,
+}
+
+/// A budget of "stale write rejected" lines per wall-clock second (`--stale-log-limit`,
+/// 100 by default; 0 for no limit).
 ///
-/// By default every rejection is logged. Under a stale flood — a writer that goes on
-/// writing after losing its lease — writing the line costs more than the rejection
-/// itself, so operators may cap it: metrics still count every rejection, and the next
-/// line logged says how many were left out (`unlogged`).
+/// Under a stale flood — a writer that goes on writing after losing its lease — writing
+/// every line costs more than the rejection itself, and lets one client fill the log.
+/// Metrics still count every rejection; the next line logged says how many were left
+/// out (`unlogged`), and so does a summary line once a second while lines are left out.
 struct LogBudget {
     /// Lines per second; 0 for no limit.
     limit: u64,
@@ -50,6 +67,11 @@ impl LogBudget {
             window: AtomicU64::new(0),
             refused: AtomicU64::new(0),
         }
+    }
+
+    /// Lines refused since the last line or summary that counted them.
+    fn take_refused(&self) -> u64 {
+        self.refused.swap(0, Ordering::Relaxed)
     }
 
     /// `Some(refused)` if a line may be logged now, with the number of lines refused
@@ -75,7 +97,7 @@ impl LogBudget {
                 Ordering::Relaxed,
                 Ordering::Relaxed,
             ) {
-                Ok(_) => return Some(self.refused.swap(0, Ordering::Relaxed)),
+                Ok(_) => return Some(self.take_refused()),
                 Err(actual) => current = actual,
             }
         }
@@ -90,7 +112,52 @@ impl App {
             cache: FenceCache::new(config.cache_size),
             metrics,
             max_body: config.max_body,
+            body_timeout: config.body_timeout,
+            writes: Arc::new(Semaphore::new(config.max_writes_in_flight)),
+            body_bytes: Arc::new(Semaphore::new(config.max_body_memory)),
+            shutdown: CancellationToken::new(),
             stale_log: LogBudget::new(config.stale_log_limit),
+        }
+    }
+
+    /// A place for one more write in flight, held until the permit is dropped.
+    pub fn write_permit(&self) -> Result<OwnedSemaphorePermit, Overload> {
+        Arc::clone(&self.writes)
+            .try_acquire_owned()
+            .map_err(|_| Overload::Writes)
+    }
+
+    /// Room for `bytes` of request body in memory, held until the permit is dropped.
+    pub fn body_permit(&self, bytes: usize) -> Result<OwnedSemaphorePermit, Overload> {
+        let bytes = u32::try_from(bytes).map_err(|_| Overload::BodyMemory)?;
+        Arc::clone(&self.body_bytes)
+            .try_acquire_many_owned(bytes)
+            .map_err(|_| Overload::BodyMemory)
+    }
+
+    /// Shutdown has begun: stop reading request bodies.
+    pub fn shutting_down(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Logs, once a second while a stale flood lasts, how many "stale write rejected"
+    /// lines `--stale-log-limit` left out; runs until shutdown.
+    pub async fn summarise_unlogged_rejections(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = self.shutdown.cancelled() => return,
+            }
+            let unlogged = self.stale_log.take_refused();
+            if unlogged > 0 {
+                tracing::warn!(
+                    unlogged,
+                    limit = self.stale_log.limit,
+                    "stale write rejections not logged (--stale-log-limit); metrics count every one"
+                );
+            }
         }
     }
 

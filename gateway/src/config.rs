@@ -24,6 +24,16 @@ pub const DEFAULT_DATA_DIR: &str = "./fencegate-data";
 pub const DEFAULT_GROUP_COMMIT_MAX: usize = 256;
 pub const DEFAULT_WRITE_LANES: usize = 2;
 pub const DEFAULT_THREADS: usize = 0;
+pub const DEFAULT_HEADER_TIMEOUT: &str = "10s";
+pub const DEFAULT_IDLE_TIMEOUT: &str = "60s";
+pub const DEFAULT_BODY_TIMEOUT: &str = "30s";
+pub const DEFAULT_HTTP2_KEEPALIVE_INTERVAL: &str = "20s";
+pub const DEFAULT_HTTP2_KEEPALIVE_TIMEOUT: &str = "10s";
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+pub const DEFAULT_MAX_HEADER_SIZE: &str = "16KiB";
+pub const DEFAULT_MAX_WRITES_IN_FLIGHT: usize = 4096;
+pub const DEFAULT_MAX_BODY_MEMORY: &str = "64MiB";
+pub const DEFAULT_STALE_LOG_LIMIT: u64 = 100;
 
 /// fencegate: a fencing gateway in front of your storage.
 ///
@@ -163,15 +173,60 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_BACKEND_TIMEOUT", default_value = DEFAULT_BACKEND_TIMEOUT, value_parser = humantime::parse_duration)]
     pub backend_timeout: Duration,
 
+    /// Longest time a client may take to send a request's headers, from their first
+    /// byte; slower clients are disconnected.
+    #[arg(long, env = "FENCEGATE_HEADER_TIMEOUT", default_value = DEFAULT_HEADER_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub header_timeout: Duration,
+
+    /// How long a connection may stay open with no request in flight (HTTP/1.1 between
+    /// requests, HTTP/2 with no stream open) before it is closed.
+    #[arg(long, env = "FENCEGATE_IDLE_TIMEOUT", default_value = DEFAULT_IDLE_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// Longest time a client may take to send a request body; past it the request gets
+    /// 408 body_timeout and the connection is closed.
+    #[arg(long, env = "FENCEGATE_BODY_TIMEOUT", default_value = DEFAULT_BODY_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub body_timeout: Duration,
+
+    /// HTTP/2: how often an otherwise quiet connection is pinged, to find dead peers.
+    #[arg(long, env = "FENCEGATE_HTTP2_KEEPALIVE_INTERVAL", default_value = DEFAULT_HTTP2_KEEPALIVE_INTERVAL, value_parser = humantime::parse_duration)]
+    pub http2_keepalive_interval: Duration,
+
+    /// HTTP/2: how long to wait for the answer to a ping before closing the connection.
+    #[arg(long, env = "FENCEGATE_HTTP2_KEEPALIVE_TIMEOUT", default_value = DEFAULT_HTTP2_KEEPALIVE_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub http2_keepalive_timeout: Duration,
+
+    /// Most client connections open at once. At the cap the longest idle one is closed
+    /// to make room, or new clients wait to be accepted. Kept below the open-file limit,
+    /// which is raised to its maximum at start.
+    #[arg(long, env = "FENCEGATE_MAX_CONNECTIONS", default_value_t = DEFAULT_MAX_CONNECTIONS)]
+    pub max_connections: usize,
+
+    /// Largest request head (request line and headers), in bytes or with a KiB suffix.
+    #[arg(long, env = "FENCEGATE_MAX_HEADER_SIZE", default_value = DEFAULT_MAX_HEADER_SIZE, value_parser = parse_size)]
+    pub max_header_size: usize,
+
+    /// Most writes (PUT, DELETE, advance, SQL) being processed at once; more get
+    /// 503 overloaded with Retry-After at once.
+    #[arg(long, env = "FENCEGATE_MAX_WRITES_IN_FLIGHT", default_value_t = DEFAULT_MAX_WRITES_IN_FLIGHT)]
+    pub max_writes_in_flight: usize,
+
+    /// Most request-body bytes held in memory at once, over all requests (a body
+    /// counts its Content-Length, or --max-body if it has none); more get 503 overloaded
+    /// with Retry-After at once.
+    #[arg(long, env = "FENCEGATE_MAX_BODY_MEMORY", default_value = DEFAULT_MAX_BODY_MEMORY, value_parser = parse_size)]
+    pub max_body_memory: usize,
+
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish before the
     /// remaining connections are closed.
     #[arg(long, env = "FENCEGATE_SHUTDOWN_TIMEOUT", default_value = DEFAULT_SHUTDOWN_TIMEOUT, value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
 
     /// Most "stale write rejected" log lines per second; 0 logs every rejection. Metrics
-    /// count every rejection either way, and the next line logged carries `unlogged`,
-    /// the number of lines left out.
-    #[arg(long, env = "FENCEGATE_STALE_LOG_LIMIT", default_value_t = 0)]
+    /// count every rejection either way; the next line logged carries `unlogged`, the
+    /// number of lines left out, and a summary line counts them once a second while a
+    /// flood lasts.
+    #[arg(long, env = "FENCEGATE_STALE_LOG_LIMIT", default_value_t = DEFAULT_STALE_LOG_LIMIT)]
     pub stale_log_limit: u64,
 
     /// Log format: `text` for people, `json` for log pipelines.
@@ -266,6 +321,29 @@ impl Config {
         }
         if self.backend_timeout < Duration::from_millis(10) {
             return fail("--backend-timeout must be at least 10ms");
+        }
+        for (flag, value) in [
+            ("--header-timeout", self.header_timeout),
+            ("--idle-timeout", self.idle_timeout),
+            ("--body-timeout", self.body_timeout),
+            ("--http2-keepalive-interval", self.http2_keepalive_interval),
+            ("--http2-keepalive-timeout", self.http2_keepalive_timeout),
+        ] {
+            if value < Duration::from_millis(10) {
+                return Err(ConfigError(format!("{flag} must be at least 10ms")));
+            }
+        }
+        if self.max_connections == 0 {
+            return fail("--max-connections must be at least 1");
+        }
+        if self.max_header_size < 1024 {
+            return fail("--max-header-size must be at least 1KiB");
+        }
+        if self.max_writes_in_flight == 0 {
+            return fail("--max-writes-in-flight must be at least 1");
+        }
+        if self.max_body_memory < self.max_body {
+            return fail("--max-body-memory must be at least --max-body, or no body of the largest size could be read");
         }
         self.validate_sql()
     }

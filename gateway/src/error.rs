@@ -5,6 +5,7 @@ use fencegate_proto::body::ErrorBody;
 use fencegate_proto::path::PathError;
 use fencegate_proto::{ErrorCode, ProtoError, ResourceName, Token};
 
+use crate::app::Overload;
 use crate::store::StoreError;
 
 /// Everything a request can fail with.
@@ -20,6 +21,15 @@ pub enum ApiError {
     BodyTooLarge { limit: usize },
     #[error("the request body could not be read")]
     InvalidBody,
+    #[error("the request body did not arrive within the body timeout; nothing was applied")]
+    BodyTimeout,
+    #[error("{}", match .0 {
+        Overload::Writes => "the gateway has as many writes in flight as it takes; nothing was applied, retry later",
+        Overload::BodyMemory => "the gateway holds as many request bodies in memory as it takes; nothing was applied, retry later",
+    })]
+    Overloaded(Overload),
+    #[error("the gateway is shutting down; nothing was applied, retry on another replica")]
+    ShuttingDown,
     #[error("stale fencing token {presented} for resource {resource}: its highest accepted token is {highest}")]
     Stale {
         resource: ResourceName,
@@ -34,6 +44,12 @@ pub enum ApiError {
     /// the status): how endpoint modules add errors without this enum knowing them.
     #[error("{}", .0.message)]
     Refused(Box<ErrorBody>),
+}
+
+impl From<Overload> for ApiError {
+    fn from(overload: Overload) -> ApiError {
+        ApiError::Overloaded(overload)
+    }
 }
 
 impl From<PathError> for ApiError {
@@ -53,6 +69,9 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => ErrorCode::MethodNotAllowed,
             ApiError::BodyTooLarge { .. } => ErrorCode::BodyTooLarge,
             ApiError::InvalidBody => ErrorCode::InvalidBody,
+            ApiError::BodyTimeout => ErrorCode::BodyTimeout,
+            ApiError::Overloaded(_) => ErrorCode::Overloaded,
+            ApiError::ShuttingDown => ErrorCode::ShuttingDown,
             ApiError::Stale { .. } => ErrorCode::StaleToken,
             ApiError::VersionMismatch { .. } => ErrorCode::VersionMismatch,
             ApiError::Store(StoreError::Unavailable { .. }) => ErrorCode::BackendUnavailable,

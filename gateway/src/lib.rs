@@ -114,9 +114,26 @@ pub async fn run(
         Store::Embedded(_) => SqlEndpoint::NotSupported,
     };
     let app = Arc::new(App::new(&config, store, sql, metrics));
+    let limits = server::Limits {
+        max_connections: server::connection_cap(config.max_connections),
+        max_header_size: config.max_header_size,
+        deadlines: server::conn::Deadlines {
+            idle: config.idle_timeout,
+            header: config.header_timeout,
+        },
+        http2_keep_alive_interval: config.http2_keepalive_interval,
+        http2_keep_alive_timeout: config.http2_keepalive_timeout,
+        grace: config.shutdown_timeout,
+    };
+    tokio::spawn(Arc::clone(&app).summarise_unlogged_rejections());
     let addr = listener.local_addr().map_err(StartError::Listener)?;
-    tracing::info!(%addr, backend = %app.store.describe(), "fencegate ready");
-    server::serve(listener, app, shutdown, config.shutdown_timeout).await;
+    tracing::info!(
+        %addr,
+        backend = %app.store.describe(),
+        max_connections = limits.max_connections,
+        "fencegate ready"
+    );
+    server::serve(listener, app, shutdown, limits).await;
     tracing::info!("fencegate stopped");
     Ok(())
 }

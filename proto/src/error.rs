@@ -57,11 +57,19 @@ pub enum ErrorCode {
     TooManyStatements,
     /// 403: SQL transactions are not enabled on this gateway (`--sql`).
     SqlDisabled,
+    /// 503: the gateway has as many writes in flight, or as many request bodies in
+    /// memory, as it is configured for; nothing was applied. Retry after `Retry-After`.
+    Overloaded,
+    /// 408: the request body did not arrive within `--body-timeout`; nothing was applied.
+    BodyTimeout,
+    /// 503: the gateway is shutting down and stopped reading this request; nothing was
+    /// applied. Retry on another replica.
+    ShuttingDown,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and for exhaustive tests.
-    pub const ALL: [ErrorCode; 21] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::StaleToken,
         ErrorCode::VersionMismatch,
         ErrorCode::MissingToken,
@@ -83,6 +91,9 @@ impl ErrorCode {
         ErrorCode::UnsupportedType,
         ErrorCode::TooManyStatements,
         ErrorCode::SqlDisabled,
+        ErrorCode::Overloaded,
+        ErrorCode::BodyTimeout,
+        ErrorCode::ShuttingDown,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -108,6 +119,9 @@ impl ErrorCode {
             ErrorCode::UnsupportedType => "unsupported_type",
             ErrorCode::TooManyStatements => "too_many_statements",
             ErrorCode::SqlDisabled => "sql_disabled",
+            ErrorCode::Overloaded => "overloaded",
+            ErrorCode::BodyTimeout => "body_timeout",
+            ErrorCode::ShuttingDown => "shutting_down",
         }
     }
 
@@ -132,7 +146,8 @@ impl ErrorCode {
             ErrorCode::BodyTooLarge => 413,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
-            ErrorCode::BackendUnavailable => 503,
+            ErrorCode::BackendUnavailable | ErrorCode::Overloaded | ErrorCode::ShuttingDown => 503,
+            ErrorCode::BodyTimeout => 408,
             ErrorCode::NotSupportedByBackend => 501,
             ErrorCode::Internal => 500,
         }

@@ -13,7 +13,8 @@ pub const MAX_KEY_LEN: usize = 1024;
 
 /// The fence scope: every key of a resource shares one highest token.
 ///
-/// 1–200 bytes of `[A-Za-z0-9._-]`, so it is safe in paths, logs and metric labels.
+/// 1–200 bytes of `[A-Za-z0-9._-]`, not only dots, so it is safe in paths, logs and
+/// metric labels.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct ResourceName(String);
@@ -35,6 +36,12 @@ impl ResourceName {
         {
             return Err(ProtoError::InvalidResource(
                 "the resource name may contain only A-Z, a-z, 0-9, '.', '_' and '-'",
+            ));
+        }
+        // `.` and `..` are path segments of their own to every URL library.
+        if name.bytes().all(|b| b == b'.') {
+            return Err(ProtoError::InvalidResource(
+                "the resource name may not be only dots",
             ));
         }
         Ok(ResourceName(name))

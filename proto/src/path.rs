@@ -56,8 +56,10 @@ impl Target {
         if let Some(rest) = path.strip_prefix("/v1/kv/") {
             let (resource, key) = rest.split_once('/').unwrap_or((rest, ""));
             let resource = resource_segment(resource)?;
-            let key = percent_decode_str(key)
-                .decode_utf8()
+            let key = decode(key)
+                .ok_or(ProtoError::InvalidKey(
+                    "the key has a '%' that is not followed by two hex digits",
+                ))?
                 .map_err(|_| ProtoError::InvalidKey("the key is not UTF-8 once percent-decoded"))?;
             return Ok(Target::Object {
                 resource,
@@ -88,10 +90,26 @@ impl Target {
 }
 
 fn resource_segment(segment: &str) -> Result<ResourceName, ProtoError> {
-    let decoded = percent_decode_str(segment)
-        .decode_utf8()
+    let decoded = decode(segment)
+        .ok_or(ProtoError::InvalidResource(
+            "a '%' that is not followed by two hex digits",
+        ))?
         .map_err(|_| ProtoError::InvalidResource("not UTF-8 once percent-decoded"))?;
     ResourceName::new(decoded)
+}
+
+/// Percent-decodes `segment`; `None` if a `%` is not followed by two hex digits (which
+/// lenient decoders pass through as they are, so that two readers of one path could
+/// disagree).
+fn decode(segment: &str) -> Option<Result<std::borrow::Cow<'_, str>, std::str::Utf8Error>> {
+    let bytes = segment.as_bytes();
+    let well_formed = bytes.iter().enumerate().all(|(at, &b)| {
+        b != b'%'
+            || bytes
+                .get(at + 1..at + 3)
+                .is_some_and(|hex| hex.iter().all(u8::is_ascii_hexdigit))
+    });
+    well_formed.then(|| percent_decode_str(segment).decode_utf8())
 }
 
 /// Percent-encodes a key for use in a `/v1/kv` path, keeping `/` as is.
@@ -201,6 +219,44 @@ mod tests {
             Target::parse("/v1/kv/orders/a%00b"),
             Err(PathError::Invalid(ProtoError::InvalidKey(_)))
         ));
+        for malformed in [
+            "/v1/kv/orders/a%zzb",
+            "/v1/kv/orders/a%2",
+            "/v1/kv/orders/%",
+        ] {
+            assert!(
+                matches!(
+                    Target::parse(malformed),
+                    Err(PathError::Invalid(ProtoError::InvalidKey(_)))
+                ),
+                "{malformed}"
+            );
+        }
+        for malformed in ["/v1/fences/or%zzders", "/v1/fences/a%", "/v1/sql/%4"] {
+            assert!(
+                matches!(
+                    Target::parse(malformed),
+                    Err(PathError::Invalid(ProtoError::InvalidResource(_)))
+                ),
+                "{malformed}"
+            );
+        }
+        for dots in [
+            "/v1/fences/.",
+            "/v1/fences/..",
+            "/v1/kv/.../k",
+            "/v1/sql/%2e%2e",
+        ] {
+            assert!(
+                matches!(
+                    Target::parse(dots),
+                    Err(PathError::Invalid(ProtoError::InvalidResource(_)))
+                ),
+                "{dots}"
+            );
+        }
+        assert!(Target::parse("/v1/fences/a..b").is_ok());
+        assert!(Target::parse("/v1/kv/r/%25").is_ok());
     }
 
     proptest! {

@@ -35,40 +35,76 @@ backend_tests! {
         assert!(status.success(), "exit status {status}");
     }
 
-    /// SIGTERM lets a request in flight finish, refuses new connections, and exits 0.
-    async fn sigterm_finishes_the_request_in_flight(deployment) {
+    /// SIGTERM: a request still receiving its body is answered 503 shutting_down at
+    /// once — nothing applied — new connections are refused, and the gateway exits 0
+    /// without waiting for the slow client.
+    async fn sigterm_stops_waiting_for_slow_bodies(deployment) {
         let mut deployment = deployment;
         let addr = deployment.gateway.addr();
         let mut slow = TcpStream::connect(addr).await.unwrap();
-        let body = b"0123456789";
-        let head = format!(
-            "PUT /v1/kv/orders/slow HTTP/1.1\r\nhost: gw\r\nfencing-token: 5\r\ncontent-length: {}\r\n\r\n",
-            body.len()
-        );
+        let head = "PUT /v1/kv/orders/slow HTTP/1.1\r\nhost: gw\r\nfencing-token: 5\r\ncontent-length: 10\r\n\r\n";
         slow.write_all(head.as_bytes()).await.unwrap();
-        slow.write_all(&body[..4]).await.unwrap();
+        slow.write_all(b"0123").await.unwrap();
         // Let the gateway parse the head, so that the request is in its hands, half
-        // received, when SIGTERM arrives. Nothing signals "head parsed"; if it were not
-        // yet, the connection would count as idle and close, failing the test below.
+        // received, when SIGTERM arrives.
         tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = std::time::Instant::now();
         deployment.gateway.signal("TERM");
-        eventually(Duration::from_secs(10), "the gateway to start shutting down", || async {
-            !deployment.gateway.events("shutting down: finishing requests in flight").is_empty()
-        })
-        .await;
-        assert!(TcpStream::connect(addr).await.is_err(), "new connections are refused while shutting down");
-
-        slow.write_all(&body[4..]).await.unwrap();
         let mut response = Vec::new();
         slow.read_to_end(&mut response).await.unwrap();
         let response = String::from_utf8_lossy(&response);
-        assert!(response.starts_with("HTTP/1.1 201"), "{response}");
+        assert!(response.starts_with("HTTP/1.1 503"), "{response}");
+        assert!(response.contains("retry-after: 1") && response.contains("shutting_down"), "{response}");
+        drop(slow);
+        assert!(TcpStream::connect(addr).await.is_err(), "new connections are refused while shutting down");
         let status = deployment.gateway.wait().await;
         assert!(status.success(), "exit status {status}");
-        // The write that finished during shutdown is stored (read back by a new gateway).
+        assert!(started.elapsed() < Duration::from_secs(5), "shutdown took {:?}", started.elapsed());
         deployment.gateway = deployment.builder().spawn().await;
-        assert_eq!(deployment.object("orders", "slow").await.map(|(v, ..)| v), Some(body.to_vec()));
+        assert_eq!(deployment.object("orders", "slow").await, None);
     }
+}
+
+/// SIGTERM lets a write that is already in the backend finish: its answer arrives, the
+/// write is stored, and the gateway exits 0.
+#[tokio::test]
+async fn sigterm_finishes_writes_in_the_backend() {
+    let db = fencegate_tests::db::TestDb::create().await;
+    let network =
+        fencegate_tests::proxy::Proxy::start(fencegate_tests::db::server_addr().await).await;
+    let mut gateway = fencegate_tests::gateway::Gateway::builder()
+        .database(&db.url_via(network.addr()))
+        .spawn()
+        .await;
+    let client = gateway.client();
+    network.hold_replies();
+    let write = tokio::spawn(async move { client.put("orders", "in-backend", 5, "v").await });
+    eventually(
+        Duration::from_secs(5),
+        "the write to reach the database",
+        || async { network.held_reply_bytes() > 0 },
+    )
+    .await;
+    gateway.signal("TERM");
+    eventually(
+        Duration::from_secs(10),
+        "the gateway to start shutting down",
+        || async {
+            !gateway
+                .events("shutting down: finishing requests in flight")
+                .is_empty()
+        },
+    )
+    .await;
+    network.release_replies();
+    let reply = write.await.unwrap();
+    assert_eq!(reply.status, 201, "{:?}", reply.body);
+    let status = gateway.wait().await;
+    assert!(status.success(), "exit status {status}");
+    assert_eq!(
+        db.object("orders", "in-backend").await.map(|(v, ..)| v),
+        Some(b"v".to_vec())
+    );
 }
 
 /// Seed check across replicas: 42 through one gateway, then 41 through another whose

@@ -4,10 +4,9 @@ use std::sync::Arc;
 
 use fencegate_proto::body::FenceState;
 use fencegate_proto::ResourceName;
-use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
+use http::{Response, StatusCode};
 
-use super::{fencing_of, json_response, Body};
+use super::{fencing_of, json_response, Body, Req};
 use crate::app::App;
 use crate::error::ApiError;
 
@@ -32,10 +31,11 @@ pub async fn get(app: &Arc<App>, resource: ResourceName) -> Result<Response<Body
 pub async fn advance(
     app: &Arc<App>,
     resource: ResourceName,
-    request: Request<Incoming>,
+    request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
-    let fencing = fencing_of(&request, &resource)?;
+    let fencing = fencing_of(request, &resource)?;
     app.check_cached(&resource, None, &fencing)?;
+    let _in_flight = app.write_permit()?;
     app.advance(&resource, &fencing).await?;
     Ok(json_response(
         StatusCode::OK,

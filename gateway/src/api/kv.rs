@@ -6,11 +6,10 @@ use fencegate_proto::body::WriteAccepted;
 use fencegate_proto::headers::{etag, Fencing, Precondition, FENCING_TOKEN};
 use fencegate_proto::{ObjectKey, ResourceName};
 use http::header::{CONTENT_TYPE, ETAG};
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Response, StatusCode};
 use http_body_util::Full;
-use hyper::body::Incoming;
 
-use super::{json_response, read_body, Body};
+use super::{json_response, read_body, Body, Req};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::store::{Write, WriteOp, WriteOutcome};
@@ -19,12 +18,13 @@ pub async fn put(
     app: &Arc<App>,
     resource: ResourceName,
     key: ObjectKey,
-    request: Request<Incoming>,
+    request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
-    let (fencing, precondition) = fencing_of(&request, &resource)?;
+    let (fencing, precondition) = fencing_of(request, &resource)?;
     // Checked before the body is read: a stale writer's body is never buffered.
     app.check_cached(&resource, Some(&key), &fencing)?;
-    let value = read_body(request, app.max_body).await?;
+    let _in_flight = app.write_permit()?;
+    let value = read_body(app, request).await?;
     write(
         app,
         Write {
@@ -32,7 +32,7 @@ pub async fn put(
             key,
             token: fencing.token,
             precondition,
-            op: WriteOp::Put(value),
+            op: WriteOp::Put(value.bytes.clone()),
         },
         &fencing,
     )
@@ -43,10 +43,11 @@ pub async fn delete(
     app: &Arc<App>,
     resource: ResourceName,
     key: ObjectKey,
-    request: Request<Incoming>,
+    request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
-    let (fencing, precondition) = fencing_of(&request, &resource)?;
+    let (fencing, precondition) = fencing_of(request, &resource)?;
     app.check_cached(&resource, Some(&key), &fencing)?;
+    let _in_flight = app.write_permit()?;
     write(
         app,
         Write {
@@ -84,12 +85,9 @@ pub async fn get(
     Ok(response)
 }
 
-fn fencing_of(
-    request: &Request<Incoming>,
-    resource: &ResourceName,
-) -> Result<(Fencing, Precondition), ApiError> {
+fn fencing_of(request: &Req, resource: &ResourceName) -> Result<(Fencing, Precondition), ApiError> {
     let fencing = super::fencing_of(request, resource)?;
-    let precondition = Precondition::from_headers(request.headers())?;
+    let precondition = Precondition::from_headers(&request.head.headers)?;
     Ok((fencing, precondition))
 }
 

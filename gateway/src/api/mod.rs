@@ -4,6 +4,20 @@
 //! turns an error into its response and logs it — once. The endpoint modules below are
 //! the inner layer, written with `?`.
 //!
+//! # Unread bodies
+//!
+//! Handlers answer as early as they can — a stale token from the fence cache, a body
+//! too large by its Content-Length — without reading the body. Over HTTP/1.1 the client
+//! may still be sending it, and must see the answer anyway:
+//!
+//! - a body of at most [`DRAIN_LIMIT`] bytes is read and thrown away after the answer,
+//!   so that the connection stays open for the next request;
+//! - a larger one, or one whose length is unknown, gets `Connection: close`, and the
+//!   connection lingers while the client finishes sending ([`crate::server::conn`]).
+//!
+//! A client that sends `Expect: 100-continue` is asked for its body only when a
+//! handler reads it, so a rejected write never sends its body at all.
+//!
 //! - [`kv`]: `GET/PUT/DELETE /v1/kv/{resource}/{key}`
 //! - [`fences`]: `GET /v1/fences/{resource}`, `POST /v1/fences/{resource}/advance`
 //! - [`sql`]: `POST /v1/sql/{resource}`
@@ -20,11 +34,13 @@ use std::time::Instant;
 use bytes::Bytes;
 use fencegate_proto::headers::{Fencing, FENCING_HIGHEST};
 use fencegate_proto::path::Target;
-use fencegate_proto::ResourceName;
-use http::header::{ALLOW, CONTENT_LENGTH, CONTENT_TYPE};
-use http::{HeaderValue, Method, Request, Response, StatusCode};
+use fencegate_proto::{ErrorCode, ResourceName};
+use http::header::{ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use http::request::Parts;
+use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
 use crate::app::App;
@@ -32,27 +48,88 @@ use crate::error::ApiError;
 
 pub type Body = Full<Bytes>;
 
+/// Unread bodies up to this size are read and discarded after an early answer, keeping
+/// the connection open; see the module doc.
+pub const DRAIN_LIMIT: u64 = 64 * 1024;
+
+/// A request as handlers see it: its head, and its body until a handler reads it.
+pub struct Req {
+    pub head: Parts,
+    body: Option<Incoming>,
+    /// The body was read only in part: the connection cannot carry another request.
+    broken: bool,
+}
+
+/// A request body in memory, and the room it takes under `--max-body-memory`.
+pub struct ReadBody {
+    pub bytes: Bytes,
+    _memory: OwnedSemaphorePermit,
+}
+
 /// Answers one request. Never fails: every error becomes its response here.
 pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response<Body> {
+    let (head, body) = request.into_parts();
+    let mut request = Req {
+        head,
+        body: Some(body),
+        broken: false,
+    };
+    let mut response = answer(&app, &mut request).await;
+    if request.head.version < Version::HTTP_2 {
+        if let Some(body) = request.body.take() {
+            request.broken |= !unread(&app, body);
+        }
+        if request.broken {
+            response
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+    }
+    response
+}
+
+/// Deals with a body no handler read (HTTP/1.x); false if the connection must close.
+fn unread(app: &App, body: Incoming) -> bool {
+    if body.is_end_stream() {
+        return true;
+    }
+    match body.size_hint().exact() {
+        Some(length) if length <= DRAIN_LIMIT => {
+            let timeout = app.body_timeout;
+            tokio::spawn(async move {
+                // Dropping the body early (timeout, error) makes the server close the
+                // connection, which is then the right thing to do.
+                let _ = tokio::time::timeout(timeout, body.collect()).await;
+            });
+            true
+        }
+        _ => false,
+    }
+}
+
+async fn answer(app: &Arc<App>, request: &mut Req) -> Response<Body> {
     let started = Instant::now();
-    let route = route_label(request.method(), request.uri().path());
+    let route = route_label(&request.head.method, request.head.uri.path());
     let span = tracing::info_span!(
         "request",
-        method = %request.method(),
+        method = %request.head.method,
         route,
         resource = tracing::field::Empty,
         presented = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
-    let result = dispatch(&app, request).instrument(span.clone()).await;
+    let result = dispatch(app, request).instrument(span.clone()).await;
     let (response, outcome) = match result {
         Ok(response) => (response, "ok"),
         Err(error) => {
             let code = error.code();
             let _entered = span.enter();
-            match code.status() {
-                500.. => tracing::error!(error = %error, code = code.as_str(), "request failed"),
-                // Stale rejections were logged with their facts where they were decided.
+            match code {
+                ErrorCode::Internal | ErrorCode::BackendUnavailable => {
+                    tracing::error!(error = %error, code = code.as_str(), "request failed")
+                }
+                // Stale rejections were logged with their facts where they were decided;
+                // overload is counted, and logging each one would add to it.
                 _ => tracing::debug!(error = %error, code = code.as_str(), "request refused"),
             }
             (error_response(&error), code.as_str())
@@ -70,9 +147,9 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response<Body>
     response
 }
 
-async fn dispatch(app: &Arc<App>, request: Request<Incoming>) -> Result<Response<Body>, ApiError> {
-    let target = Target::parse(request.uri().path())?;
-    let method = request.method().clone();
+async fn dispatch(app: &Arc<App>, request: &mut Req) -> Result<Response<Body>, ApiError> {
+    let target = Target::parse(request.head.uri.path())?;
+    let method = request.head.method.clone();
     match (method, target) {
         (Method::GET, Target::Object { resource, key }) => kv::get(app, resource, key).await,
         (Method::PUT, Target::Object { resource, key }) => {
@@ -132,30 +209,51 @@ fn route_label(method: &Method, path: &str) -> &'static str {
 
 /// Reads a write's fencing headers, recording the resource and the presented token in
 /// the request's span.
-fn fencing_of(request: &Request<Incoming>, resource: &ResourceName) -> Result<Fencing, ApiError> {
+fn fencing_of(request: &Req, resource: &ResourceName) -> Result<Fencing, ApiError> {
     let span = tracing::Span::current();
     span.record("resource", resource.as_str());
-    let fencing = Fencing::from_headers(request.headers())?;
+    let fencing = Fencing::from_headers(&request.head.headers)?;
     span.record("presented", fencing.token.get());
     Ok(fencing)
 }
 
-/// Reads the whole body, refusing more than `limit` bytes.
-async fn read_body(request: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
+/// Reads the whole body, refusing more than `--max-body` bytes, a body that takes
+/// longer than `--body-timeout`, and — without waiting — one that does not fit in
+/// `--max-body-memory` now. The memory stays taken while the result lives.
+async fn read_body(app: &App, request: &mut Req) -> Result<ReadBody, ApiError> {
+    let limit = app.max_body;
     let declared = request
-        .headers()
+        .head
+        .headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|length| length > limit as u64) {
         return Err(ApiError::BodyTooLarge { limit });
     }
-    match Limited::new(request.into_body(), limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<http_body_util::LengthLimitError>() => {
-            Err(ApiError::BodyTooLarge { limit })
+    let reserved = declared.map_or(limit, |length| length as usize);
+    let memory = app.body_permit(reserved)?;
+    let Some(body) = request.body.take() else {
+        return Err(ApiError::InvalidBody);
+    };
+    // From here the body is being read: if it stops part-way, the connection goes too.
+    request.broken = true;
+    let collected = tokio::select! {
+        collected = tokio::time::timeout(app.body_timeout, Limited::new(body, limit).collect()) => collected,
+        () = app.shutdown.cancelled() => return Err(ApiError::ShuttingDown),
+    };
+    let bytes = match collected {
+        Ok(Ok(collected)) => collected.to_bytes(),
+        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
+            return Err(ApiError::BodyTooLarge { limit })
         }
-        Err(_) => Err(ApiError::InvalidBody),
-    }
+        Ok(Err(_)) => return Err(ApiError::InvalidBody),
+        Err(_) => return Err(ApiError::BodyTimeout),
+    };
+    request.broken = false;
+    Ok(ReadBody {
+        bytes,
+        _memory: memory,
+    })
 }
 
 fn json_response<T: serde::Serialize>(status: StatusCode, body: &T) -> Response<Body> {
@@ -182,6 +280,11 @@ fn error_response(error: &ApiError) -> Response<Body> {
             response
                 .headers_mut()
                 .insert(ALLOW, HeaderValue::from_static(allow));
+        }
+        ApiError::Overloaded(_) | ApiError::ShuttingDown => {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
         }
         _ => {}
     }

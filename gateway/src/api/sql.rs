@@ -11,10 +11,9 @@ use std::sync::Arc;
 use fencegate_proto::body::{SqlAccepted, SqlRequest};
 use fencegate_proto::headers::Fencing;
 use fencegate_proto::ResourceName;
-use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
+use http::{Response, StatusCode};
 
-use super::{fencing_of, json_response, read_body, Body};
+use super::{fencing_of, json_response, read_body, Body, Req};
 use crate::app::App;
 use crate::error::ApiError;
 use crate::sql::{SqlEndpoint, SqlError, SqlFailure, SqlTransaction};
@@ -22,9 +21,9 @@ use crate::sql::{SqlEndpoint, SqlError, SqlFailure, SqlTransaction};
 pub async fn post(
     app: &Arc<App>,
     resource: ResourceName,
-    request: Request<Incoming>,
+    request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
-    let fencing = fencing_of(&request, &resource)?;
+    let fencing = fencing_of(request, &resource)?;
     let service = match &app.sql {
         SqlEndpoint::Enabled(service) => Arc::clone(service),
         SqlEndpoint::Disabled => return Err(SqlError::Disabled.into()),
@@ -32,8 +31,9 @@ pub async fn post(
     };
     let policy = service.policy();
     app.check_cached(&resource, None, &fencing)?;
-    let body = read_body(request, app.max_body).await?;
-    let SqlRequest { statements } = serde_json::from_slice(&body)
+    let _in_flight = app.write_permit()?;
+    let body = read_body(app, request).await?;
+    let SqlRequest { statements } = serde_json::from_slice(&body.bytes)
         .map_err(|error| SqlError::InvalidRequest(error.to_string()))?;
     if statements.is_empty() {
         return Err(SqlError::InvalidRequest(

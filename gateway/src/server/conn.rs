@@ -1,0 +1,399 @@
+//! One client connection: its deadlines, its requests in flight, and a close that lets
+//! the client read the answer.
+//!
+//! # Deadlines
+//!
+//! [`Watched`] wraps the socket and enforces, while no request is in flight:
+//!
+//! - **idle**: a connection with no request in flight and no byte of a new one is
+//!   closed `idle` after its last answer (or after it was accepted);
+//! - **headers** (HTTP/1.x): once the first byte of a request has arrived, its headers
+//!   must be complete within `header` — a client that sends a byte a second is closed.
+//!
+//! While a request is in flight, its body has its own deadline (the API's), and the
+//! backend call the backend's. HTTP/2 connections have only the idle deadline, counted
+//! from their last stream; the PING keep-alive of the HTTP/2 layer detects dead peers.
+//!
+//! # Lingering close
+//!
+//! When the gateway closes a connection whose client may still be sending (an answer
+//! sent before the body was read, with `Connection: close`), closing the socket at once
+//! would make the kernel reset the connection, and the client could lose the answer
+//! before it reads it. So shutting down first sends FIN, then reads and discards what
+//! the client still sends, until it closes or [`LINGER`] has passed — as nginx and Go's
+//! net/http do.
+//!
+//! # Eviction
+//!
+//! At the connection cap, the accept loop asks the longest idle connection to go
+//! ([`ConnState::evict`]); the connection closes the next time it waits with nothing
+//! in flight.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+/// How long a closing connection keeps reading what the client still sends.
+pub const LINGER: Duration = Duration::from_secs(5);
+
+/// The same, once the gateway is shutting down: a client that neither reads nor
+/// closes must not hold up the exit.
+pub const SHUTDOWN_LINGER: Duration = Duration::from_secs(1);
+
+/// The first bytes of every HTTP/2 connection (RFC 9113, 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
+
+/// The deadlines of idle connections.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadlines {
+    pub idle: Duration,
+    pub header: Duration,
+}
+
+/// What the connection's requests and its socket share.
+pub struct ConnState {
+    inner: Mutex<Phase>,
+    evict: CancellationToken,
+    /// The server's shutdown: lingering is cut short once it has begun.
+    shutdown: CancellationToken,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Phase {
+    /// Requests being answered (HTTP/2: streams; HTTP/1.x: 0 or 1).
+    in_flight: usize,
+    /// When the last request was answered, or the connection accepted.
+    idle_since: Instant,
+    /// When the first byte of the next request arrived (HTTP/1.x), if one has.
+    head_started: Option<Instant>,
+    /// The client opened with the HTTP/2 preface.
+    http2: bool,
+}
+
+impl ConnState {
+    pub fn new(shutdown: CancellationToken) -> Arc<ConnState> {
+        Arc::new(ConnState {
+            shutdown,
+            inner: Mutex::new(Phase {
+                in_flight: 0,
+                idle_since: Instant::now(),
+                head_started: None,
+                http2: false,
+            }),
+            evict: CancellationToken::new(),
+        })
+    }
+
+    fn phase(&self) -> std::sync::MutexGuard<'_, Phase> {
+        // The lock guards plain data; a panic while holding it cannot leave it torn.
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Marks a request as being answered until the returned guard is dropped.
+    pub fn request(self: &Arc<Self>) -> InFlight {
+        let mut phase = self.phase();
+        phase.in_flight += 1;
+        phase.head_started = None;
+        InFlight(Arc::clone(self))
+    }
+
+    /// Since when the connection has been idle; `None` while it is answering or
+    /// receiving a request.
+    pub fn idle_since(&self) -> Option<Instant> {
+        let phase = self.phase();
+        (phase.in_flight == 0 && phase.head_started.is_none()).then_some(phase.idle_since)
+    }
+
+    /// Asks the connection to close as soon as it is idle.
+    pub fn evict(&self) {
+        self.evict.cancel();
+    }
+
+    /// When the connection must have made progress by, if it is waiting with nothing
+    /// in flight.
+    fn deadline(&self, deadlines: Deadlines) -> Option<Instant> {
+        let phase = self.phase();
+        if phase.in_flight > 0 {
+            return None;
+        }
+        Some(match phase.head_started {
+            Some(started) => started + deadlines.header,
+            None => phase.idle_since + deadlines.idle,
+        })
+    }
+
+    /// Bytes arrived: the start of a request's head, unless one is in flight.
+    fn received(&self, first_bytes: &[u8]) {
+        let mut phase = self.phase();
+        if first_bytes.starts_with(H2_PREFACE) {
+            phase.http2 = true;
+        }
+        if phase.in_flight == 0 && phase.head_started.is_none() && !phase.http2 {
+            phase.head_started = Some(Instant::now());
+        }
+    }
+}
+
+/// A request in flight on its connection; see [`ConnState::request`].
+pub struct InFlight(Arc<ConnState>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut phase = self.0.phase();
+        phase.in_flight -= 1;
+        if phase.in_flight == 0 {
+            phase.idle_since = Instant::now();
+        }
+    }
+}
+
+/// The socket, with the connection's deadlines and lingering close; see the module doc.
+pub struct Watched<IO> {
+    io: IO,
+    state: Arc<ConnState>,
+    deadlines: Deadlines,
+    timer: Pin<Box<Sleep>>,
+    evicted: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// Whether any byte has been read: the first read tells HTTP/2 from HTTP/1.x.
+    started: bool,
+    /// Set once the write side is shut down: until when to keep reading.
+    linger_until: Option<Instant>,
+}
+
+impl<IO> Watched<IO> {
+    pub fn new(io: IO, state: Arc<ConnState>, deadlines: Deadlines) -> Watched<IO> {
+        let evicted = Box::pin(state.evict.clone().cancelled_owned());
+        Watched {
+            io,
+            state,
+            deadlines,
+            timer: Box::pin(tokio::time::sleep_until(Instant::now())),
+            evicted,
+            started: false,
+            linger_until: None,
+        }
+    }
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                let read = &buf.filled()[before..];
+                if !read.is_empty() {
+                    this.state.received(if this.started { &[] } else { read });
+                    this.started = true;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
+            Poll::Pending => {
+                let Some(deadline) = this.state.deadline(this.deadlines) else {
+                    return Poll::Pending;
+                };
+                if this.evicted.as_mut().poll(cx).is_ready() {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::ConnectionAborted,
+                        "idle connection closed to make room for a new one",
+                    )));
+                }
+                if this.timer.deadline() != deadline {
+                    this.timer.as_mut().reset(deadline);
+                }
+                match this.timer.as_mut().poll(cx) {
+                    Poll::Ready(()) => Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client sent nothing, or no complete request head, in time",
+                    ))),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
+        }
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    /// Sends FIN, then reads and discards until the client closes or [`LINGER`]
+    /// passes; see the module doc.
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if this.linger_until.is_none() {
+            if let Err(error) = std::task::ready!(Pin::new(&mut this.io).poll_shutdown(cx)) {
+                return Poll::Ready(Err(error));
+            }
+            let linger = match this.state.shutdown.is_cancelled() {
+                true => SHUTDOWN_LINGER,
+                false => LINGER,
+            };
+            let until = Instant::now() + linger;
+            this.linger_until = Some(until);
+            this.timer.as_mut().reset(until);
+        }
+        let mut scratch = [0u8; 8192];
+        loop {
+            let mut buf = ReadBuf::new(&mut scratch);
+            match Pin::new(&mut this.io).poll_read(cx, &mut buf) {
+                // The client closed, or reset: nothing more can be lost.
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(Ok(())),
+                Poll::Ready(Err(_)) => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(())) => continue,
+                Poll::Pending => {
+                    return match this.timer.as_mut().poll(cx) {
+                        Poll::Ready(()) => Poll::Ready(Ok(())),
+                        Poll::Pending => Poll::Pending,
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const DEADLINES: Deadlines = Deadlines {
+        idle: Duration::from_secs(60),
+        header: Duration::from_secs(10),
+    };
+
+    fn pair() -> (
+        Watched<tokio::io::DuplexStream>,
+        tokio::io::DuplexStream,
+        Arc<ConnState>,
+    ) {
+        let (server, client) = tokio::io::duplex(64);
+        let state = ConnState::new(CancellationToken::new());
+        (
+            Watched::new(server, Arc::clone(&state), DEADLINES),
+            client,
+            state,
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_is_closed_after_the_idle_deadline() {
+        let (mut server, _client, _state) = pair();
+        let started = Instant::now();
+        let error = server.read(&mut [0; 16]).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), DEADLINES.idle);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_head_is_closed_after_the_header_deadline() {
+        let (mut server, mut client, _state) = pair();
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        client
+            .write_all(b"PUT /v1/kv/a/b HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let mut buf = [0; 64];
+        assert!(server.read(&mut buf).await.unwrap() > 0);
+        let error = loop {
+            match server.read(&mut buf).await {
+                Ok(_) => {}
+                Err(error) => break error,
+            }
+        };
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), DEADLINES.header);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_deadline_while_a_request_is_in_flight() {
+        let (mut server, mut client, state) = pair();
+        let request = state.request();
+        let reader = tokio::spawn(async move {
+            let mut buf = [0; 16];
+            let result = server.read(&mut buf).await.map(|n| buf[..n].to_vec());
+            (server, result)
+        });
+        tokio::time::sleep(Duration::from_secs(600)).await;
+        client.write_all(b"x").await.unwrap();
+        let (mut server, result) = reader.await.unwrap();
+        assert_eq!(result.unwrap(), b"x");
+        // The answer ends the request: the idle deadline starts from there.
+        drop(request);
+        let started = Instant::now();
+        assert!(server.read(&mut [0; 16]).await.is_err());
+        assert_eq!(started.elapsed(), DEADLINES.idle);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn http2_connections_have_only_the_idle_deadline() {
+        let (mut server, mut client, _state) = pair();
+        client
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        let mut buf = [0; 64];
+        assert!(server.read(&mut buf).await.unwrap() > 0);
+        let error = server.read(&mut buf).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_evicted_idle_connection_closes() {
+        let (mut server, _client, state) = pair();
+        let reader = tokio::spawn(async move { server.read(&mut [0; 16]).await });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        state.evict();
+        let error = reader.await.unwrap().unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::ConnectionAborted);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutting_down_lingers_until_the_client_closes() {
+        let (mut server, mut client, _state) = pair();
+        let closing = tokio::spawn(async move { server.shutdown().await });
+        // The client is still sending its body; the server reads and discards it.
+        client.write_all(&[7; 1000]).await.unwrap();
+        let mut rest = Vec::new();
+        client.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty(), "the server sent FIN");
+        drop(client);
+        closing.await.unwrap().unwrap();
+    }
+}
