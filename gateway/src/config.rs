@@ -34,6 +34,7 @@ pub const DEFAULT_MAX_HEADER_SIZE: &str = "16KiB";
 pub const DEFAULT_MAX_WRITES_IN_FLIGHT: usize = 4096;
 pub const DEFAULT_MAX_BODY_MEMORY: &str = "64MiB";
 pub const DEFAULT_STALE_LOG_LIMIT: u64 = 100;
+pub const DEFAULT_WRITE_LOCK_TIMEOUT: &str = "200ms";
 
 /// fencegate: a fencing gateway in front of your storage.
 ///
@@ -138,11 +139,18 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_GROUP_COMMIT_MAX", default_value_t = DEFAULT_GROUP_COMMIT_MAX)]
     pub group_commit_max: usize,
 
-    /// Postgres: write transactions in flight at once, each on its own connection. A write
-    /// that finds one free goes at once; writes that arrive while all are busy are
-    /// committed together by the next free one. At most --pool-size.
+    /// Postgres: write transactions in flight at once, each on a connection of its own
+    /// (besides --pool-size). A write that finds one free goes at once; writes that
+    /// arrive while all are busy are committed together by the next free one.
     #[arg(long, env = "FENCEGATE_WRITE_LANES", default_value_t = DEFAULT_WRITE_LANES)]
     pub write_lanes: usize,
+
+    /// Postgres: how long a write lane waits for a resource's fence lock (held by a SQL
+    /// transaction, a conditional write, a writer of fenced tables). Past it, that
+    /// resource's writes leave the lanes and wait on their own, so that one locked
+    /// resource does not hold up the others.
+    #[arg(long, env = "FENCEGATE_WRITE_LOCK_TIMEOUT", default_value = DEFAULT_WRITE_LOCK_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub write_lock_timeout: Duration,
 
     /// Threads that serve requests; 0 starts one per CPU core. 1 runs the whole gateway
     /// on one thread, with no hand-offs between threads: a little less CPU per accepted
@@ -310,8 +318,8 @@ impl Config {
         if self.write_lanes == 0 {
             return fail("--write-lanes must be at least 1");
         }
-        if self.database_url.is_some() && self.write_lanes > self.pool_size {
-            return fail("--write-lanes must not exceed --pool-size: each lane needs a connection");
+        if self.write_lock_timeout < Duration::from_millis(1) {
+            return fail("--write-lock-timeout must be at least 1ms");
         }
         if self.max_body == 0 {
             return fail("--max-body must be at least 1 byte");

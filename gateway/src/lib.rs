@@ -94,6 +94,7 @@ pub async fn run(
                     timeout: config.backend_timeout,
                     write_lanes: config.write_lanes,
                     group_commit_max: config.group_commit_max,
+                    lane_lock_timeout: config.write_lock_timeout,
                     group_size: metrics.commit_group_size.clone(),
                 },
             )

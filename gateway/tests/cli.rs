@@ -90,17 +90,7 @@ fn settings_that_cannot_work_are_refused_with_the_flag_named() {
             "--sql-database-url",
         ),
         (&["--sql-database-url", "postgres://x"][..], "--sql"),
-        (
-            &[
-                "--database-url",
-                "postgres://127.0.0.1:1/x",
-                "--pool-size",
-                "2",
-                "--write-lanes",
-                "3",
-            ][..],
-            "--write-lanes",
-        ),
+        (&["--write-lock-timeout", "0s"][..], "--write-lock-timeout"),
     ] {
         let output = fencegate(args);
         assert!(!output.status.success(), "{args:?} was accepted");

@@ -4,7 +4,9 @@
 //! To make a group form for certain, a test holds the fence row of a `blocker`
 //! resource locked from its own connection and sends one write to it: the gateway's
 //! only lane (`--write-lanes 1`) waits on that lock, the writes sent next queue behind
-//! it, and releasing the lock lets the lane take them all as one group.
+//! it, and releasing the lock lets the lane take them all as one group. (The lane's
+//! lock timeout is raised for this, `--write-lock-timeout 60s`; with the default the
+//! blocked write would leave the lane after 200 ms — which the last test shows.)
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -25,6 +27,8 @@ async fn one_lane() -> (TestDb, Gateway) {
         .database(&db.url())
         .arg("--write-lanes")
         .arg("1")
+        .arg("--write-lock-timeout")
+        .arg("60s")
         .spawn()
         .await;
     (db, gateway)
@@ -221,6 +225,8 @@ async fn a_write_that_fails_leaves_nothing_and_does_not_fail_its_group() {
 /// random order: groups lock several fence rows each, and would deadlock if they took
 /// them in different orders. Postgres would then abort one after `deadlock_timeout`, and
 /// the gateway would log the rolled-back group before retrying its writes one by one.
+/// (The lanes' lock timeout is raised above `deadlock_timeout` for this, or it would
+/// end a deadlock first, quietly.)
 #[tokio::test]
 async fn groups_on_several_resources_never_deadlock() {
     let db = TestDb::create().await;
@@ -231,6 +237,8 @@ async fn groups_on_several_resources_never_deadlock() {
             .database(&db.url())
             .arg("--write-lanes")
             .arg("2")
+            .arg("--write-lock-timeout")
+            .arg("60s")
             .spawn()
             .await;
         clients.push(gateway.client());
@@ -270,4 +278,59 @@ async fn groups_on_several_resources_never_deadlock() {
         let rolled_back = gateway.events("write group rolled back; applying its writes one by one");
         assert!(rolled_back.is_empty(), "{rolled_back:?}");
     }
+}
+
+/// A resource whose fence row someone else holds locked for long does not hold up the
+/// writes of other resources, even with a single write lane: its writes leave the lane
+/// after `--write-lock-timeout` and wait on their own, in their order, and are applied
+/// once the lock is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_resource_does_not_stall_the_others() {
+    let db = TestDb::create().await;
+    let gateway = Gateway::builder()
+        .database(&db.url())
+        .arg("--write-lanes")
+        .arg("1")
+        .spawn()
+        .await;
+    let client = gateway.client();
+    assert_eq!(client.put("locked", "k", 1, "v0").await.status, 201);
+    let holder = db.client().await;
+    holder
+        .batch_execute(
+            "BEGIN; SELECT highest FROM fencegate.fences WHERE resource = 'locked' FOR UPDATE",
+        )
+        .await
+        .unwrap();
+    let mut blocked = JoinSet::new();
+    for i in 1..=3u64 {
+        let client = client.clone();
+        blocked.spawn(async move { (i, client.put("locked", "k", 1 + i, format!("v{i}")).await) });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    wait_for_lock_waiter(&db).await;
+
+    // Other resources, many at once, while "locked" stays locked.
+    let started = std::time::Instant::now();
+    let others: Vec<_> = (0..QUEUED)
+        .map(|i| (format!("free{}", i % 5), format!("k{i}"), 1))
+        .collect();
+    for reply in send_all(&client, others).await {
+        assert!(matches!(reply.status, 200 | 201), "{:?}", reply.body);
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "writes to other resources waited {took:?} for a lock they do not need"
+    );
+    assert!(blocked.try_join_next().is_none(), "the locked writes wait");
+
+    holder.batch_execute("COMMIT").await.unwrap();
+    let mut replies = blocked.join_all().await;
+    replies.sort_by_key(|(i, _)| *i);
+    for (i, reply) in &replies {
+        assert_eq!(reply.status, 200, "write {i}: {:?}", reply.body);
+        assert_eq!(reply.json()["version"], 1 + i, "in their order");
+    }
+    assert_eq!(db.highest("locked").await, Some(4));
 }

@@ -102,6 +102,9 @@ pub enum UnavailableReason {
     ServerAborted,
     /// The embedded store's file could not be read or written.
     Storage,
+    /// A write lane gave up waiting for a fence lock; the write is retried off the
+    /// lanes, so clients do not see this one.
+    LockTimeout,
 }
 
 impl UnavailableReason {
@@ -112,6 +115,7 @@ impl UnavailableReason {
             UnavailableReason::ConnectionLost => "connection_lost",
             UnavailableReason::ServerAborted => "server_aborted",
             UnavailableReason::Storage => "storage",
+            UnavailableReason::LockTimeout => "lock_timeout",
         }
     }
 }
@@ -124,6 +128,7 @@ impl std::fmt::Display for UnavailableReason {
             UnavailableReason::ConnectionLost => "the connection was lost",
             UnavailableReason::ServerAborted => "the server aborted the statement",
             UnavailableReason::Storage => "the store's file could not be read or written",
+            UnavailableReason::LockTimeout => "a lock was not granted in time",
         })
     }
 }

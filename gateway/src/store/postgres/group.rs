@@ -28,6 +28,19 @@
 //! in that order. Every other writer — a conditional write, an advance, a SQL
 //! transaction — locks a single fence row, so no cycle can form.
 //!
+//! # Locked resources
+//!
+//! A resource's fence row can be held for long by someone else — a fenced SQL
+//! transaction of that resource, a conditional write waiting on it, a writer of fenced
+//! tables. A lane that waited for it would hold up every other resource's writes
+//! queued behind it. So lanes run on connections of their own whose `lock_timeout` is
+//! `--write-lock-timeout` (200 ms by default: far above the time a group holds its locks,
+//! a commit, so that only a lock held by something slower sends writes off): a group (or a lone write) that cannot get a fence lock in that
+//! time stops, nothing of it is applied, the writes of the locked resource leave the
+//! lanes — they are applied one by one, in their order, on the shared pool, where they
+//! wait for the lock up to their deadline — and the rest of the group is applied again
+//! at once. The wait costs only the writes of the locked resource.
+//!
 //! # Time
 //!
 //! Each write carries the deadline of `--backend-timeout` from when it was queued. A lane
@@ -61,7 +74,10 @@ pub struct GroupCommit {
 
 /// What every lane shares.
 struct Lanes {
+    /// The lanes' connections, with `--write-lock-timeout`.
     pool: Pool,
+    /// The shared pool, where writes of a locked resource wait for it.
+    slow: Pool,
     receiver: Mutex<mpsc::Receiver<Queued>>,
     max_group: usize,
     group_size: Histogram,
@@ -77,10 +93,12 @@ struct Queued {
 const QUEUE_CAPACITY: usize = 16 * 1024;
 
 impl GroupCommit {
-    /// Starts `lanes` lanes on `pool`, each applying up to `max_group` writes at a time.
-    /// They stop when the returned value is dropped.
+    /// Starts `lanes` lanes on `pool`, each applying up to `max_group` writes at a time;
+    /// writes of a locked resource wait on `slow`. They stop when the returned value is
+    /// dropped.
     pub fn start(
         pool: Pool,
+        slow: Pool,
         lanes: usize,
         max_group: usize,
         timeout: Duration,
@@ -89,6 +107,7 @@ impl GroupCommit {
         let (queue, receiver) = mpsc::channel(QUEUE_CAPACITY);
         let shared = Arc::new(Lanes {
             pool,
+            slow,
             receiver: Mutex::new(receiver),
             max_group,
             group_size,
@@ -128,11 +147,11 @@ async fn lane(lanes: Arc<Lanes>) {
             }
         }
         lanes.group_size.observe(group.len() as f64);
-        apply_group(&lanes.pool, group).await;
+        apply_group(&lanes, group).await;
     }
 }
 
-async fn apply_group(pool: &Pool, group: Vec<Queued>) {
+async fn apply_group(lanes: &Lanes, group: Vec<Queued>) {
     let now = Instant::now();
     let (mut group, expired): (Vec<Queued>, Vec<Queued>) =
         group.into_iter().partition(|queued| queued.deadline > now);
@@ -147,21 +166,64 @@ async fn apply_group(pool: &Pool, group: Vec<Queued>) {
     };
     group.sort_by(|a, b| by_resource(&a.write, &b.write));
     let writes: Vec<&Write> = group.iter().map(|queued| &queued.write).collect();
-    let answers = with_client_until(pool, deadline, async |client| {
+    let answers = with_client_until(&lanes.pool, deadline, async |client| {
         Ok(apply_on(client, &writes).await)
     })
     .await;
     match answers {
         Ok(answers) => {
+            let mut blocked = Vec::new();
             for (queued, answer) in group.into_iter().zip(answers) {
-                let _ = queued.reply.send(answer);
+                match answer {
+                    Err(StoreError::Unavailable {
+                        reason: UnavailableReason::LockTimeout,
+                        ..
+                    }) => blocked.push(queued),
+                    answer => {
+                        let _ = queued.reply.send(answer);
+                    }
+                }
             }
+            wait_for_locks(&lanes.slow, blocked);
         }
         Err(error) => {
             for queued in group {
                 let _ = queued.reply.send(Err(error.clone()));
             }
         }
+    }
+}
+
+/// Applies the writes of locked resources off the lanes, on `pool`: one task per
+/// resource, each applying its writes one by one in their order, each waiting for the
+/// lock up to its own deadline.
+fn wait_for_locks(pool: &Pool, blocked: Vec<Queued>) {
+    let mut by_resource: Vec<Vec<Queued>> = Vec::new();
+    for queued in blocked {
+        match by_resource
+            .iter_mut()
+            .find(|writes| writes[0].write.resource == queued.write.resource)
+        {
+            Some(writes) => writes.push(queued),
+            None => by_resource.push(vec![queued]),
+        }
+    }
+    for writes in by_resource {
+        let pool = pool.clone();
+        tracing::debug!(
+            resource = %writes[0].write.resource,
+            writes = writes.len(),
+            "fence row locked; applying its writes off the lanes"
+        );
+        tokio::spawn(async move {
+            for queued in writes {
+                let answer = with_client_until(&pool, queued.deadline, async |client| {
+                    write_unconditional(client, &queued.write).await
+                })
+                .await;
+                let _ = queued.reply.send(answer);
+            }
+        });
     }
 }
 
@@ -179,6 +241,26 @@ async fn apply_on(client: &Object, writes: &[&Write]) -> Vec<Answer> {
     match group_transaction(client, writes).await {
         GroupResult::Committed(answers) => answers,
         GroupResult::Failed(error) => vec![Err(error); writes.len()],
+        GroupResult::Blocked(resource) => {
+            // Nothing was applied. The locked resource's writes leave the lanes; the
+            // others are applied again at once, as a group.
+            let rest: Vec<&Write> = writes
+                .iter()
+                .copied()
+                .filter(|write| write.resource != resource)
+                .collect();
+            let mut rest_answers = Box::pin(apply_on(client, &rest)).await.into_iter();
+            writes
+                .iter()
+                .map(|write| match write.resource == resource {
+                    true => Err(StoreError::Unavailable {
+                        reason: UnavailableReason::LockTimeout,
+                        applied: Some(false),
+                    }),
+                    false => rest_answers.next().expect("one answer per write"),
+                })
+                .collect()
+        }
         GroupResult::RolledBack => {
             // A statement failed, so nothing of the group remains; give every write its
             // own statement and its own answer.
@@ -196,6 +278,9 @@ enum GroupResult {
     Committed(Vec<Answer>),
     /// The server refused a statement; the transaction was rolled back.
     RolledBack,
+    /// A statement waited longer than the lane's lock timeout for this resource's fence
+    /// row; the transaction was rolled back.
+    Blocked(fencegate_proto::ResourceName),
     /// The connection failed; whether the group committed may be unknown (`applied`).
     Failed(StoreError),
 }
@@ -250,8 +335,18 @@ async fn group_transaction(client: &Object, writes: &[&Write]) -> GroupResult {
             other => other,
         });
     }
-    if let Some(refused) = rows.iter().find_map(|row| row.as_ref().err()?.code()) {
+    let first_refused = rows
+        .iter()
+        .enumerate()
+        .find_map(|(index, row)| Some((index, row.as_ref().err()?.code()?)));
+    if let Some((index, refused)) = first_refused {
         // Postgres aborted the transaction at that statement: the COMMIT rolled back.
+        if *refused == tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE {
+            return match committed {
+                Ok(()) => GroupResult::Blocked(writes[index].resource.clone()),
+                Err(error) => GroupResult::Failed(classify(error, false)),
+            };
+        }
         tracing::warn!(
             code = refused.code(),
             writes = writes.len(),

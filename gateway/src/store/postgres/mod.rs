@@ -47,6 +47,8 @@ pub struct PgOptions {
     pub write_lanes: usize,
     /// Most writes in one group (`--group-commit-max`).
     pub group_commit_max: usize,
+    /// How long a write lane waits for a fence lock (`--write-lock-timeout`).
+    pub lane_lock_timeout: Duration,
     /// Observes the size of every group applied.
     pub group_size: prometheus::Histogram,
 }
@@ -78,6 +80,7 @@ impl PgStore {
             timeout,
             write_lanes,
             group_commit_max,
+            lane_lock_timeout,
             group_size,
         } = options;
         let mut pg_config: tokio_postgres::Config =
@@ -88,24 +91,18 @@ impl PgStore {
         pg_config.connect_timeout(timeout);
         pg_config.keepalives_idle(Duration::from_secs(30));
         let description = describe(&pg_config);
-        let manager = Manager::from_config(
-            pg_config,
-            NoTls,
-            ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(pool_size)
-            // The most recently used connection first: its Postgres backend is awake and
-            // its caches warm. First-in-first-out would rotate every write through every
-            // idle connection.
-            .queue_mode(QueueMode::Lifo)
-            .runtime(Runtime::Tokio1)
-            .build()
-            .expect("a pool with a runtime always builds");
+        // The write lanes' own connections give up on a fence lock after a moment, so
+        // that one locked resource cannot hold a lane (see `group`).
+        let mut lane_config = pg_config.clone();
+        let lock_timeout = format!("-c lock_timeout={}", lane_lock_timeout.as_millis().max(1));
+        lane_config.options(&match pg_config.get_options() {
+            Some(theirs) => format!("{theirs} {lock_timeout}"),
+            None => lock_timeout,
+        });
+        let pool = new_pool(pg_config, pool_size);
         let store = PgStore {
             group: group::GroupCommit::start(
+                new_pool(lane_config, write_lanes),
                 pool.clone(),
                 write_lanes,
                 group_commit_max,
@@ -269,6 +266,26 @@ impl PgStore {
     ) -> Result<T, StoreError> {
         with_client_until(&self.pool, Instant::now() + self.timeout, op).await
     }
+}
+
+/// A pool of at most `size` connections of `config`.
+fn new_pool(config: tokio_postgres::Config, size: usize) -> Pool {
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size)
+        // The most recently used connection first: its Postgres backend is awake and its
+        // caches warm. First-in-first-out would rotate every write through every idle
+        // connection.
+        .queue_mode(QueueMode::Lifo)
+        .runtime(Runtime::Tokio1)
+        .build()
+        .expect("a pool with a runtime always builds")
 }
 
 /// Creates or migrates the `fencegate` schema on `client`, in one transaction,
@@ -491,6 +508,14 @@ pub(crate) fn classify(error: tokio_postgres::Error, may_have_committed: bool) -
             SqlState::T_R_SERIALIZATION_FAILURE,
             SqlState::T_R_DEADLOCK_DETECTED,
         ];
+        if *code == SqlState::LOCK_NOT_AVAILABLE {
+            // Only the write lanes set a lock timeout (`group`): the statement waited too
+            // long for a fence lock and did nothing.
+            return StoreError::Unavailable {
+                reason: UnavailableReason::LockTimeout,
+                applied: Some(false),
+            };
+        }
         if aborted.contains(code) || code.code().starts_with("08") {
             tracing::warn!(code = code.code(), %error, "the database aborted a statement");
             return StoreError::Unavailable {
