@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use std::collections::HashSet;
 
-use fencegate_proto::{ResourceName, Token};
+use fencegate_proto::{ErrorCode, ResourceName, Token};
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,
@@ -17,6 +17,24 @@ use prometheus::{
 
 /// The label value for resources beyond the cap.
 pub const OTHER_RESOURCE: &str = "_other";
+
+/// Every value of the `route` label.
+pub const ROUTES: &[&str] = &[
+    "kv_put",
+    "kv_get",
+    "kv_delete",
+    "kv_other",
+    "fence_get",
+    "fence_advance",
+    "sql",
+    "metrics",
+    "healthz",
+    "readyz",
+    "unknown",
+];
+
+/// The `outcome` of a request answered without error.
+pub const OK: &str = "ok";
 
 /// Request latency buckets: 100 µs (an answer from the fence cache) to 10 s (a request
 /// that waited out the backend timeout).
@@ -140,6 +158,17 @@ impl Metrics {
         build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
+        // Every series whose labels are known in advance exists from the start, at zero:
+        // rate() and increase() need a first sample before the first event to see it.
+        for route in ROUTES {
+            for outcome in std::iter::once(OK).chain(ErrorCode::ALL.iter().map(|c| c.as_str())) {
+                requests.with_label_values(&[route, outcome]);
+            }
+            request_duration.with_label_values(&[route, OK]);
+        }
+        for kind in crate::store::StoreError::KINDS {
+            backend_errors.with_label_values(&[kind]);
+        }
 
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
@@ -176,15 +205,26 @@ impl Metrics {
 
     /// Records that `resource`'s highest token went up to `token`.
     pub fn highest_raised(&self, resource: &ResourceName, token: Token) {
-        let label = self.labels.label(resource);
+        let label = self.label(resource);
         self.highest_token
             .with_label_values(&[label])
             .set(token.as_i64());
     }
 
+    /// The `resource` label of `resource`. A resource's rejection counter is created,
+    /// at zero, when its label is first used — usually by its first accepted write, well
+    /// before a stale one — so that increase() sees its first rejection.
+    fn label<'a>(&self, resource: &'a ResourceName) -> &'a str {
+        let (label, new) = self.labels.label(resource);
+        if new {
+            self.stale_rejections.with_label_values(&[label]);
+        }
+        label
+    }
+
     /// Records a stale rejection.
     pub fn stale_rejected(&self, resource: &ResourceName, presented: Token, highest: Token) {
-        let label = self.labels.label(resource);
+        let label = self.label(resource);
         self.stale_rejections.with_label_values(&[label]).inc();
         self.last_rejected_token
             .with_label_values(&[label])
@@ -220,16 +260,17 @@ impl ResourceLabels {
         }
     }
 
-    fn label<'a>(&self, resource: &'a ResourceName) -> &'a str {
+    /// The label, and whether it is used for the first time.
+    fn label<'a>(&self, resource: &'a ResourceName) -> (&'a str, bool) {
         let mut admitted = self.admitted.lock().unwrap_or_else(|e| e.into_inner());
         if admitted.contains(resource.as_str()) {
-            return resource.as_str();
+            return (resource.as_str(), false);
         }
         if admitted.len() < self.cap {
             admitted.insert(resource.as_str().into());
-            return resource.as_str();
+            return (resource.as_str(), true);
         }
-        OTHER_RESOURCE
+        (OTHER_RESOURCE, false)
     }
 }
 
@@ -264,6 +305,28 @@ mod tests {
         assert!(!text.contains("resource=\"c\""), "{text}");
         assert!(
             text.contains("fencegate_last_rejected_token{resource=\"a\"} 9"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn known_series_start_at_zero() {
+        let metrics = Metrics::new(10);
+        let text = String::from_utf8(metrics.encode()).unwrap();
+        for series in [
+            "fencegate_requests_total{outcome=\"stale_token\",route=\"kv_put\"} 0",
+            "fencegate_requests_total{outcome=\"overloaded\",route=\"sql\"} 0",
+            "fencegate_requests_total{outcome=\"ok\",route=\"readyz\"} 0",
+            "fencegate_backend_errors_total{kind=\"connection_lost\"} 0",
+            "fencegate_backend_errors_total{kind=\"internal\"} 0",
+            "fencegate_request_duration_seconds_count{outcome=\"ok\",route=\"kv_put\"} 0",
+        ] {
+            assert!(text.contains(series), "{series} missing:\n{text}");
+        }
+        metrics.highest_raised(&ResourceName::new("r").unwrap(), Token::new(3).unwrap());
+        let text = String::from_utf8(metrics.encode()).unwrap();
+        assert!(
+            text.contains("fencegate_stale_rejections_total{resource=\"r\"} 0"),
             "{text}"
         );
     }

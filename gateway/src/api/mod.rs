@@ -120,7 +120,7 @@ async fn answer(app: &Arc<App>, request: &mut Req) -> Response<Body> {
     );
     let result = dispatch(app, request).instrument(span.clone()).await;
     let (response, outcome) = match result {
-        Ok(response) => (response, "ok"),
+        Ok(response) => (response, crate::metrics::OK),
         Err(error) => {
             let code = error.code();
             let _entered = span.enter();
@@ -294,6 +294,26 @@ fn error_response(error: &ApiError) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn route_labels_are_the_known_ones() {
+        for (method, path) in [
+            (Method::PUT, "/v1/kv/a/b"),
+            (Method::GET, "/v1/kv/a/b"),
+            (Method::DELETE, "/v1/kv/a/b"),
+            (Method::PATCH, "/v1/kv/a/b"),
+            (Method::GET, "/v1/fences/a"),
+            (Method::POST, "/v1/fences/a/advance"),
+            (Method::POST, "/v1/sql/a"),
+            (Method::GET, "/metrics"),
+            (Method::GET, "/healthz"),
+            (Method::GET, "/readyz"),
+            (Method::GET, "/elsewhere"),
+        ] {
+            let route = route_label(&method, path);
+            assert!(crate::metrics::ROUTES.contains(&route), "{route}");
+        }
+    }
 
     #[test]
     fn route_labels() {

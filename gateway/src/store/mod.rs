@@ -134,6 +134,17 @@ impl std::fmt::Display for UnavailableReason {
 }
 
 impl StoreError {
+    /// Every value of the `kind` label.
+    pub const KINDS: &'static [&'static str] = &[
+        "connect",
+        "timeout",
+        "connection_lost",
+        "server_aborted",
+        "storage",
+        "lock_timeout",
+        "internal",
+    ];
+
     /// The `kind` label of `fencegate_backend_errors_total`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -211,6 +222,26 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_is_listed() {
+        use UnavailableReason::*;
+        for reason in [
+            Connect,
+            Timeout,
+            ConnectionLost,
+            ServerAborted,
+            Storage,
+            LockTimeout,
+        ] {
+            let error = StoreError::Unavailable {
+                reason,
+                applied: None,
+            };
+            assert!(StoreError::KINDS.contains(&error.kind()), "{reason:?}");
+        }
+        assert!(StoreError::KINDS.contains(&StoreError::Internal(String::new()).kind()));
+    }
 
     #[test]
     fn preconditions() {
