@@ -56,6 +56,8 @@ pub fn built(env_var: &str, relative: &str, build: &str) -> PathBuf {
 pub struct GatewayBuilder {
     args: Vec<String>,
     listen: Option<SocketAddr>,
+    /// A command the binary runs under, e.g. `prlimit --nofile=256 --`.
+    wrapper: Vec<String>,
 }
 
 impl GatewayBuilder {
@@ -72,6 +74,13 @@ impl GatewayBuilder {
     /// Any other flag or value.
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
         self.args.push(arg.into());
+        self
+    }
+
+    /// Runs the gateway under `command` (which must exec what follows it), e.g.
+    /// `["prlimit", "--nofile=256", "--"]`.
+    pub fn run_under(mut self, command: &[&str]) -> Self {
+        self.wrapper = command.iter().map(|part| (*part).to_owned()).collect();
         self
     }
 
@@ -94,12 +103,21 @@ impl GatewayBuilder {
         let listen = self
             .listen
             .map_or_else(|| "127.0.0.1:0".to_owned(), |a| a.to_string());
-        let mut child = Command::new(binary())
+        let mut command = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(binary());
+                command
+            }
+            None => Command::new(binary()),
+        };
+        let mut child = command
             .args(["--listen", &listen, "--log-format", "json"])
             .args(&self.args)
             // Only what is passed here configures the gateway.
             .env_clear()
             .env("RUST_BACKTRACE", "1")
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

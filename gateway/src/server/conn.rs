@@ -33,7 +33,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -65,7 +65,7 @@ pub struct ConnState {
     shutdown: CancellationToken,
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 struct Phase {
     /// Requests being answered (HTTP/2: streams; HTTP/1.x: 0 or 1).
     in_flight: usize,
@@ -75,6 +75,9 @@ struct Phase {
     head_started: Option<Instant>,
     /// The client opened with the HTTP/2 preface.
     http2: bool,
+    /// The socket's reader, parked while a request was in flight: the server does not
+    /// read again after answering unless woken, and the deadlines start then.
+    reader: Option<Waker>,
 }
 
 impl ConnState {
@@ -86,6 +89,7 @@ impl ConnState {
                 idle_since: Instant::now(),
                 head_started: None,
                 http2: false,
+                reader: None,
             }),
             evict: CancellationToken::new(),
         })
@@ -119,10 +123,11 @@ impl ConnState {
     }
 
     /// When the connection must have made progress by, if it is waiting with nothing
-    /// in flight.
-    fn deadline(&self, deadlines: Deadlines) -> Option<Instant> {
-        let phase = self.phase();
+    /// in flight; otherwise parks `reader` until the last request in flight ends.
+    fn deadline(&self, deadlines: Deadlines, reader: &Waker) -> Option<Instant> {
+        let mut phase = self.phase();
         if phase.in_flight > 0 {
+            phase.reader = Some(reader.clone());
             return None;
         }
         Some(match phase.head_started {
@@ -152,6 +157,9 @@ impl Drop for InFlight {
         phase.in_flight -= 1;
         if phase.in_flight == 0 {
             phase.idle_since = Instant::now();
+            if let Some(reader) = phase.reader.take() {
+                reader.wake();
+            }
         }
     }
 }
@@ -203,7 +211,7 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
             }
             Poll::Ready(Err(error)) => Poll::Ready(Err(error)),
             Poll::Pending => {
-                let Some(deadline) = this.state.deadline(this.deadlines) else {
+                let Some(deadline) = this.state.deadline(this.deadlines, cx.waker()) else {
                     return Poll::Pending;
                 };
                 if this.evicted.as_mut().poll(cx).is_ready() {
@@ -359,6 +367,21 @@ mod tests {
         let started = Instant::now();
         assert!(server.read(&mut [0; 16]).await.is_err());
         assert_eq!(started.elapsed(), DEADLINES.idle);
+    }
+
+    /// The server may not read again after its answer unless woken: the end of the
+    /// request wakes the reader, so that the idle deadline starts.
+    #[tokio::test(start_paused = true)]
+    async fn the_end_of_a_request_starts_the_idle_deadline_of_a_waiting_reader() {
+        let (mut server, _client, state) = pair();
+        let request = state.request();
+        let reader = tokio::spawn(async move { server.read(&mut [0; 16]).await });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let answered = Instant::now();
+        drop(request);
+        let error = reader.await.unwrap().unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(answered.elapsed(), DEADLINES.idle);
     }
 
     #[tokio::test(start_paused = true)]

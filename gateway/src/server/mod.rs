@@ -103,6 +103,13 @@ impl Registry {
         self.open().remove(&id);
     }
 
+    /// Asks every connection to close as soon as it has no request in flight.
+    fn evict_all(&self) {
+        for state in self.open().values() {
+            state.evict();
+        }
+    }
+
     /// Asks the longest idle connection to close; false if none is idle.
     fn evict_one(&self) -> bool {
         let open = self.open();
@@ -195,6 +202,9 @@ pub async fn serve(
     }
     drop(listener);
     app.shutting_down();
+    // Idle connections, and those with an incomplete head, close now; the others once
+    // their request is answered.
+    registry.evict_all();
     tracing::info!(
         connections = graceful.count(),
         "shutting down: finishing requests in flight"
