@@ -30,6 +30,7 @@ pub const ROUTES: &[&str] = &[
     "metrics",
     "healthz",
     "readyz",
+    "openapi",
     "unknown",
 ];
 

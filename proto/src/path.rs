@@ -5,7 +5,7 @@
 //! /v1/fences/{resource}
 //! /v1/fences/{resource}/advance
 //! /v1/sql/{resource}
-//! /metrics  /healthz  /readyz
+//! /metrics  /healthz  /readyz  /v1/openapi.json
 //! ```
 
 use percent_encoding::percent_decode_str;
@@ -33,6 +33,8 @@ pub enum Target {
     Metrics,
     Healthz,
     Readyz,
+    /// The OpenAPI document of the API.
+    OpenApi,
 }
 
 /// Why a path names nothing.
@@ -51,6 +53,7 @@ impl Target {
             "/metrics" => return Ok(Target::Metrics),
             "/healthz" => return Ok(Target::Healthz),
             "/readyz" => return Ok(Target::Readyz),
+            "/v1/openapi.json" => return Ok(Target::OpenApi),
             _ => {}
         }
         if let Some(rest) = path.strip_prefix("/v1/kv/") {

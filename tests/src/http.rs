@@ -146,6 +146,11 @@ impl Client {
         .await
     }
 
+    /// `GET path`, whatever the path.
+    pub async fn get_path(&self, path: &str) -> Reply {
+        self.request(Method::GET, path, &[], Bytes::new()).await
+    }
+
     pub async fn get(&self, resource: &str, key: &str) -> Reply {
         self.request(Method::GET, &kv_path(resource, key), &[], Bytes::new())
             .await

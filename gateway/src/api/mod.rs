@@ -21,7 +21,7 @@
 //! - [`kv`]: `GET/PUT/DELETE /v1/kv/{resource}/{key}`
 //! - [`fences`]: `GET /v1/fences/{resource}`, `POST /v1/fences/{resource}/advance`
 //! - [`sql`]: `POST /v1/sql/{resource}`
-//! - [`ops`]: `/metrics`, `/healthz`, `/readyz`
+//! - [`ops`]: `/metrics`, `/healthz`, `/readyz`, `/v1/openapi.json`
 
 mod fences;
 mod kv;
@@ -172,7 +172,8 @@ async fn dispatch(app: &Arc<App>, request: &mut Req) -> Result<Response<Body>, A
         (Method::GET, Target::Metrics) => Ok(ops::metrics(app)),
         (Method::GET, Target::Healthz) => Ok(ops::healthz()),
         (Method::GET, Target::Readyz) => ops::readyz(app).await,
-        (_, Target::Metrics | Target::Healthz | Target::Readyz) => {
+        (Method::GET, Target::OpenApi) => Ok(ops::openapi()),
+        (_, Target::Metrics | Target::Healthz | Target::Readyz | Target::OpenApi) => {
             Err(ApiError::MethodNotAllowed { allow: "GET" })
         }
     }
@@ -203,6 +204,7 @@ fn route_label(method: &Method, path: &str) -> &'static str {
         "/metrics" => "metrics",
         "/healthz" => "healthz",
         "/readyz" => "readyz",
+        "/v1/openapi.json" => "openapi",
         _ => "unknown",
     }
 }
@@ -295,6 +297,70 @@ fn error_response(error: &ApiError) -> Response<Body> {
 mod tests {
     use super::*;
 
+    /// The document's path and methods for each kind of target the router knows. A new
+    /// target does not compile until it is documented here — and in openapi.json.
+    fn documented(target: &Target) -> (&'static str, &'static [&'static str]) {
+        match target {
+            Target::Object { .. } => ("/v1/kv/{resource}/{key}", &["get", "put", "delete"]),
+            Target::Fence { .. } => ("/v1/fences/{resource}", &["get"]),
+            Target::FenceAdvance { .. } => ("/v1/fences/{resource}/advance", &["post"]),
+            Target::Sql { .. } => ("/v1/sql/{resource}", &["post"]),
+            Target::Metrics => ("/metrics", &["get"]),
+            Target::Healthz => ("/healthz", &["get"]),
+            Target::Readyz => ("/readyz", &["get"]),
+            Target::OpenApi => ("/v1/openapi.json", &["get"]),
+        }
+    }
+
+    #[test]
+    fn the_openapi_document_matches_the_routes_and_the_codes() {
+        let doc: serde_json::Value = serde_json::from_str(ops::OPENAPI).unwrap();
+        assert_eq!(doc["openapi"], "3.1.0");
+        let codes: Vec<&str> = doc["components"]["schemas"]["ErrorCode"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|code| code.as_str().unwrap())
+            .collect();
+        assert_eq!(codes, ErrorCode::ALL.map(ErrorCode::as_str));
+        let samples = [
+            "/v1/kv/r/a/b",
+            "/v1/fences/r",
+            "/v1/fences/r/advance",
+            "/v1/sql/r",
+            "/metrics",
+            "/healthz",
+            "/readyz",
+            "/v1/openapi.json",
+        ];
+        let mut seen = Vec::new();
+        for sample in samples {
+            let (path, methods) = documented(&Target::parse(sample).unwrap());
+            let operations = doc["paths"][path]
+                .as_object()
+                .unwrap_or_else(|| panic!("{path} is not documented"));
+            let mut listed: Vec<&str> = operations
+                .keys()
+                .map(String::as_str)
+                .filter(|key| *key != "parameters")
+                .collect();
+            listed.sort_unstable();
+            let mut expected = methods.to_vec();
+            expected.sort_unstable();
+            assert_eq!(listed, expected, "{path}");
+            for method in methods {
+                let route = route_label(&method.to_uppercase().parse().unwrap(), sample);
+                assert_ne!(route, "unknown", "{method} {path}");
+            }
+            seen.push(path);
+        }
+        let mut documented_paths: Vec<&str> =
+            doc["paths"].as_object().unwrap().keys().map(String::as_str).collect();
+        documented_paths.sort_unstable();
+        seen.sort_unstable();
+        assert_eq!(documented_paths, seen, "every documented path is routed");
+    }
+
     #[test]
     fn route_labels_are_the_known_ones() {
         for (method, path) in [
@@ -308,6 +374,7 @@ mod tests {
             (Method::GET, "/metrics"),
             (Method::GET, "/healthz"),
             (Method::GET, "/readyz"),
+            (Method::GET, "/v1/openapi.json"),
             (Method::GET, "/elsewhere"),
         ] {
             let route = route_label(&method, path);

@@ -1,4 +1,4 @@
-//! Operational endpoints: metrics, liveness, readiness.
+//! Operational endpoints: metrics, liveness, readiness, and the API's description.
 
 use std::sync::Arc;
 
@@ -35,4 +35,16 @@ pub async fn readyz(app: &Arc<App>) -> Result<Response<Body>, ApiError> {
         StatusCode::OK,
         &serde_json::json!({ "status": "ready" }),
     ))
+}
+
+/// The OpenAPI 3.1 document of the API (`gateway/openapi.json`), checked against the
+/// routes and error codes by the tests.
+pub const OPENAPI: &str = include_str!("../../openapi.json");
+
+pub fn openapi() -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from_static(OPENAPI.as_bytes())));
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
 }
