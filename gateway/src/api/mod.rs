@@ -38,7 +38,7 @@ use fencegate_proto::{ErrorCode, ResourceName};
 use http::header::{ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Body as _, Incoming};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
@@ -239,23 +239,32 @@ async fn read_body(app: &App, request: &mut Req) -> Result<ReadBody, ApiError> {
     };
     // From here the body is being read: if it stops part-way, the connection goes too.
     request.broken = true;
-    let collected = tokio::select! {
-        collected = tokio::time::timeout(app.body_timeout, Limited::new(body, limit).collect()) => collected,
+    let read = tokio::select! {
+        read = tokio::time::timeout(app.body_timeout, collect(body, reserved, limit)) => read,
         () = app.shutdown.cancelled() => return Err(ApiError::ShuttingDown),
     };
-    let bytes = match collected {
-        Ok(Ok(collected)) => collected.to_bytes(),
-        Ok(Err(error)) if error.is::<http_body_util::LengthLimitError>() => {
-            return Err(ApiError::BodyTooLarge { limit })
-        }
-        Ok(Err(_)) => return Err(ApiError::InvalidBody),
-        Err(_) => return Err(ApiError::BodyTimeout),
-    };
+    let bytes = read.map_err(|_| ApiError::BodyTimeout)??;
     request.broken = false;
     Ok(ReadBody {
         bytes,
         _memory: memory,
     })
+}
+
+/// Reads `body` into one buffer of `expected` bytes (its Content-Length, if it has
+/// one): one allocation, no copy once read.
+async fn collect(mut body: Incoming, expected: usize, limit: usize) -> Result<Bytes, ApiError> {
+    let mut buffer = bytes::BytesMut::with_capacity(expected.min(limit));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| ApiError::InvalidBody)?;
+        if let Ok(data) = frame.into_data() {
+            if buffer.len() + data.len() > limit {
+                return Err(ApiError::BodyTooLarge { limit });
+            }
+            buffer.extend_from_slice(&data);
+        }
+    }
+    Ok(buffer.freeze())
 }
 
 fn json_response<T: serde::Serialize>(status: StatusCode, body: &T) -> Response<Body> {
