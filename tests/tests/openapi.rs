@@ -27,7 +27,15 @@ async fn schemathesis_finds_nothing_that_breaks_the_document() {
     let url = format!("{}/v1/openapi.json", gateway.url());
     let output = tokio::task::spawn_blocking(move || {
         Command::new("schemathesis")
-            .args(["run", &url, "--seed", "1", "--generation-database", "none", "--no-color"])
+            .args([
+                "run",
+                &url,
+                "--seed",
+                "1",
+                "--generation-database",
+                "none",
+                "--no-color",
+            ])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .output()
     })

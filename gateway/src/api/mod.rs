@@ -363,8 +363,12 @@ mod tests {
             }
             seen.push(path);
         }
-        let mut documented_paths: Vec<&str> =
-            doc["paths"].as_object().unwrap().keys().map(String::as_str).collect();
+        let mut documented_paths: Vec<&str> = doc["paths"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
         documented_paths.sort_unstable();
         seen.sort_unstable();
         assert_eq!(documented_paths, seen, "every documented path is routed");
