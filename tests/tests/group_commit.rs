@@ -334,3 +334,56 @@ async fn a_locked_resource_does_not_stall_the_others() {
     }
     assert_eq!(db.highest("locked").await, Some(4));
 }
+
+/// A write that waits for a lock past `--backend-timeout` is cancelled in Postgres
+/// before its 503: nothing of it waits on, and it never lands when the lock is freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_given_up_on_is_cancelled_in_postgres() {
+    let db = TestDb::create().await;
+    let gateway = Gateway::builder()
+        .database(&db.url())
+        .arg("--backend-timeout")
+        .arg("1s")
+        .spawn()
+        .await;
+    let client = gateway.client();
+    assert_eq!(client.put("locked", "k", 1, "v1").await.status, 201);
+    let holder = db.client().await;
+    holder
+        .batch_execute(
+            "BEGIN; SELECT highest FROM fencegate.fences WHERE resource = 'locked' FOR UPDATE",
+        )
+        .await
+        .unwrap();
+    let reply = client.put("locked", "k", 2, "v2").await;
+    assert_eq!(reply.status, 503, "{:?}", reply.body);
+    assert_eq!(reply.json()["error"], "backend_unavailable");
+    let observer = db.client().await;
+    fencegate_tests::eventually(
+        Duration::from_secs(2),
+        "no session to wait for the lock",
+        || {
+            let observer = &observer;
+            async move {
+                let waiting: i64 = observer
+                    .query_one(
+                        "SELECT count(*) FROM pg_stat_activity
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                waiting == 0
+            }
+        },
+    )
+    .await;
+    holder.batch_execute("COMMIT").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        db.object("locked", "k").await.map(|(v, ..)| v),
+        Some(b"v1".to_vec())
+    );
+    assert_eq!(db.highest("locked").await, Some(1));
+}

@@ -386,3 +386,27 @@ async fn shutdown_does_not_wait_for_stuck_clients() {
         started.elapsed()
     );
 }
+
+/// A request with both Transfer-Encoding and Content-Length is read by its
+/// Transfer-Encoding (RFC 9112), and its connection closes after the answer: a second
+/// request hidden behind the first, by a front that trusts Content-Length, is never
+/// answered.
+#[tokio::test]
+async fn both_framings_close_the_connection() {
+    let (_dir, gateway) = embedded(&[]).await;
+    let mut stream = TcpStream::connect(gateway.addr()).await.unwrap();
+    stream
+        .write_all(
+            b"PUT /v1/kv/r/k HTTP/1.1\r\nhost: gw\r\nfencing-token: 1\r\ncontent-length: 4\r\ntransfer-encoding: chunked\r\n\r\n\
+              5\r\nhello\r\n0\r\n\r\n\
+              GET /healthz HTTP/1.1\r\nhost: gw\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let answer = read_until_closed(&mut stream, Duration::from_secs(5))
+        .await
+        .expect("the connection closes after the first answer");
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    assert_eq!(answer.matches("HTTP/1.1").count(), 1, "{answer}");
+    assert_eq!(&gateway.client().get("r", "k").await.body[..], b"hello");
+}
