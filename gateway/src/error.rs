@@ -5,7 +5,7 @@ use fencegate_proto::body::ErrorBody;
 use fencegate_proto::path::PathError;
 use fencegate_proto::{ErrorCode, ProtoError, ResourceName, Token};
 
-use crate::app::Overload;
+use crate::coordinator::Overload;
 use crate::store::StoreError;
 
 /// Everything a request can fail with.

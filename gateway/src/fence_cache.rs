@@ -90,10 +90,6 @@ impl FenceCache {
         self.len.load(Ordering::Relaxed)
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Evicts about an eighth of the entries when the cache is full.
     ///
     /// Which entries go is arbitrary (hash order): any choice is safe, and a sweep over

@@ -11,14 +11,15 @@
 //! - [`config`]: the command line and environment, validated.
 //! - [`server`]: the accept loop (HTTP/1.1 and h2c) and graceful shutdown.
 //! - [`api`]: routing and the endpoint handlers.
-//! - [`app`]: shared state, and the steps of a fenced write (cache check, backend, record).
+//! - [`coordinator`]: shared state, and the road of every backend call (cache check,
+//!   backend in a task of its own, record what committed).
 //! - [`fence_cache`]: resource -> highest committed token, for rejecting stale writes early.
 //! - [`store`]: the backends, with the contract every one of them keeps.
 //! - [`dbfence`]: the fence check inside Postgres, for writers' own tables: the
 //!   `fencegate.fence()` function, the triggers of protected tables, and the
 //!   `protect`/`unprotect`/`check` commands.
 //! - [`sql`]: fenced SQL transactions (`/v1/sql`) on a writer-only login.
-//! - [`metrics`], [`telemetry`]: Prometheus metrics and logging.
+//! - [`metrics`], [`stale_log`], [`telemetry`]: Prometheus metrics and logging.
 //!
 //! # Invariants
 //!
@@ -33,15 +34,16 @@
 //!    safe as one.
 #![forbid(unsafe_code)]
 
-pub mod api;
-pub mod app;
+pub(crate) mod api;
 pub mod config;
+pub(crate) mod coordinator;
 pub mod dbfence;
-pub mod error;
-pub mod fence_cache;
-pub mod metrics;
-pub mod server;
-pub mod sql;
+pub(crate) mod error;
+pub(crate) mod fence_cache;
+pub(crate) mod metrics;
+pub(crate) mod server;
+pub(crate) mod sql;
+pub(crate) mod stale_log;
 pub mod store;
 pub mod telemetry;
 
@@ -52,8 +54,8 @@ use tokio::net::TcpListener;
 
 pub use config::{Cli, Config};
 
-use crate::app::App;
 use crate::config::ConfigError;
+use crate::coordinator::Coordinator;
 use crate::metrics::Metrics;
 use crate::sql::{SqlEndpoint, SqlService, SqlStartError};
 use crate::store::embedded::EmbeddedStartError;
@@ -95,7 +97,7 @@ pub async fn run(
                     write_lanes: config.write_lanes,
                     group_commit_max: config.group_commit_max,
                     lane_lock_timeout: config.write_lock_timeout,
-                    group_size: metrics.commit_group_size.clone(),
+                    group_size: metrics.commit_group_size(),
                 },
             )
             .await?,
@@ -104,7 +106,7 @@ pub async fn run(
             &config.data_dir,
             config.group_commit_max,
             config.backend_timeout,
-            metrics.commit_group_size.clone(),
+            metrics.commit_group_size(),
         )?),
     };
     let sql = match &store {
@@ -114,7 +116,7 @@ pub async fn run(
         Store::Postgres(_) => SqlEndpoint::Disabled,
         Store::Embedded(_) => SqlEndpoint::NotSupported,
     };
-    let app = Arc::new(App::new(&config, store, sql, metrics));
+    let coordinator = Arc::new(Coordinator::new(&config, store, sql, metrics));
     let limits = server::Limits {
         max_connections: server::connection_cap(config.max_connections),
         max_header_size: config.max_header_size,
@@ -126,15 +128,15 @@ pub async fn run(
         http2_keep_alive_timeout: config.http2_keepalive_timeout,
         grace: config.shutdown_timeout,
     };
-    tokio::spawn(Arc::clone(&app).summarise_unlogged_rejections());
+    tokio::spawn(Arc::clone(&coordinator).summarise_unlogged_rejections());
     let addr = listener.local_addr().map_err(StartError::Listener)?;
     tracing::info!(
         %addr,
-        backend = %app.store.describe(),
+        backend = %coordinator.describe_backend(),
         max_connections = limits.max_connections,
         "fencegate ready"
     );
-    server::serve(listener, app, shutdown, limits).await;
+    server::serve(listener, coordinator, shutdown, limits).await;
     tracing::info!("fencegate stopped");
     Ok(())
 }

@@ -56,17 +56,17 @@ const GROUP_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256
 /// Every metric the gateway exports.
 pub struct Metrics {
     registry: Registry,
-    pub requests: IntCounterVec,
-    pub request_duration: HistogramVec,
+    requests: IntCounterVec,
+    request_duration: HistogramVec,
     stale_rejections: IntCounterVec,
     highest_token: IntGaugeVec,
     last_rejected_token: IntGaugeVec,
     rejected_token_lag: Histogram,
-    pub backend_errors: IntCounterVec,
-    pub backend_ready: IntGauge,
-    pub fence_cache_entries: IntGauge,
+    backend_errors: IntCounterVec,
+    backend_ready: IntGauge,
+    fence_cache_entries: IntGauge,
     /// Writes applied per backend transaction; handed to the store at start-up.
-    pub commit_group_size: Histogram,
+    commit_group_size: Histogram,
     labels: ResourceLabels,
 }
 
@@ -202,6 +202,35 @@ impl Metrics {
             commit_group_size,
             labels: ResourceLabels::new(resource_label_cap),
         }
+    }
+
+    /// Records an answered request.
+    pub fn answered(&self, route: &str, outcome: &str, elapsed: std::time::Duration) {
+        self.requests.with_label_values(&[route, outcome]).inc();
+        self.request_duration
+            .with_label_values(&[route, outcome])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Records a failed backend call of `kind` (a [`crate::store::StoreError::KINDS`]).
+    pub fn backend_error(&self, kind: &str) {
+        self.backend_errors.with_label_values(&[kind]).inc();
+    }
+
+    /// Records whether the latest backend call succeeded.
+    pub fn backend_ready(&self, ready: bool) {
+        self.backend_ready.set(i64::from(ready));
+    }
+
+    /// Records how many resources the fence cache holds.
+    pub fn set_cache_entries(&self, entries: usize) {
+        self.fence_cache_entries
+            .set(i64::try_from(entries).unwrap_or(i64::MAX));
+    }
+
+    /// The histogram a backend observes its group sizes in.
+    pub fn commit_group_size(&self) -> Histogram {
+        self.commit_group_size.clone()
     }
 
     /// Records that `resource`'s highest token went up to `token`.

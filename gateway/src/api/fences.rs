@@ -7,18 +7,15 @@ use fencegate_proto::ResourceName;
 use http::{Response, StatusCode};
 
 use super::{fencing_of, json_response, Body, Req};
-use crate::app::App;
+use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 
-pub async fn get(app: &Arc<App>, resource: ResourceName) -> Result<Response<Body>, ApiError> {
+pub async fn get(
+    coordinator: &Arc<Coordinator>,
+    resource: ResourceName,
+) -> Result<Response<Body>, ApiError> {
     tracing::Span::current().record("resource", resource.as_str());
-    let result = app.store.fence(&resource).await;
-    app.backend_result(&result);
-    let highest = result?;
-    if let Some(highest) = highest {
-        // Read from committed state: safe to cache.
-        app.committed(&resource, highest);
-    }
+    let highest = coordinator.fence(&resource).await?;
     Ok(json_response(
         StatusCode::OK,
         &FenceState { resource, highest },
@@ -29,14 +26,14 @@ pub async fn get(app: &Arc<App>, resource: ResourceName) -> Result<Response<Body
 /// acquires its lease, so that writes still in flight from the previous term are
 /// rejected before its own first write.
 pub async fn advance(
-    app: &Arc<App>,
+    coordinator: &Arc<Coordinator>,
     resource: ResourceName,
     request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
     let fencing = fencing_of(request, &resource)?;
-    app.check_cached(&resource, None, &fencing)?;
-    let _in_flight = app.write_permit()?;
-    app.advance(&resource, &fencing).await?;
+    coordinator.check_cached(&resource, None, &fencing)?;
+    let _in_flight = coordinator.write_permit()?;
+    coordinator.advance(&resource, &fencing).await?;
     Ok(json_response(
         StatusCode::OK,
         &FenceState {

@@ -10,23 +10,24 @@ use http::{HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 
 use super::{json_response, read_body, Body, Req};
-use crate::app::App;
+use crate::coordinator::Applied;
+use crate::coordinator::Coordinator;
 use crate::error::ApiError;
-use crate::store::{Write, WriteOp, WriteOutcome};
+use crate::store::{Write, WriteOp};
 
 pub async fn put(
-    app: &Arc<App>,
+    coordinator: &Arc<Coordinator>,
     resource: ResourceName,
     key: ObjectKey,
     request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
     let (fencing, precondition) = fencing_of(request, &resource)?;
     // Checked before the body is read: a stale writer's body is never buffered.
-    app.check_cached(&resource, Some(&key), &fencing)?;
-    let _in_flight = app.write_permit()?;
-    let value = read_body(app, request).await?;
+    coordinator.check_cached(&resource, Some(&key), &fencing)?;
+    let _in_flight = coordinator.write_permit()?;
+    let value = read_body(coordinator, request).await?;
     write(
-        app,
+        coordinator,
         Write {
             resource,
             key,
@@ -40,16 +41,16 @@ pub async fn put(
 }
 
 pub async fn delete(
-    app: &Arc<App>,
+    coordinator: &Arc<Coordinator>,
     resource: ResourceName,
     key: ObjectKey,
     request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
     let (fencing, precondition) = fencing_of(request, &resource)?;
-    app.check_cached(&resource, Some(&key), &fencing)?;
-    let _in_flight = app.write_permit()?;
+    coordinator.check_cached(&resource, Some(&key), &fencing)?;
+    let _in_flight = coordinator.write_permit()?;
     write(
-        app,
+        coordinator,
         Write {
             resource,
             key,
@@ -63,14 +64,15 @@ pub async fn delete(
 }
 
 pub async fn get(
-    app: &Arc<App>,
+    coordinator: &Arc<Coordinator>,
     resource: ResourceName,
     key: ObjectKey,
 ) -> Result<Response<Body>, ApiError> {
     tracing::Span::current().record("resource", resource.as_str());
-    let result = app.store.get(&resource, &key).await;
-    app.backend_result(&result);
-    let object = result?.ok_or(ApiError::NotFound("no such object"))?;
+    let object = coordinator
+        .get(&resource, &key)
+        .await?
+        .ok_or(ApiError::NotFound("no such object"))?;
     let mut response = Response::new(Full::new(object.value));
     let headers = response.headers_mut();
     headers.insert(
@@ -92,14 +94,12 @@ fn fencing_of(request: &Req, resource: &ResourceName) -> Result<(Fencing, Precon
 }
 
 async fn write(
-    app: &Arc<App>,
+    coordinator: &Arc<Coordinator>,
     write: Write,
     fencing: &Fencing,
 ) -> Result<Response<Body>, ApiError> {
     let (resource, key, token) = (write.resource.clone(), write.key.clone(), write.token);
-    let WriteOutcome::Applied { version, created } = app.write(write, fencing).await? else {
-        unreachable!("App::write turns every other outcome into an error")
-    };
+    let Applied { version, created } = coordinator.write(write, fencing).await?;
     let status = if created {
         StatusCode::CREATED
     } else {

@@ -43,7 +43,7 @@ use hyper::body::{Body as _, Incoming};
 use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
-use crate::app::App;
+use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 
 pub type Body = Full<Bytes>;
@@ -67,17 +67,17 @@ pub struct ReadBody {
 }
 
 /// Answers one request. Never fails: every error becomes its response here.
-pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response<Body> {
+pub async fn handle(coordinator: Arc<Coordinator>, request: Request<Incoming>) -> Response<Body> {
     let (head, body) = request.into_parts();
     let mut request = Req {
         head,
         body: Some(body),
         broken: false,
     };
-    let mut response = answer(&app, &mut request).await;
+    let mut response = answer(&coordinator, &mut request).await;
     if request.head.version < Version::HTTP_2 {
         if let Some(body) = request.body.take() {
-            request.broken |= !unread(&app, body);
+            request.broken |= !unread(&coordinator, body);
         }
         if request.broken {
             response
@@ -89,13 +89,13 @@ pub async fn handle(app: Arc<App>, request: Request<Incoming>) -> Response<Body>
 }
 
 /// Deals with a body no handler read (HTTP/1.x); false if the connection must close.
-fn unread(app: &App, body: Incoming) -> bool {
+fn unread(coordinator: &Coordinator, body: Incoming) -> bool {
     if body.is_end_stream() {
         return true;
     }
     match body.size_hint().exact() {
         Some(length) if length <= DRAIN_LIMIT => {
-            let timeout = app.body_timeout;
+            let timeout = coordinator.body_timeout();
             tokio::spawn(async move {
                 // Dropping the body early (timeout, error) makes the server close the
                 // connection, which is then the right thing to do.
@@ -107,7 +107,7 @@ fn unread(app: &App, body: Incoming) -> bool {
     }
 }
 
-async fn answer(app: &Arc<App>, request: &mut Req) -> Response<Body> {
+async fn answer(coordinator: &Arc<Coordinator>, request: &mut Req) -> Response<Body> {
     let started = Instant::now();
     let route = route_label(&request.head.method, request.head.uri.path());
     let span = tracing::info_span!(
@@ -118,7 +118,9 @@ async fn answer(app: &Arc<App>, request: &mut Req) -> Response<Body> {
         presented = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
-    let result = dispatch(app, request).instrument(span.clone()).await;
+    let result = dispatch(coordinator, request)
+        .instrument(span.clone())
+        .await;
     let (response, outcome) = match result {
         Ok(response) => (response, crate::metrics::OK),
         Err(error) => {
@@ -136,42 +138,40 @@ async fn answer(app: &Arc<App>, request: &mut Req) -> Response<Body> {
         }
     };
     span.record("outcome", outcome);
-    app.metrics
-        .requests
-        .with_label_values(&[route, outcome])
-        .inc();
-    app.metrics
-        .request_duration
-        .with_label_values(&[route, outcome])
-        .observe(started.elapsed().as_secs_f64());
+    coordinator.answered(route, outcome, started.elapsed());
     response
 }
 
-async fn dispatch(app: &Arc<App>, request: &mut Req) -> Result<Response<Body>, ApiError> {
+async fn dispatch(
+    coordinator: &Arc<Coordinator>,
+    request: &mut Req,
+) -> Result<Response<Body>, ApiError> {
     let target = Target::parse(request.head.uri.path())?;
     let method = request.head.method.clone();
     match (method, target) {
-        (Method::GET, Target::Object { resource, key }) => kv::get(app, resource, key).await,
+        (Method::GET, Target::Object { resource, key }) => {
+            kv::get(coordinator, resource, key).await
+        }
         (Method::PUT, Target::Object { resource, key }) => {
-            kv::put(app, resource, key, request).await
+            kv::put(coordinator, resource, key, request).await
         }
         (Method::DELETE, Target::Object { resource, key }) => {
-            kv::delete(app, resource, key, request).await
+            kv::delete(coordinator, resource, key, request).await
         }
         (_, Target::Object { .. }) => Err(ApiError::MethodNotAllowed {
             allow: "GET, PUT, DELETE",
         }),
-        (Method::GET, Target::Fence { resource }) => fences::get(app, resource).await,
+        (Method::GET, Target::Fence { resource }) => fences::get(coordinator, resource).await,
         (_, Target::Fence { .. }) => Err(ApiError::MethodNotAllowed { allow: "GET" }),
         (Method::POST, Target::FenceAdvance { resource }) => {
-            fences::advance(app, resource, request).await
+            fences::advance(coordinator, resource, request).await
         }
         (_, Target::FenceAdvance { .. }) => Err(ApiError::MethodNotAllowed { allow: "POST" }),
-        (Method::POST, Target::Sql { resource }) => sql::post(app, resource, request).await,
+        (Method::POST, Target::Sql { resource }) => sql::post(coordinator, resource, request).await,
         (_, Target::Sql { .. }) => Err(ApiError::MethodNotAllowed { allow: "POST" }),
-        (Method::GET, Target::Metrics) => Ok(ops::metrics(app)),
+        (Method::GET, Target::Metrics) => Ok(ops::metrics(coordinator)),
         (Method::GET, Target::Healthz) => Ok(ops::healthz()),
-        (Method::GET, Target::Readyz) => ops::readyz(app).await,
+        (Method::GET, Target::Readyz) => ops::readyz(coordinator).await,
         (Method::GET, Target::OpenApi) => Ok(ops::openapi()),
         (_, Target::Metrics | Target::Healthz | Target::Readyz | Target::OpenApi) => {
             Err(ApiError::MethodNotAllowed { allow: "GET" })
@@ -222,8 +222,8 @@ fn fencing_of(request: &Req, resource: &ResourceName) -> Result<Fencing, ApiErro
 /// Reads the whole body, refusing more than `--max-body` bytes, a body that takes
 /// longer than `--body-timeout`, and — without waiting — one that does not fit in
 /// `--max-body-memory` now. The memory stays taken while the result lives.
-async fn read_body(app: &App, request: &mut Req) -> Result<ReadBody, ApiError> {
-    let limit = app.max_body;
+async fn read_body(coordinator: &Coordinator, request: &mut Req) -> Result<ReadBody, ApiError> {
+    let limit = coordinator.max_body();
     let declared = request
         .head
         .headers
@@ -233,15 +233,15 @@ async fn read_body(app: &App, request: &mut Req) -> Result<ReadBody, ApiError> {
         return Err(ApiError::BodyTooLarge { limit });
     }
     let reserved = declared.map_or(limit, |length| length as usize);
-    let memory = app.body_permit(reserved)?;
+    let memory = coordinator.body_permit(reserved)?;
     let Some(body) = request.body.take() else {
         return Err(ApiError::InvalidBody);
     };
     // From here the body is being read: if it stops part-way, the connection goes too.
     request.broken = true;
     let read = tokio::select! {
-        read = tokio::time::timeout(app.body_timeout, collect(body, reserved, limit)) => read,
-        () = app.shutdown.cancelled() => return Err(ApiError::ShuttingDown),
+        read = tokio::time::timeout(coordinator.body_timeout(), collect(body, reserved, limit)) => read,
+        () = coordinator.shutdown().cancelled() => return Err(ApiError::ShuttingDown),
     };
     let bytes = read.map_err(|_| ApiError::BodyTimeout)??;
     request.broken = false;

@@ -8,12 +8,11 @@ use http::{HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 
 use super::{json_response, Body};
-use crate::app::App;
+use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 
-pub fn metrics(app: &App) -> Response<Body> {
-    app.metrics.fence_cache_entries.set(app.cache.len() as i64);
-    let mut response = Response::new(Full::new(Bytes::from(app.metrics.encode())));
+pub fn metrics(coordinator: &Coordinator) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(coordinator.encode_metrics())));
     response.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -27,10 +26,8 @@ pub fn healthz() -> Response<Body> {
 }
 
 /// The backend answers: the gateway can accept writes now.
-pub async fn readyz(app: &Arc<App>) -> Result<Response<Body>, ApiError> {
-    let result = app.store.ping().await;
-    app.backend_result(&result);
-    result?;
+pub async fn readyz(coordinator: &Arc<Coordinator>) -> Result<Response<Body>, ApiError> {
+    coordinator.ping().await?;
     Ok(json_response(
         StatusCode::OK,
         &serde_json::json!({ "status": "ready" }),

@@ -14,25 +14,25 @@ use fencegate_proto::ResourceName;
 use http::{Response, StatusCode};
 
 use super::{fencing_of, json_response, read_body, Body, Req};
-use crate::app::App;
+use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 use crate::sql::{SqlEndpoint, SqlError, SqlFailure, SqlTransaction};
 
 pub async fn post(
-    app: &Arc<App>,
+    coordinator: &Arc<Coordinator>,
     resource: ResourceName,
     request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
     let fencing = fencing_of(request, &resource)?;
-    let service = match &app.sql {
+    let service = match coordinator.sql() {
         SqlEndpoint::Enabled(service) => Arc::clone(service),
         SqlEndpoint::Disabled => return Err(SqlError::Disabled.into()),
         SqlEndpoint::NotSupported => return Err(SqlError::NotSupportedByBackend.into()),
     };
     let policy = service.policy();
-    app.check_cached(&resource, None, &fencing)?;
-    let _in_flight = app.write_permit()?;
-    let body = read_body(app, request).await?;
+    coordinator.check_cached(&resource, None, &fencing)?;
+    let _in_flight = coordinator.write_permit()?;
+    let body = read_body(coordinator, request).await?;
     let SqlRequest { statements } = serde_json::from_slice(&body.bytes)
         .map_err(|error| SqlError::InvalidRequest(error.to_string()))?;
     if statements.is_empty() {
@@ -56,18 +56,18 @@ pub async fn post(
         token,
         statements,
     };
-    let app_in_task = Arc::clone(app);
-    let outcome = app
+    let in_task = Arc::clone(coordinator);
+    let outcome = coordinator
         .detached(async move {
             let outcome = service.run(&tx).await;
             if outcome.is_ok() {
-                app_in_task.committed(&tx.resource, tx.token);
+                in_task.committed(&tx.resource, tx.token);
             }
             // Only the backend's own failures count against it; the writer's SQL
             // errors and stale tokens are answers from a healthy database.
             match &outcome {
-                Err(SqlFailure::Store(error)) => app_in_task.backend_failed(error),
-                _ => app_in_task.backend_succeeded(),
+                Err(SqlFailure::Store(error)) => in_task.backend_failed(error),
+                _ => in_task.backend_succeeded(),
             }
             outcome
         })
@@ -86,7 +86,7 @@ pub async fn post(
                 token: rejection.presented,
                 holder: fencing.holder,
             };
-            Err(app.stale(&rejection.resource, None, &fencing, rejection.highest))
+            Err(coordinator.stale(&rejection.resource, None, &fencing, rejection.highest))
         }
         Err(SqlFailure::Store(error)) => Err(ApiError::Store(error)),
         Err(SqlFailure::Refused(error)) => Err(error.into()),

@@ -37,7 +37,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::api;
-use crate::app::App;
+use crate::coordinator::Coordinator;
 use conn::{ConnState, Deadlines, Watched};
 
 /// File descriptors kept free of client connections: database pools, the store's
@@ -129,7 +129,7 @@ impl Registry {
 
 pub async fn serve(
     listener: TcpListener,
-    app: Arc<App>,
+    coordinator: Arc<Coordinator>,
     shutdown: impl Future<Output = ()>,
     limits: Limits,
 ) {
@@ -171,15 +171,15 @@ pub async fn serve(
         };
         // Small request/response exchanges: do not let Nagle hold them back.
         let _ = stream.set_nodelay(true);
-        let state = ConnState::new(app.shutdown.clone());
+        let state = ConnState::new(coordinator.shutdown().clone());
         let id = registry.add(Arc::clone(&state));
         let service = {
-            let (app, state) = (Arc::clone(&app), Arc::clone(&state));
+            let (coordinator, state) = (Arc::clone(&coordinator), Arc::clone(&state));
             service_fn(move |request| {
-                let app = Arc::clone(&app);
+                let coordinator = Arc::clone(&coordinator);
                 let in_flight = state.request();
                 async move {
-                    let response = api::handle(app, request).await;
+                    let response = api::handle(coordinator, request).await;
                     drop(in_flight);
                     Ok::<_, Infallible>(response)
                 }
@@ -201,7 +201,7 @@ pub async fn serve(
         });
     }
     drop(listener);
-    app.shutting_down();
+    coordinator.shutting_down();
     // Idle connections, and those with an incomplete head, close now; the others once
     // their request is answered.
     registry.evict_all();

@@ -39,13 +39,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use deadpool_postgres::Transaction;
 use fencegate_proto::body::{SqlColumn, SqlResult};
 use futures_util::{pin_mut, TryStreamExt};
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Statement;
 
 use super::{values, SqlError, SqlFailure, SqlPolicy, SqlService, SqlTransaction};
 use crate::dbfence::StaleRejection;
-use crate::store::postgres::classify;
+use crate::store::postgres::{classify, server_unavailable};
 use crate::store::StoreError;
 
 /// The fence step.
@@ -287,14 +286,7 @@ fn failed(statement: Option<usize>, error: tokio_postgres::Error) -> SqlFailure 
 fn server_refusal(statement: Option<usize>, error: &tokio_postgres::Error) -> Option<SqlError> {
     let db = error.as_db_error()?;
     let code = db.code();
-    let unavailable = [
-        SqlState::ADMIN_SHUTDOWN,
-        SqlState::CRASH_SHUTDOWN,
-        SqlState::CANNOT_CONNECT_NOW,
-        SqlState::TOO_MANY_CONNECTIONS,
-        SqlState::IDLE_SESSION_TIMEOUT,
-    ];
-    if unavailable.contains(code) || code.code().starts_with("08") {
+    if server_unavailable(code) {
         return None;
     }
     Some(SqlError::Failed {

@@ -59,12 +59,13 @@ use prometheus::Histogram;
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio::time::Instant;
 
-use super::{applied, classify, with_client_until, write_unconditional};
-use crate::store::postgres::statements;
-use crate::store::{StoreError, UnavailableReason, Write, WriteOp, WriteOutcome};
+use super::connection::{classify, with_client_until};
+use super::statements;
+use super::writes::{applied, write_unconditional, Attempt};
+use crate::store::{StoreError, UnavailableReason, Write, WriteOp};
 
-/// What a queued write is answered with: its outcome, `None` if its token was stale.
-type Answer = Result<Option<WriteOutcome>, StoreError>;
+/// What a queued write is answered with.
+type Answer = Result<Attempt, StoreError>;
 
 /// The queue in front of the lanes.
 pub struct GroupCommit {
@@ -118,7 +119,7 @@ impl GroupCommit {
         GroupCommit { queue, timeout }
     }
 
-    /// Applies `write` in the next group a lane takes; `None` if its token was stale.
+    /// Applies `write` in the next group a lane takes.
     pub async fn write(&self, write: Write) -> Answer {
         let (reply, answer) = oneshot::channel();
         let queued = Queued {
@@ -363,8 +364,8 @@ async fn group_transaction(client: &Object, writes: &[&Write]) -> GroupResult {
     let mut answers = Vec::with_capacity(writes.len());
     for (write, row) in writes.iter().zip(rows) {
         answers.push(match row {
-            Ok(Some(row)) => applied(&write.op, row.get(0), row.get(1)).map(Some),
-            Ok(None) => Ok(None),
+            Ok(Some(row)) => applied(&write.op, row.get(0), row.get(1)),
+            Ok(None) => Ok(Attempt::Stale),
             // A lost connection fails the COMMIT too, handled above.
             Err(error) => Err(classify(error, true)),
         });

@@ -1,37 +1,53 @@
-//! Shared state of a running gateway, and the steps every fenced write goes through.
+//! The request coordinator: what every handler goes through to reach the backend.
+//!
+//! # Behavior
+//!
+//! - Every backend call — a write, an advance, a SQL transaction, a read, a readiness
+//!   probe — runs through [`Coordinator::detached`], in a task of its own: a client that
+//!   disconnects cannot cancel a call between its commit and the fence cache's update,
+//!   nor leave a connection half-used. The call records what it committed itself.
+//! - The fence cache is raised only from committed results ([`Coordinator::committed`]),
+//!   so it never holds a token above the durable one, and a rejection from it
+//!   ([`Coordinator::check_cached`]) is always correct.
+//! - Every stale rejection, wherever it was decided, goes through
+//!   [`Coordinator::stale`]: counted, logged within the `--stale-log-limit` budget, and
+//!   turned into the one `409 stale_token` answer.
+//! - The bounds of the process (writes in flight, request bodies in memory) are handed
+//!   out as permits that the request holds until it is answered.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use fencegate_proto::headers::Fencing;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::fence_cache::FenceCache;
 use crate::metrics::Metrics;
 use crate::sql::SqlEndpoint;
-use crate::store::{AdvanceOutcome, Store, StoreError, Write, WriteOutcome};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_util::sync::CancellationToken;
+use crate::stale_log::LogBudget;
+use crate::store::{AdvanceOutcome, Store, StoreError, StoredObject, Write, WriteOutcome};
 
-/// Everything a request handler needs.
-pub struct App {
-    pub store: Store,
+/// The shared state of a running gateway, and the steps of every backend call.
+pub struct Coordinator {
+    store: Store,
     /// Fenced SQL transactions (`/v1/sql`), if this gateway runs them.
-    pub sql: SqlEndpoint,
+    sql: SqlEndpoint,
     /// Highest committed token per resource; see its module for the invariant.
-    pub cache: FenceCache,
-    pub metrics: Metrics,
-    pub max_body: usize,
-    pub body_timeout: Duration,
+    cache: FenceCache,
+    metrics: Metrics,
+    max_body: usize,
+    body_timeout: Duration,
     /// Writes being processed (`--max-writes-in-flight`).
     writes: Arc<Semaphore>,
     /// Request-body bytes held in memory (`--max-body-memory`), one permit a byte.
     body_bytes: Arc<Semaphore>,
     /// Cancelled when shutdown begins: requests still receiving their body stop.
-    pub shutdown: CancellationToken,
+    shutdown: CancellationToken,
     stale_log: LogBudget,
 }
 
@@ -42,71 +58,18 @@ pub enum Overload {
     BodyMemory,
 }
 
-/// A budget of "stale write rejected" lines per wall-clock second (`--stale-log-limit`,
-/// 100 by default; 0 for no limit).
-///
-/// Under a stale flood — a writer that goes on writing after losing its lease — writing
-/// every line costs more than the rejection itself, and lets one client fill the log.
-/// Metrics still count every rejection; the next line logged says how many were left
-/// out (`unlogged`), and so does a summary line once a second while lines are left out.
-struct LogBudget {
-    /// Lines per second; 0 for no limit.
-    limit: u64,
-    started: Instant,
-    /// `second << 32 | lines logged in that second`, seconds counted from `started`.
-    window: AtomicU64,
-    /// Lines refused since the last one admitted.
-    refused: AtomicU64,
+/// A write that was applied and committed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Applied {
+    /// The object's version after the write.
+    pub version: u64,
+    /// The object did not exist before (a put only).
+    pub created: bool,
 }
 
-impl LogBudget {
-    fn new(limit: u64) -> LogBudget {
-        LogBudget {
-            limit,
-            started: Instant::now(),
-            window: AtomicU64::new(0),
-            refused: AtomicU64::new(0),
-        }
-    }
-
-    /// Lines refused since the last line or summary that counted them.
-    fn take_refused(&self) -> u64 {
-        self.refused.swap(0, Ordering::Relaxed)
-    }
-
-    /// `Some(refused)` if a line may be logged now, with the number of lines refused
-    /// since the previous one; `None` if this second's budget is spent.
-    fn admit(&self) -> Option<u64> {
-        if self.limit == 0 {
-            return Some(0);
-        }
-        let second = self.started.elapsed().as_secs() & u64::from(u32::MAX);
-        let mut current = self.window.load(Ordering::Relaxed);
-        loop {
-            let next = if current >> 32 != second {
-                second << 32 | 1
-            } else if current & u64::from(u32::MAX) < self.limit {
-                current + 1
-            } else {
-                self.refused.fetch_add(1, Ordering::Relaxed);
-                return None;
-            };
-            match self.window.compare_exchange_weak(
-                current,
-                next,
-                Ordering::Relaxed,
-                Ordering::Relaxed,
-            ) {
-                Ok(_) => return Some(self.take_refused()),
-                Err(actual) => current = actual,
-            }
-        }
-    }
-}
-
-impl App {
-    pub fn new(config: &Config, store: Store, sql: SqlEndpoint, metrics: Metrics) -> App {
-        App {
+impl Coordinator {
+    pub fn new(config: &Config, store: Store, sql: SqlEndpoint, metrics: Metrics) -> Coordinator {
+        Coordinator {
             store,
             sql,
             cache: FenceCache::new(config.cache_size),
@@ -118,6 +81,26 @@ impl App {
             shutdown: CancellationToken::new(),
             stale_log: LogBudget::new(config.stale_log_limit),
         }
+    }
+
+    /// The largest request body (`--max-body`).
+    pub fn max_body(&self) -> usize {
+        self.max_body
+    }
+
+    /// The longest time a request body may take to arrive (`--body-timeout`).
+    pub fn body_timeout(&self) -> Duration {
+        self.body_timeout
+    }
+
+    /// What `/v1/sql` does on this gateway.
+    pub fn sql(&self) -> &SqlEndpoint {
+        &self.sql
+    }
+
+    /// One line for the start-up log: which backend, and where (no secrets).
+    pub fn describe_backend(&self) -> String {
+        self.store.describe()
     }
 
     /// A place for one more write in flight, held until the permit is dropped.
@@ -135,9 +118,25 @@ impl App {
             .map_err(|_| Overload::BodyMemory)
     }
 
+    /// Cancelled once shutdown has begun.
+    pub fn shutdown(&self) -> &CancellationToken {
+        &self.shutdown
+    }
+
     /// Shutdown has begun: stop reading request bodies.
     pub fn shutting_down(&self) {
         self.shutdown.cancel();
+    }
+
+    /// Records a request's answer in the request metrics.
+    pub fn answered(&self, route: &str, outcome: &str, elapsed: Duration) {
+        self.metrics.answered(route, outcome, elapsed);
+    }
+
+    /// The metrics, in Prometheus's text format.
+    pub fn encode_metrics(&self) -> Vec<u8> {
+        self.metrics.set_cache_entries(self.cache.len());
+        self.metrics.encode()
     }
 
     /// Logs, once a second while a stale flood lasts, how many "stale write rejected"
@@ -177,61 +176,59 @@ impl App {
         }
     }
 
-    /// Runs a backend call in its own task, so that a client that disconnects cannot
-    /// cancel it between commit and cache update: whatever the backend commits is
-    /// recorded by `call` itself, whether or not anyone still waits for the answer.
+    /// Runs a backend call in its own task; see the module doc.
     pub async fn detached<T: Send + 'static>(
         &self,
-        call: impl std::future::Future<Output = T> + Send + 'static,
+        call: impl Future<Output = T> + Send + 'static,
     ) -> Result<T, ApiError> {
         tokio::spawn(call)
             .await
             .map_err(|error| StoreError::Internal(format!("backend task failed: {error}")).into())
     }
 
-    /// Applies a fenced write; see [`App::detached`].
+    /// Applies a fenced write.
     pub async fn write(
         self: &Arc<Self>,
         write: Write,
         fencing: &Fencing,
-    ) -> Result<WriteOutcome, ApiError> {
-        let app = Arc::clone(self);
+    ) -> Result<Applied, ApiError> {
+        let this = Arc::clone(self);
         let (write, outcome) = self
             .detached(async move {
-                let outcome = app.store.write(&write).await;
+                let outcome = this.store.write(&write).await;
                 if let Ok(WriteOutcome::Applied { .. }) = outcome {
-                    app.committed(&write.resource, write.token);
+                    this.committed(&write.resource, write.token);
                 }
-                app.backend_result(&outcome);
+                this.backend_result(&outcome);
                 (write, outcome)
             })
             .await?;
         match outcome? {
+            WriteOutcome::Applied { version, created } => Ok(Applied { version, created }),
             WriteOutcome::Stale { highest } => {
                 Err(self.stale(&write.resource, Some(&write.key), fencing, highest))
             }
             WriteOutcome::PreconditionFailed { current } => {
                 Err(ApiError::VersionMismatch { current })
             }
-            applied => Ok(applied),
         }
     }
 
-    /// Raises a resource's fence without writing an object; see [`App::write`].
+    /// Raises a resource's fence without writing an object.
     pub async fn advance(
         self: &Arc<Self>,
         resource: &ResourceName,
         fencing: &Fencing,
     ) -> Result<(), ApiError> {
-        let app = Arc::clone(self);
+        let this = Arc::clone(self);
         let (task_resource, token) = (resource.clone(), fencing.token);
         let outcome = self
             .detached(async move {
-                let outcome = app.store.advance(&task_resource, token).await;
+                let outcome = this.store.advance(&task_resource, token).await;
                 if let Ok(AdvanceOutcome::Applied) = outcome {
-                    app.committed(&task_resource, token);
+                    this.committed(&task_resource, token);
                 }
-                app.backend_result(&outcome);
+                this.backend_result(&outcome);
                 outcome
             })
             .await?;
@@ -239,6 +236,55 @@ impl App {
             AdvanceOutcome::Applied => Ok(()),
             AdvanceOutcome::Stale { highest } => Err(self.stale(resource, None, fencing, highest)),
         }
+    }
+
+    /// Reads an object; `None` if it does not exist.
+    pub async fn get(
+        self: &Arc<Self>,
+        resource: &ResourceName,
+        key: &ObjectKey,
+    ) -> Result<Option<StoredObject>, ApiError> {
+        let (this, resource, key) = (Arc::clone(self), resource.clone(), key.clone());
+        let result = self
+            .detached(async move {
+                let result = this.store.get(&resource, &key).await;
+                this.backend_result(&result);
+                result
+            })
+            .await?;
+        Ok(result?)
+    }
+
+    /// Reads a resource's committed highest token, and caches it.
+    pub async fn fence(
+        self: &Arc<Self>,
+        resource: &ResourceName,
+    ) -> Result<Option<Token>, ApiError> {
+        let (this, resource) = (Arc::clone(self), resource.clone());
+        let result = self
+            .detached(async move {
+                let result = this.store.fence(&resource).await;
+                if let Ok(Some(highest)) = result {
+                    this.committed(&resource, highest);
+                }
+                this.backend_result(&result);
+                result
+            })
+            .await?;
+        Ok(result?)
+    }
+
+    /// Succeeds if the backend can serve requests now.
+    pub async fn ping(self: &Arc<Self>) -> Result<(), ApiError> {
+        let this = Arc::clone(self);
+        let result = self
+            .detached(async move {
+                let result = this.store.ping().await;
+                this.backend_result(&result);
+                result
+            })
+            .await?;
+        Ok(result?)
     }
 
     /// Records that `token` is committed for `resource`.
@@ -291,16 +337,13 @@ impl App {
     }
 
     pub fn backend_succeeded(&self) {
-        self.metrics.backend_ready.set(1);
+        self.metrics.backend_ready(true);
     }
 
     pub fn backend_failed(&self, error: &StoreError) {
-        self.metrics
-            .backend_errors
-            .with_label_values(&[error.kind()])
-            .inc();
+        self.metrics.backend_error(error.kind());
         if let StoreError::Unavailable { .. } = error {
-            self.metrics.backend_ready.set(0);
+            self.metrics.backend_ready(false);
         } else {
             tracing::error!(%error, "backend error");
         }

@@ -1,0 +1,264 @@
+//! Connections to Postgres: pools, the schema migration, the bound on every call, and
+//! what a Postgres error means for the gateway.
+//!
+//! # Behavior
+//!
+//! - Every call runs within a deadline ([`with_client_until`]). A connection whose call
+//!   timed out is not returned to the pool: first a cancel request stops what it still
+//!   runs in Postgres, so that nothing holds a lock on after the answer, then it is
+//!   closed, which rolls back its transaction.
+//! - Errors are judged by SQLSTATE, never by message ([`classify`]): the server going
+//!   away or aborting a statement is "unavailable", with what is known of the write;
+//!   anything else from the server is a bug or a schema changed under the gateway.
+
+use std::time::Duration;
+
+use deadpool_postgres::{
+    Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod, Runtime,
+};
+use tokio::time::{timeout_at, Instant};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{CancelToken, NoTls};
+
+use super::statements;
+use crate::store::{StoreError, UnavailableReason};
+
+/// Why the backend could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum PgStartError {
+    #[error("the database URL is not valid: {0}")]
+    InvalidUrl(tokio_postgres::Error),
+    #[error("could not prepare the fencegate schema: {0}")]
+    Migrate(StoreError),
+    #[error("the database holds fencegate schema version {found}, newer than this gateway's {supported}; upgrade the gateway")]
+    SchemaTooNew { found: i32, supported: i32 },
+}
+
+/// The server is going away or refusing connections (with the whole of class 08,
+/// connection exceptions): no statement on this connection can succeed now.
+const SERVER_UNAVAILABLE: &[SqlState] = &[
+    SqlState::ADMIN_SHUTDOWN,
+    SqlState::CRASH_SHUTDOWN,
+    SqlState::CANNOT_CONNECT_NOW,
+    SqlState::TOO_MANY_CONNECTIONS,
+    SqlState::IDLE_SESSION_TIMEOUT,
+];
+
+/// The server ended a gateway statement without applying it, for reasons of the moment
+/// (cancelled, a serialization failure, a deadlock): the writer may try again.
+const STATEMENT_ABORTED: &[SqlState] = &[
+    SqlState::QUERY_CANCELED,
+    SqlState::T_R_SERIALIZATION_FAILURE,
+    SqlState::T_R_DEADLOCK_DETECTED,
+];
+
+/// Whether `code` says the server is going away or refusing connections.
+pub(crate) fn server_unavailable(code: &SqlState) -> bool {
+    SERVER_UNAVAILABLE.contains(code) || code.code().starts_with("08")
+}
+
+/// A pool of at most `size` connections of `config`.
+pub(super) fn new_pool(config: tokio_postgres::Config, size: usize) -> Pool {
+    let manager = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    Pool::builder(manager)
+        .max_size(size)
+        // The most recently used connection first: its Postgres backend is awake and its
+        // caches warm. First-in-first-out would rotate every write through every idle
+        // connection.
+        .queue_mode(QueueMode::Lifo)
+        .runtime(Runtime::Tokio1)
+        .build()
+        .expect("a pool with a runtime always builds")
+}
+
+/// Creates or migrates the `fencegate` schema on `client`, in one transaction,
+/// serialised with other gateways starting at the same time.
+pub async fn migrate(client: &mut tokio_postgres::Client) -> Result<(), PgStartError> {
+    let supported = statements::MIGRATIONS
+        .last()
+        .map_or(0, |(version, _)| *version);
+    let failed = |e| PgStartError::Migrate(classify(e, false));
+    let tx = client.transaction().await.map_err(failed)?;
+    tx.batch_execute(statements::PREPARE_MIGRATIONS)
+        .await
+        .map_err(failed)?;
+    let found: i32 = tx
+        .query_one(statements::SCHEMA_VERSION, &[])
+        .await
+        .map_err(failed)?
+        .get(0);
+    if found > supported {
+        return Err(PgStartError::SchemaTooNew { found, supported });
+    }
+    for (version, text) in statements::MIGRATIONS
+        .iter()
+        .filter(|(version, _)| *version > found)
+    {
+        tx.batch_execute(text).await.map_err(failed)?;
+        tx.execute(statements::RECORD_MIGRATION, &[version])
+            .await
+            .map_err(failed)?;
+        tracing::info!(version, "applied fencegate schema migration");
+    }
+    tx.commit().await.map_err(failed)
+}
+
+/// How long a cancel request may take before the gateway answers anyway.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Runs `op` on a connection from `pool`, all before `deadline`; see
+/// [`PgStore::with_client`].
+pub(crate) async fn with_client_until<T>(
+    pool: &Pool,
+    deadline: Instant,
+    op: impl AsyncFnOnce(&mut Object) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    let mut client = match timeout_at(deadline, pool.get()).await {
+        Ok(Ok(client)) => client,
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "could not get a database connection");
+            return Err(StoreError::Unavailable {
+                reason: UnavailableReason::Connect,
+                applied: Some(false),
+            });
+        }
+        Err(_) => {
+            return Err(StoreError::Unavailable {
+                reason: UnavailableReason::Connect,
+                applied: Some(false),
+            })
+        }
+    };
+    let cancel = client.cancel_token();
+    match timeout_at(deadline, op(&mut client)).await {
+        Ok(result) => result,
+        Err(_) => {
+            cancel_running(&cancel).await;
+            drop(Object::take(client));
+            Err(StoreError::Unavailable {
+                reason: UnavailableReason::Timeout,
+                applied: None,
+            })
+        }
+    }
+}
+
+/// Asks Postgres to stop the statement a connection we give up on is running, so that
+/// it releases its locks now rather than when it finishes; bounded by
+/// [`CANCEL_TIMEOUT`]. Closing the connection afterwards rolls back its transaction.
+async fn cancel_running(cancel: &CancelToken) {
+    match tokio::time::timeout(CANCEL_TIMEOUT, cancel.cancel_query(NoTls)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::warn!(%error, "could not cancel a timed-out statement"),
+        Err(_) => tracing::warn!("cancelling a timed-out statement timed out"),
+    }
+}
+
+/// Sorts a Postgres error into "unavailable" (with what is known of the write) or
+/// "internal". `may_have_committed` is true once a statement that commits by itself
+/// (autocommit, or COMMIT) has been sent: losing the connection then leaves the
+/// outcome unknown.
+pub(crate) fn classify(error: tokio_postgres::Error, may_have_committed: bool) -> StoreError {
+    if let Some(code) = error.code() {
+        // The server answered with an error, so this statement did not commit.
+        if *code == SqlState::LOCK_NOT_AVAILABLE {
+            // Only the write lanes set a lock timeout (`group`): the statement waited too
+            // long for a fence lock and did nothing.
+            return StoreError::Unavailable {
+                reason: UnavailableReason::LockTimeout,
+                applied: Some(false),
+            };
+        }
+        if server_unavailable(code) || STATEMENT_ABORTED.contains(code) {
+            tracing::warn!(code = code.code(), %error, "the database aborted a statement");
+            return StoreError::Unavailable {
+                reason: UnavailableReason::ServerAborted,
+                applied: Some(false),
+            };
+        }
+        return StoreError::Internal(format!("database error: {}", error_text(&error)));
+    }
+    if error.is_closed()
+        || std::error::Error::source(&error).is_some_and(|s| s.is::<std::io::Error>())
+    {
+        tracing::warn!(%error, "lost the database connection");
+        let applied = if may_have_committed {
+            None
+        } else {
+            Some(false)
+        };
+        return StoreError::Unavailable {
+            reason: UnavailableReason::ConnectionLost,
+            applied,
+        };
+    }
+    StoreError::Internal(error_text(&error))
+}
+
+/// What went wrong, for a log line or a start-up error: the server's message and
+/// SQLSTATE for an error the server sent (tokio-postgres prints only "db error" for
+/// those), the error and its causes otherwise.
+pub(crate) fn error_text(error: &tokio_postgres::Error) -> String {
+    if let Some(db) = error.as_db_error() {
+        return format!("{} (SQLSTATE {})", db.message(), db.code().code());
+    }
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    text
+}
+
+/// `host:port/dbname`, without user or password.
+pub(crate) fn describe(config: &tokio_postgres::Config) -> String {
+    use tokio_postgres::config::Host;
+    let host = match config.get_hosts().first() {
+        Some(Host::Tcp(host)) => host.clone(),
+        Some(Host::Unix(path)) => path.display().to_string(),
+        None => "localhost".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    format!(
+        "postgres at {host}:{port}/{}",
+        config.get_dbname().unwrap_or("(default database)")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates_are_sorted_by_what_they_mean_for_the_gateway() {
+        for code in SERVER_UNAVAILABLE {
+            assert!(server_unavailable(code), "{code:?}");
+        }
+        for code in ["08000", "08006", "08P01"] {
+            assert!(server_unavailable(&SqlState::from_code(code)), "{code}");
+        }
+        for code in STATEMENT_ABORTED {
+            assert!(
+                !server_unavailable(code),
+                "{code:?} is the statement's, not the server's"
+            );
+        }
+        for code in [
+            SqlState::UNIQUE_VIOLATION,
+            SqlState::INSUFFICIENT_PRIVILEGE,
+            SqlState::LOCK_NOT_AVAILABLE,
+        ] {
+            assert!(
+                !server_unavailable(&code) && !STATEMENT_ABORTED.contains(&code),
+                "{code:?}"
+            );
+        }
+    }
+}
