@@ -1,0 +1,129 @@
+use super::*;
+
+fn parse(args: &[&str]) -> Result<Config, clap::Error> {
+    Cli::try_parse_from(std::iter::once("fencegate").chain(args.iter().copied())).map(|cli| {
+        match cli.into_command() {
+            Command::Serve(config) => *config,
+            other => panic!("not serve: {other:?}"),
+        }
+    })
+}
+
+#[test]
+fn serve_is_the_default_command() {
+    let implicit = parse(&["--database-url", "postgres://x", "--pool-size", "3"]).unwrap();
+    let explicit = parse(&[
+        "serve",
+        "--database-url",
+        "postgres://x",
+        "--pool-size",
+        "3",
+    ])
+    .unwrap();
+    assert_eq!(implicit.pool_size, 3);
+    assert_eq!(explicit.pool_size, 3);
+    assert_eq!(implicit.listen, DEFAULT_LISTEN.parse().unwrap());
+}
+
+#[test]
+fn sizes_and_durations() {
+    assert_eq!(parse_size("1MiB"), Ok(1 << 20));
+    assert_eq!(parse_size("512KiB"), Ok(512 << 10));
+    assert_eq!(parse_size("100"), Ok(100));
+    assert!(parse_size("1MB").is_err());
+    assert!(parse_size("lots").is_err());
+    let config = parse(&["--database-url", "x", "--backend-timeout", "250ms"]).unwrap();
+    assert_eq!(config.backend_timeout, Duration::from_millis(250));
+}
+
+#[test]
+fn validation_names_the_flag() {
+    let err = parse(&["--group-commit-max", "0"])
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--group-commit-max"), "{err}");
+    let err = parse(&["--database-url", "x", "--pool-size", "0"])
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--pool-size"), "{err}");
+    assert!(parse(&["--database-url", "x"]).unwrap().validate().is_ok());
+}
+
+#[test]
+fn sql_settings() {
+    let sql = |extra: &[&str]| {
+        let mut args = vec!["--database-url", "x", "--sql", "--sql-database-url", "y"];
+        args.extend_from_slice(extra);
+        parse(&args).unwrap().validate().map_err(|e| e.to_string())
+    };
+    assert!(sql(&[]).is_ok());
+    let config = parse(&["--database-url", "x", "--sql", "--sql-database-url", "y"]).unwrap();
+    assert_eq!(config.sql_max_statements, DEFAULT_SQL_MAX_STATEMENTS);
+    assert_eq!(config.sql_statement_timeout, Duration::from_secs(2));
+    assert!(sql(&["--sql-role", "writer", "--sql-allow-ddl"]).is_ok());
+    for (extra, flag) in [
+        (&["--sql-max-statements", "0"][..], "--sql-max-statements"),
+        (&["--sql-max-rows", "0"], "--sql-max-rows"),
+        (&["--sql-role", ""], "--sql-role"),
+        (&["--sql-pool-size", "0"], "--sql-pool-size"),
+        (
+            &["--sql-max-statement-size", "0"],
+            "--sql-max-statement-size",
+        ),
+        (
+            &["--sql-statement-timeout", "10s"],
+            "--sql-statement-timeout",
+        ),
+    ] {
+        let err = sql(extra).unwrap_err();
+        assert!(err.contains(flag), "{extra:?}: {err}");
+    }
+    let err = parse(&["--database-url", "x", "--sql-role", "writer"])
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("need --sql"), "{err}");
+    let err = parse(&["--sql"])
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--database-url"), "{err}");
+    let err = parse(&["--database-url", "x", "--sql"])
+        .unwrap()
+        .validate()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--sql-database-url"), "{err}");
+}
+
+#[test]
+fn admin_commands() {
+    let cli = Cli::try_parse_from([
+        "fencegate",
+        "protect",
+        "app.orders",
+        "--resource",
+        "orders",
+        "--database-url",
+        "postgres://x",
+    ])
+    .unwrap();
+    match cli.command {
+        Some(Command::Tables(TablesCommand::Protect(args))) => {
+            assert_eq!(
+                (args.table.as_str(), args.resource.as_str()),
+                ("app.orders", "orders")
+            );
+            assert_eq!(args.database.database_url, "postgres://x");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(Cli::try_parse_from(["fencegate", "protect", "t", "--database-url", "x"]).is_err());
+    assert!(Cli::try_parse_from(["fencegate", "check", "--database-url", "x"]).is_ok());
+}
