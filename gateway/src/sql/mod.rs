@@ -34,6 +34,7 @@
 //! - [`tx`]: one transaction, step by step;
 //! - [`values`]: JSON <-> Postgres values.
 
+mod checker;
 pub mod guard;
 mod tx;
 pub mod values;
@@ -66,7 +67,7 @@ pub enum SqlEndpoint {
 pub struct SqlService {
     pool: Pool,
     policy: SqlPolicy,
-    checker: guard::Checker,
+    checker: checker::Checker,
     timeout: Duration,
 }
 
@@ -316,7 +317,7 @@ impl SqlService {
         Ok(SqlService {
             pool,
             policy: SqlPolicy::from_config(config),
-            checker: guard::Checker::start(threads).map_err(SqlStartError::Threads)?,
+            checker: checker::Checker::start(threads).map_err(SqlStartError::Threads)?,
             timeout: config.backend_timeout,
         })
     }

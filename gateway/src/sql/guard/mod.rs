@@ -41,22 +41,14 @@ use sqlparser::keywords::Keyword;
 use sqlparser::parser::Parser;
 use sqlparser::tokenizer::{Token, Tokenizer};
 
-use fencegate_proto::body::SqlStatement;
-
 use crate::config::Config;
 
 /// Most operators in one statement. Parsing builds a chain of binary operators
 /// (`a + b + c ...`) as a left-deep tree without recursing, but walking the tree to check it
 /// recurses once per link, with frames of several KiB in unoptimised builds; this bound
-/// and [`GUARD_STACK`] keep that walk inside its stack. Nesting by parentheses and
+/// and [`super::checker::GUARD_STACK`] keep that walk inside its stack. Nesting by parentheses and
 /// prefix operators is capped by the parser itself (50 levels).
 pub const MAX_OPERATORS: usize = 1000;
-
-/// The stack of the threads that check statements ([`Checker`]): twice what a chain of
-/// [`MAX_OPERATORS`] takes in an unoptimised build (tested), many times what it takes
-/// in a release build. Reserved, not committed: only the pages a walk touches use
-/// memory.
-pub const GUARD_STACK: usize = 32 << 20;
 
 /// Functions refused anywhere in a statement, whatever their schema:
 ///
@@ -138,80 +130,9 @@ impl SqlPolicy {
 #[error("{0}")]
 pub struct Refused(pub String);
 
-/// Checks statements on a few threads of their own, whose stacks hold the deepest walk
-/// [`MAX_OPERATORS`] allows (a request handler's stack is far smaller). Dropping the
-/// checker stops them.
-pub struct Checker {
-    queue: tokio::sync::mpsc::Sender<Job>,
-}
-
-/// The statements of one request, checked in order.
-struct Job {
-    statements: Vec<SqlStatement>,
-    policy: SqlPolicy,
-    reply: tokio::sync::oneshot::Sender<Checked>,
-}
-
-/// The statements back, and the index and reason of the first one refused.
-pub type Checked = (Vec<SqlStatement>, Result<(), (usize, Refused)>);
-
-impl Checker {
-    /// Starts `threads` checking threads.
-    pub fn start(threads: usize) -> std::io::Result<Checker> {
-        let (queue, jobs) = tokio::sync::mpsc::channel::<Job>(1024);
-        let jobs = std::sync::Arc::new(std::sync::Mutex::new(jobs));
-        for _ in 0..threads {
-            let jobs = std::sync::Arc::clone(&jobs);
-            std::thread::Builder::new()
-                .name("fencegate-sql-guard".to_owned())
-                .stack_size(GUARD_STACK)
-                .spawn(move || loop {
-                    // One thread waits for the next job; the others wait for the lock.
-                    let job = jobs.lock().map(|mut jobs| jobs.blocking_recv());
-                    let Ok(Some(job)) = job else {
-                        return;
-                    };
-                    let verdict =
-                        job.statements
-                            .iter()
-                            .enumerate()
-                            .try_for_each(|(index, statement)| {
-                                check(&statement.sql, &job.policy)
-                                    .map_err(|refused| (index, refused))
-                            });
-                    let _ = job.reply.send((job.statements, verdict));
-                })?;
-        }
-        Ok(Checker { queue })
-    }
-
-    /// Checks `statements` in order; on a refusal, the index of the first statement
-    /// refused. The statements come back either way.
-    pub async fn check_all(&self, statements: Vec<SqlStatement>, policy: &SqlPolicy) -> Checked {
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let job = Job {
-            statements,
-            policy: policy.clone(),
-            reply,
-        };
-        if let Err(refused) = self.queue.send(job).await {
-            let job = refused.0;
-            return (
-                job.statements,
-                Err((0, Refused("the SQL checker has stopped".to_owned()))),
-            );
-        }
-        answer.await.unwrap_or_else(|_| {
-            (
-                Vec::new(),
-                Err((0, Refused("the SQL checker has stopped".to_owned()))),
-            )
-        })
-    }
-}
-
 /// Refuses `sql` unless it is one statement of an allowed kind, within the bounds; see
-/// the module doc. Run it on a [`Checker`] thread: its walk needs up to [`GUARD_STACK`].
+/// the module doc. Run it on a [`super::checker::Checker`] thread: its walk needs up to
+/// [`super::checker::GUARD_STACK`].
 pub fn check(sql: &str, policy: &SqlPolicy) -> Result<(), Refused> {
     if sql.len() > policy.max_statement_size {
         return Err(Refused(format!(

@@ -1,4 +1,6 @@
 use super::*;
+use crate::sql::checker::{Checker, GUARD_STACK};
+use fencegate_proto::body::SqlStatement;
 
 fn policy(allow_ddl: bool) -> SqlPolicy {
     SqlPolicy {
