@@ -22,7 +22,7 @@ use fencegate_proto::body::{ErrorBody, FenceState, WriteAccepted};
 use fencegate_proto::headers::{
     etag, parse_etag, Precondition, FENCING_HIGHEST, FENCING_HOLDER, FENCING_TOKEN,
 };
-use fencegate_proto::path::encode_key;
+use fencegate_proto::path::Target;
 use fencegate_proto::{ErrorCode, ObjectKey, ResourceName, Token};
 use http::header::{ETAG, IF_MATCH, IF_NONE_MATCH};
 use http::{HeaderValue, Method, Request, StatusCode};
@@ -181,7 +181,10 @@ impl FencedClient {
         term: &Term,
         resource: &ResourceName,
     ) -> Result<FenceState, WriteError> {
-        let path = format!("/v1/fences/{resource}/advance");
+        let path = Target::FenceAdvance {
+            resource: resource.clone(),
+        }
+        .path();
         let (_, body) = self
             .fenced(
                 term,
@@ -350,7 +353,11 @@ fn stale(term: &Term, resource: &ResourceName, body: ErrorBody) -> WriteError {
 }
 
 fn kv_path(resource: &ResourceName, key: &ObjectKey) -> String {
-    format!("/v1/kv/{resource}/{}", encode_key(key.as_str()))
+    Target::Object {
+        resource: resource.clone(),
+        key: key.clone(),
+    }
+    .path()
 }
 
 fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, WriteError> {

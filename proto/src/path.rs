@@ -37,6 +37,48 @@ pub enum Target {
     OpenApi,
 }
 
+/// What kind of target a path is for, told by its prefix alone: known even when the
+/// path's resource or key is invalid (for metric labels and error answers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    Object,
+    Fence,
+    FenceAdvance,
+    Sql,
+    Metrics,
+    Healthz,
+    Readyz,
+    OpenApi,
+}
+
+impl Family {
+    /// The family of `path`, or `None` for a path the API does not have.
+    pub fn of(path: &str) -> Option<Family> {
+        match path {
+            "/metrics" => return Some(Family::Metrics),
+            "/healthz" => return Some(Family::Healthz),
+            "/readyz" => return Some(Family::Readyz),
+            "/v1/openapi.json" => return Some(Family::OpenApi),
+            _ => {}
+        }
+        if path.starts_with(KV) {
+            return Some(Family::Object);
+        }
+        if let Some(rest) = path.strip_prefix(FENCES) {
+            return Some(match rest.ends_with(ADVANCE) {
+                true => Family::FenceAdvance,
+                false => Family::Fence,
+            });
+        }
+        path.starts_with(SQL).then_some(Family::Sql)
+    }
+}
+
+const KV: &str = "/v1/kv/";
+const FENCES: &str = "/v1/fences/";
+const SQL: &str = "/v1/sql/";
+const ADVANCE: &str = "/advance";
+
 /// Why a path names nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
@@ -49,14 +91,14 @@ pub enum PathError {
 impl Target {
     /// Parses the path of a request URI (without the query string).
     pub fn parse(path: &str) -> Result<Target, PathError> {
-        match path {
-            "/metrics" => return Ok(Target::Metrics),
-            "/healthz" => return Ok(Target::Healthz),
-            "/readyz" => return Ok(Target::Readyz),
-            "/v1/openapi.json" => return Ok(Target::OpenApi),
-            _ => {}
+        match Family::of(path).ok_or(PathError::NotFound)? {
+            Family::Metrics => return Ok(Target::Metrics),
+            Family::Healthz => return Ok(Target::Healthz),
+            Family::Readyz => return Ok(Target::Readyz),
+            Family::OpenApi => return Ok(Target::OpenApi),
+            Family::Object | Family::Fence | Family::FenceAdvance | Family::Sql => {}
         }
-        if let Some(rest) = path.strip_prefix("/v1/kv/") {
+        if let Some(rest) = path.strip_prefix(KV) {
             let (resource, key) = rest.split_once('/').unwrap_or((rest, ""));
             let resource = resource_segment(resource)?;
             let key = decode(key)
@@ -69,7 +111,7 @@ impl Target {
                 key: ObjectKey::new(key)?,
             });
         }
-        if let Some(rest) = path.strip_prefix("/v1/fences/") {
+        if let Some(rest) = path.strip_prefix(FENCES) {
             return match rest.split_once('/') {
                 None => Ok(Target::Fence {
                     resource: resource_segment(rest)?,
@@ -80,7 +122,7 @@ impl Target {
                 Some(_) => Err(PathError::NotFound),
             };
         }
-        if let Some(resource) = path.strip_prefix("/v1/sql/") {
+        if let Some(resource) = path.strip_prefix(SQL) {
             if resource.contains('/') {
                 return Err(PathError::NotFound);
             }
@@ -89,6 +131,43 @@ impl Target {
             });
         }
         Err(PathError::NotFound)
+    }
+}
+
+impl Target {
+    /// The target's path: what [`Target::parse`] reads back as the same target.
+    pub fn path(&self) -> String {
+        match self {
+            Target::Object { resource, key } => {
+                format!("{KV}{resource}/{}", encode_key(key.as_str()))
+            }
+            Target::Fence { resource } => format!("{FENCES}{resource}"),
+            Target::FenceAdvance { resource } => format!("{FENCES}{resource}{ADVANCE}"),
+            Target::Sql { resource } => format!("{SQL}{resource}"),
+            Target::Metrics => "/metrics".to_owned(),
+            Target::Healthz => "/healthz".to_owned(),
+            Target::Readyz => "/readyz".to_owned(),
+            Target::OpenApi => "/v1/openapi.json".to_owned(),
+        }
+    }
+
+    pub fn family(&self) -> Family {
+        match self {
+            Target::Object { .. } => Family::Object,
+            Target::Fence { .. } => Family::Fence,
+            Target::FenceAdvance { .. } => Family::FenceAdvance,
+            Target::Sql { .. } => Family::Sql,
+            Target::Metrics => Family::Metrics,
+            Target::Healthz => Family::Healthz,
+            Target::Readyz => Family::Readyz,
+            Target::OpenApi => Family::OpenApi,
+        }
+    }
+}
+
+impl std::fmt::Display for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.path())
     }
 }
 
@@ -262,10 +341,40 @@ mod tests {
         assert!(Target::parse("/v1/kv/r/%25").is_ok());
     }
 
+    fn targets() -> impl Strategy<Value = Target> {
+        let resource = "[A-Za-z0-9._-]{1,40}"
+            .prop_filter("not only dots", |name: &String| {
+                !name.bytes().all(|b| b == b'.')
+            })
+            .prop_map(|name| ResourceName::new(name).unwrap());
+        let key = "[^\\p{Cc}]{1,60}".prop_map(|key| ObjectKey::new(key).unwrap());
+        prop_oneof![
+            (resource.clone(), key).prop_map(|(resource, key)| Target::Object { resource, key }),
+            resource
+                .clone()
+                .prop_map(|resource| Target::Fence { resource }),
+            resource
+                .clone()
+                .prop_map(|resource| Target::FenceAdvance { resource }),
+            resource.prop_map(|resource| Target::Sql { resource }),
+            Just(Target::Metrics),
+            Just(Target::Healthz),
+            Just(Target::Readyz),
+            Just(Target::OpenApi),
+        ]
+    }
+
     proptest! {
         #[test]
         fn parsing_never_panics(path in "\\PC*") {
             let _ = Target::parse(&path);
+        }
+
+        #[test]
+        fn printed_paths_parse_back(target in targets()) {
+            let path = target.path();
+            prop_assert_eq!(Family::of(&path), Some(target.family()));
+            prop_assert_eq!(Target::parse(&path), Ok(target));
         }
 
         #[test]

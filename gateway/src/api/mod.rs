@@ -33,7 +33,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use fencegate_proto::headers::{Fencing, FENCING_HIGHEST};
-use fencegate_proto::path::Target;
+use fencegate_proto::path::{Family, Target};
 use fencegate_proto::{ErrorCode, ResourceName};
 use http::header::{ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
 use http::request::Parts;
@@ -182,30 +182,21 @@ async fn dispatch(
 /// The `route` label: the endpoint a request was meant for, from a closed set, known
 /// even when the path's parameters are invalid.
 fn route_label(method: &Method, path: &str) -> &'static str {
-    if path.starts_with("/v1/kv/") {
-        return match *method {
+    match Family::of(path) {
+        Some(Family::Object) => match *method {
             Method::GET => "kv_get",
             Method::PUT => "kv_put",
             Method::DELETE => "kv_delete",
             _ => "kv_other",
-        };
-    }
-    if let Some(rest) = path.strip_prefix("/v1/fences/") {
-        return if rest.ends_with("/advance") {
-            "fence_advance"
-        } else {
-            "fence_get"
-        };
-    }
-    if path.starts_with("/v1/sql/") {
-        return "sql";
-    }
-    match path {
-        "/metrics" => "metrics",
-        "/healthz" => "healthz",
-        "/readyz" => "readyz",
-        "/v1/openapi.json" => "openapi",
-        _ => "unknown",
+        },
+        Some(Family::Fence) => "fence_get",
+        Some(Family::FenceAdvance) => "fence_advance",
+        Some(Family::Sql) => "sql",
+        Some(Family::Metrics) => "metrics",
+        Some(Family::Healthz) => "healthz",
+        Some(Family::Readyz) => "readyz",
+        Some(Family::OpenApi) => "openapi",
+        None => "unknown",
     }
 }
 

@@ -150,7 +150,10 @@ pub async fn advance(writer: &mut Writer, resource: &str, token: u64) -> Result<
     sender.ready().await.map_err(|e| e.to_string())?;
     let request = Request::builder()
         .method(Method::POST)
-        .uri(format!("{base}/v1/fences/{resource}/advance"))
+        .uri(format!(
+            "{base}{}",
+            fencegate_tests::http::advance_path(resource)
+        ))
         .header("fencing-token", token)
         .body(Full::new(Bytes::new()))
         .map_err(|e| e.to_string())?;
@@ -187,9 +190,7 @@ pub async fn get(addr: SocketAddr, path: &str) -> Result<(StatusCode, Bytes), St
     Ok((status, body))
 }
 
-fn kv_path(resource: &str, key: &str) -> String {
-    format!("/v1/kv/{resource}/{key}")
-}
+use fencegate_tests::http::kv_path;
 
 fn put(uri: &str, call: &Call<'_>) -> Result<Request<Full<Bytes>>, String> {
     Request::builder()

@@ -67,7 +67,7 @@ pub async fn run_one(target: &Target, seed: u64) -> Result<Stats, String> {
                 let token = tokens[writer].unwrap_or(1);
                 let request = Request {
                     method: "POST".into(),
-                    path: format!("/v1/fences/{resource}/advance"),
+                    path: crate::http::advance_path(&resource),
                     headers: vec![("fencing-token".into(), token.to_string())],
                     body: String::new(),
                 };

@@ -281,7 +281,7 @@ impl<'a> Run<'a> {
             Action::Write => self.write(number, step).await,
             Action::Advance => {
                 let token = self.token_for(step).ok_or("the actor holds no token")?;
-                let path = format!("/v1/fences/{}/advance", self.resource(step));
+                let path = crate::http::advance_path(&self.resource(step));
                 let request = Request {
                     method: "POST".into(),
                     path,
@@ -398,7 +398,7 @@ impl<'a> Run<'a> {
                 Ok(read(&reply))
             }
             Action::Fence => {
-                let path = format!("/v1/fences/{}", self.resource(step));
+                let path = crate::http::fence_path(&self.resource(step));
                 let reply = wire::send_one(self.replica(step).addr, &Request::get(&path)).await?;
                 let highest = reply.field("highest");
                 Ok(Observed {
