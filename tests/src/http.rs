@@ -202,6 +202,14 @@ impl Client {
     pub async fn metric(&self, series: &str) -> Option<f64> {
         metric_value(&self.metrics().await, series)
     }
+
+    /// As [`Client::metric`], with a transport failure as an error.
+    pub async fn try_metric(&self, series: &str) -> Result<Option<f64>, String> {
+        let reply = self
+            .try_request(Method::GET, "/metrics", &[], Bytes::new())
+            .await?;
+        Ok(metric_value(&String::from_utf8_lossy(&reply.body), series))
+    }
 }
 
 /// `/v1/kv/{resource}/{key}` with the key percent-encoded, as proto prints it. A test

@@ -19,7 +19,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use fencegate_lease::{LeaseConfig, Transition};
+use fencegate_lease::{Elector, LeaseConfig, LeaseStore, LossReason, Term, Transition};
+use tokio_util::sync::CancellationToken;
 
 /// The short timing of the failover tests: a 600 ms lease, renewed every 200 ms, given
 /// up after 400 ms without a renewal; followers retry every 80 ms. Store calls may
@@ -65,6 +66,47 @@ pub fn process_timing_args() -> Vec<String> {
     .into_iter()
     .flat_map(|(flag, value)| [flag.to_owned(), ms(value)])
     .collect()
+}
+
+/// How long a lease test waits for any one thing to happen.
+pub const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Runs an elector whose leading code waits for its term to end, and hands every term
+/// it gets to the test.
+pub fn spawn_elector<S: LeaseStore>(
+    elector: Elector<S>,
+    shutdown: &CancellationToken,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::mpsc::UnboundedReceiver<Term>,
+) {
+    let (terms_tx, terms) = tokio::sync::mpsc::unbounded_channel();
+    let shutdown = shutdown.clone();
+    let task = tokio::spawn(async move {
+        elector
+            .run(shutdown, |term: Term| {
+                let _ = terms_tx.send(term.clone());
+                async move { term.cancelled().await }
+            })
+            .await;
+    });
+    (task, terms)
+}
+
+/// The next term an elector hands out; panics after [`PATIENCE`].
+pub async fn next_term(terms: &mut tokio::sync::mpsc::UnboundedReceiver<Term>) -> Term {
+    tokio::time::timeout(PATIENCE, terms.recv())
+        .await
+        .expect("a term within the patience")
+        .expect("the elector is running")
+}
+
+/// Waits until the elector loses its term, and says why; panics after [`PATIENCE`].
+pub async fn lost(events: &mut tokio::sync::broadcast::Receiver<Transition>) -> LossReason {
+    match next_transition(events, PATIENCE, |t| matches!(t, Transition::Lost { .. })).await {
+        Transition::Lost { reason, .. } => reason,
+        other => panic!("waited for a loss, got {other:?}"),
+    }
 }
 
 /// The next transition that satisfies `wanted`; panics after `timeout`.

@@ -30,22 +30,6 @@ pub mod prometheus;
 pub mod proxy;
 pub mod replay;
 
-/// A fresh database and a gateway binary serving it.
-pub async fn postgres_gateway() -> (db::TestDb, gateway::Gateway) {
-    postgres_gateway_with(|builder| builder).await
-}
-
-/// As [`postgres_gateway`], with extra flags.
-pub async fn postgres_gateway_with(
-    configure: impl FnOnce(gateway::GatewayBuilder) -> gateway::GatewayBuilder,
-) -> (db::TestDb, gateway::Gateway) {
-    let db = db::TestDb::create().await;
-    let gateway = configure(gateway::Gateway::builder().database(&db.url()))
-        .spawn()
-        .await;
-    (db, gateway)
-}
-
 /// Polls `condition` every 10 ms until it holds, or panics after `timeout` with `what`.
 pub async fn eventually<F, Fut>(timeout: std::time::Duration, what: &str, mut condition: F)
 where

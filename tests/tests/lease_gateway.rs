@@ -6,16 +6,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use fencegate_lease::{
-    Elector, FencedClient, LeaseMetrics, LossReason, PostgresStore, Term, Transition, WriteError,
+    Elector, FencedClient, LeaseMetrics, LossReason, PostgresStore, Term, WriteError,
 };
 use fencegate_proto::headers::Precondition;
 use fencegate_proto::{ErrorCode, ObjectKey, ResourceName, Token};
+use fencegate_tests::deployment::{Backend, Deployment};
 use fencegate_tests::http::metric_value;
-use fencegate_tests::lease::{next_transition, steady_timing};
+use fencegate_tests::lease::{lost, steady_timing, PATIENCE};
 use tokio_util::sync::CancellationToken;
 
 const LEASE: &str = "invoice-sweeper";
-const PATIENCE: Duration = Duration::from_secs(10);
 
 fn token(value: u64) -> Token {
     Token::new(value).unwrap()
@@ -35,7 +35,8 @@ fn metric(registry: &prometheus::Registry, series: &str) -> Option<f64> {
 /// more is sent under it.
 #[tokio::test]
 async fn a_stale_rejection_ends_the_term() {
-    let (db, gateway) = fencegate_tests::postgres_gateway().await;
+    let deployment = Deployment::start(Backend::Postgres).await;
+    let (db, gateway) = (deployment.db(), &deployment.gateway);
     let client = FencedClient::new(&gateway.url()).unwrap();
     let resource = ResourceName::new("invoices").unwrap();
     let key = ObjectKey::new("invoice-001/reminder").unwrap();
@@ -110,20 +111,7 @@ async fn a_stale_rejection_ends_the_term() {
         }
     });
 
-    let lost = next_transition(&mut events, PATIENCE, |t| {
-        matches!(t, Transition::Lost { .. })
-    })
-    .await;
-    assert!(
-        matches!(
-            lost,
-            Transition::Lost {
-                reason: LossReason::StaleRejection,
-                ..
-            }
-        ),
-        "{lost:?}"
-    );
+    assert_eq!(lost(&mut events).await, LossReason::StaleRejection);
     shutdown.cancel();
     run.await.unwrap();
 
@@ -183,7 +171,8 @@ async fn a_stale_rejection_ends_the_term() {
 /// live: a failed precondition is not a loss of authority.
 #[tokio::test]
 async fn other_refusals_are_decoded_and_keep_the_term() {
-    let (db, gateway) = fencegate_tests::postgres_gateway().await;
+    let deployment = Deployment::start(Backend::Postgres).await;
+    let (db, gateway) = (deployment.db(), &deployment.gateway);
     let client = FencedClient::new(&gateway.url()).unwrap();
     let resource = ResourceName::new("invoices").unwrap();
     let key = ObjectKey::new("invoice 2/reminder?").unwrap();
@@ -241,7 +230,8 @@ async fn other_refusals_are_decoded_and_keep_the_term() {
 /// apply twice (a version precondition); an unconditional write is not resent.
 #[tokio::test]
 async fn only_idempotent_writes_are_resent_after_a_transport_failure() {
-    let (db, gateway) = fencegate_tests::postgres_gateway().await;
+    let deployment = Deployment::start(Backend::Postgres).await;
+    let (db, gateway) = (deployment.db(), &deployment.gateway);
     let network = fencegate_tests::proxy::Proxy::start(gateway.addr()).await;
     let client = FencedClient::new(&format!("http://{}", network.addr()))
         .unwrap()

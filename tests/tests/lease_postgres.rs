@@ -6,20 +6,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencegate_lease::{
-    ConfigError, Elector, LeaseConfig, LeaseStore, LossReason, PostgresStore, StoreError, Term,
+    ConfigError, Elector, LeaseConfig, LeaseStore, LossReason, PostgresStore, StoreError,
     Transition,
 };
 use fencegate_proto::Token;
 use fencegate_tests::db::TestDb;
-use fencegate_tests::lease::{next_transition, short_timing, steady_timing};
+use fencegate_tests::lease::{
+    next_term, next_transition, short_timing, spawn_elector, steady_timing, PATIENCE,
+};
 use fencegate_tests::proxy::Proxy;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 const LEASE: &str = "invoice-sweeper";
 const LONG: Duration = Duration::from_secs(15);
-/// A liveness bound for anything that should happen in well under a second.
-const PATIENCE: Duration = Duration::from_secs(10);
 
 fn token(value: u64) -> Token {
     Token::new(value).unwrap()
@@ -52,28 +52,6 @@ async fn force_expiry(db: &TestDb) {
         )
         .await
         .expect("the lease row can be updated");
-}
-
-/// Runs an elector whose leading code waits for its term to end, and hands every term
-/// it gets to the test.
-fn spawn_elector<S: LeaseStore>(
-    elector: Elector<S>,
-    shutdown: &CancellationToken,
-) -> (
-    tokio::task::JoinHandle<()>,
-    tokio::sync::mpsc::UnboundedReceiver<Term>,
-) {
-    let (terms_tx, terms) = tokio::sync::mpsc::unbounded_channel();
-    let shutdown = shutdown.clone();
-    let task = tokio::spawn(async move {
-        elector
-            .run(shutdown, |term: Term| {
-                let _ = terms_tx.send(term.clone());
-                async move { term.cancelled().await }
-            })
-            .await;
-    });
-    (task, terms)
 }
 
 /// Seed 000's five psql steps, through the store API, with the same results.
@@ -124,10 +102,7 @@ async fn a_replaced_holder_steps_down() {
     let mut events = elector.subscribe();
     let (task, mut terms) = spawn_elector(elector, &shutdown);
 
-    let term = tokio::time::timeout(PATIENCE, terms.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let term = next_term(&mut terms).await;
     assert_eq!(term.epoch(), token(1));
     assert_eq!(term.holder(), "node-a");
     next_transition(&mut events, PATIENCE, |t| {
@@ -190,10 +165,7 @@ async fn a_cut_off_leader_gives_up_before_the_rival_acquires() {
     let leader = Elector::new(leader_store, LEASE, "node-a", config).unwrap();
     let mut leader_events = leader.subscribe();
     let (leader_task, mut leader_terms) = spawn_elector(leader, &shutdown);
-    let term = tokio::time::timeout(PATIENCE, leader_terms.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let term = next_term(&mut leader_terms).await;
 
     let rival = Elector::new(store(&db), LEASE, "node-b", config).unwrap();
     let mut rival_events = rival.subscribe();
@@ -247,10 +219,7 @@ async fn a_leader_whose_database_is_gone_steps_down() {
     let elector = Elector::new(store, LEASE, "node-a", config).unwrap();
     let mut events = elector.subscribe();
     let (task, mut terms) = spawn_elector(elector, &shutdown);
-    let term = tokio::time::timeout(PATIENCE, terms.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let term = next_term(&mut terms).await;
 
     let acquired_or_renewed = next_transition(&mut events, PATIENCE, |t| {
         matches!(t, Transition::Renewed { .. })
@@ -296,10 +265,7 @@ async fn a_follower_takes_over_after_the_leader_dies() {
     let leader = Elector::new(store(&db), LEASE, "node-a", config).unwrap();
     let mut leader_events = leader.subscribe();
     let (leader_task, mut leader_terms) = spawn_elector(leader, &shutdown);
-    tokio::time::timeout(PATIENCE, leader_terms.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    next_term(&mut leader_terms).await;
     let follower = Elector::new(store(&db), LEASE, "node-b", config).unwrap();
     let mut follower_events = follower.subscribe();
     let (follower_task, _) = spawn_elector(follower, &shutdown);
@@ -408,10 +374,7 @@ async fn shutdown_releases_the_lease() {
     let first = Elector::new(store(&db), LEASE, "node-a", config).unwrap();
     let mut first_events = first.subscribe();
     let (first_task, mut first_terms) = spawn_elector(first, &first_stop);
-    let term = tokio::time::timeout(PATIENCE, first_terms.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let term = next_term(&mut first_terms).await;
 
     // A quick-retrying successor, so that the test does not wait for 8 s retries.
     let successor_config = LeaseConfig {

@@ -6,12 +6,11 @@ use std::time::Duration;
 
 use fencegate_lease::{Elector, LeaseStore, LossReason, RedisStore, Term, Transition};
 use fencegate_proto::Token;
-use fencegate_tests::lease::{next_transition, steady_timing};
+use fencegate_tests::lease::{lost, next_term, next_transition, steady_timing, PATIENCE};
 use tokio_util::sync::CancellationToken;
 
 const LEASE: &str = "invoice-sweeper";
 const LONG: Duration = Duration::from_secs(15);
-const PATIENCE: Duration = Duration::from_secs(10);
 
 fn token(value: u64) -> Token {
     Token::new(value).unwrap()
@@ -163,10 +162,7 @@ async fn an_elector_on_redis_steps_down_when_replaced() {
                 .await
         }
     });
-    let term = tokio::time::timeout(PATIENCE, terms.recv())
-        .await
-        .unwrap()
-        .unwrap();
+    let term = next_term(&mut terms).await;
     assert_eq!(term.epoch(), token(1));
     next_transition(&mut events, PATIENCE, |t| {
         matches!(t, Transition::Renewed { .. })
@@ -184,20 +180,7 @@ async fn an_elector_on_redis_steps_down_when_replaced() {
         rival.acquire(LEASE, "node-b", LONG).await.unwrap(),
         Some(token(2))
     );
-    let lost = next_transition(&mut events, PATIENCE, |t| {
-        matches!(t, Transition::Lost { .. })
-    })
-    .await;
-    assert!(
-        matches!(
-            lost,
-            Transition::Lost {
-                reason: LossReason::Replaced,
-                ..
-            }
-        ),
-        "{lost:?}"
-    );
+    assert_eq!(lost(&mut events).await, LossReason::Replaced);
     assert_eq!(term.loss_reason(), Some(LossReason::Replaced));
     assert_eq!(value(&mut raw, &key).await.as_deref(), Some("2:node-b"));
 

@@ -8,12 +8,11 @@ use std::time::Duration;
 
 use fencegate_tests::db::TestDb;
 use fencegate_tests::gateway::Gateway;
-use fencegate_tests::lease::{process_timing, process_timing_args, Event, Sweeper};
+use fencegate_tests::lease::{process_timing, process_timing_args, Event, Sweeper, PATIENCE};
 use fencegate_tests::proxy::Proxy;
 use tokio::time::Instant;
 
 const INVOICES: u32 = 3;
-const PATIENCE: Duration = Duration::from_secs(10);
 
 fn args(db: &TestDb, gateway: &str) -> Vec<String> {
     let mut args = vec![

@@ -167,29 +167,6 @@ pub async fn advance(writer: &mut Writer, resource: &str, token: u64) -> Result<
     }
 }
 
-/// `GET {path}` on a fresh HTTP/1.1 connection: the status and the body.
-pub async fn get(addr: SocketAddr, path: &str) -> Result<(StatusCode, Bytes), String> {
-    let mut sender = connect_http1(addr).await?;
-    let request = Request::builder()
-        .uri(path)
-        .header(http::header::HOST, addr.to_string())
-        .body(Full::new(Bytes::new()))
-        .map_err(|e| e.to_string())?;
-    sender.ready().await.map_err(|e| e.to_string())?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| e.to_string())?;
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    Ok((status, body))
-}
-
 use fencegate_tests::http::kv_path;
 
 fn put(uri: &str, call: &Call<'_>) -> Result<Request<Full<Bytes>>, String> {

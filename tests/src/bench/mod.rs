@@ -424,7 +424,10 @@ async fn memory(bin: &std::path::Path, url: &str, count: usize) -> Result<Memory
     raise_fences(gateway.addr, "m", 0..count, 128).await?;
     let fill_seconds = started.elapsed().as_secs_f64();
     let after = gateway.rss();
-    let (_, metrics) = clients::get(gateway.addr, "/metrics").await?;
+    let metrics = fencegate_tests::http::Client::new(format!("http://{}", gateway.addr))
+        .try_request(http::Method::GET, "/metrics", &[], Bytes::new())
+        .await?
+        .body;
     let entries = fencegate_tests::http::metric_value(
         &String::from_utf8_lossy(&metrics),
         "fencegate_fence_cache_entries",

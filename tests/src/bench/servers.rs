@@ -24,8 +24,6 @@ use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use super::clients;
-
 /// How long a server may take to become ready.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -120,8 +118,12 @@ async fn start(bin: &Path, args: &[String], ready_path: &str) -> Result<Process,
         .map_err(|e| format!("cannot run {}: {e}", bin.display()))?;
     let mut process = Process { child, addr, log };
     let deadline = Instant::now() + START_TIMEOUT;
+    let client = fencegate_tests::http::Client::new(format!("http://{addr}"));
     loop {
-        if let Ok((StatusCode::OK, _)) = clients::get(addr, ready_path).await {
+        let ready = client
+            .try_request(http::Method::GET, ready_path, &[], Bytes::new())
+            .await;
+        if ready.is_ok_and(|reply| reply.status == StatusCode::OK.as_u16()) {
             return Ok(process);
         }
         if let Ok(Some(status)) = process.child.try_wait() {

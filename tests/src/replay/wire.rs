@@ -149,10 +149,3 @@ pub async fn send_one(addr: SocketAddr, request: &Request) -> Result<Reply, Stri
     let mut replies = send(addr, std::slice::from_ref(request)).await?;
     Ok(replies.remove(0))
 }
-
-/// The value of one series in a metrics text, 0 when absent (a counter not yet
-/// incremented is not exported).
-pub async fn metric(addr: SocketAddr, series: &str) -> Result<f64, String> {
-    let reply = send_one(addr, &Request::get("/metrics")).await?;
-    Ok(crate::http::metric_value(&reply.body, series).unwrap_or(0.0))
-}
