@@ -84,11 +84,7 @@ impl Deployment {
     pub async fn highest(&self, resource: &str) -> Option<u64> {
         match &self.store {
             Store::Postgres(db) => db.highest(resource).await.map(|h| h as u64),
-            Store::Embedded(_) => {
-                let reply = self.client().fence(resource).await;
-                assert_eq!(reply.status, 200, "{:?}", reply.body);
-                reply.json()["highest"].as_u64()
-            }
+            Store::Embedded(_) => self.client().read_highest(resource).await,
         }
     }
 
@@ -99,20 +95,7 @@ impl Deployment {
                 let object = db.object(resource, key).await;
                 object.map(|(value, token, version)| (value, token as u64, version as u64))
             }
-            Store::Embedded(_) => {
-                let reply = self.client().get(resource, key).await;
-                match reply.status {
-                    404 => None,
-                    200 => {
-                        let number = |name: &str| -> u64 {
-                            let text = reply.header(name).expect("GET answers carry the header");
-                            text.trim_matches('"').parse().expect("a decimal header")
-                        };
-                        Some((reply.body.to_vec(), number("fencing-token"), number("etag")))
-                    }
-                    other => panic!("reading {resource}/{key}: status {other}: {:?}", reply.body),
-                }
-            }
+            Store::Embedded(_) => self.client().read_object(resource, key).await,
         }
     }
 }

@@ -189,6 +189,30 @@ impl Client {
         .await
     }
 
+    /// The resource's highest token as the store holds it: `GET /v1/fences/{resource}`
+    /// reads the store, not the fence cache.
+    pub async fn read_highest(&self, resource: &str) -> Option<u64> {
+        let reply = self.fence(resource).await;
+        assert_eq!(reply.status, 200, "{:?}", reply.body);
+        reply.json()["highest"].as_u64()
+    }
+
+    /// The stored object `(value, token, version)` as `GET` answers it.
+    pub async fn read_object(&self, resource: &str, key: &str) -> Option<(Vec<u8>, u64, u64)> {
+        let reply = self.get(resource, key).await;
+        match reply.status {
+            404 => None,
+            200 => {
+                let number = |name: &str| -> u64 {
+                    let text = reply.header(name).expect("GET answers carry the header");
+                    text.trim_matches('"').parse().expect("a decimal header")
+                };
+                Some((reply.body.to_vec(), number("fencing-token"), number("etag")))
+            }
+            other => panic!("reading {resource}/{key}: status {other}: {:?}", reply.body),
+        }
+    }
+
     /// The `/metrics` text.
     pub async fn metrics(&self) -> String {
         let reply = self

@@ -11,6 +11,8 @@
 //! - [`gateway`]: spawns the built `fencegate` binary on a free port and waits for its
 //!   "ready" log line; SIGTERM, SIGKILL, restart, captured logs.
 //! - [`http`]: a small client for the gateway's API.
+//! - [`inprocess`]: the gateway as a task of the test itself, on the embedded store, for
+//!   the API-contract suites (`api_tests!`) and tests under a paused clock.
 //! - [`lease`]: lease timing for tests, and the `invoice-sweeper` example as a process.
 //! - [`prometheus`]: a real Prometheus server on a free port, and its query API.
 //! - [`proxy`]: a loopback TCP proxy whose traffic a test can hold, release and cut.
@@ -25,6 +27,7 @@ pub mod deployment;
 pub mod fenced;
 pub mod gateway;
 pub mod http;
+pub mod inprocess;
 pub mod lease;
 pub mod prometheus;
 pub mod proxy;

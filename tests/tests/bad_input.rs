@@ -1,6 +1,6 @@
 //! Every error code, each from a request that provokes it; none of them changes anything.
 
-use fencegate_tests::backend_tests;
+use fencegate_tests::api_tests;
 use http::Method;
 
 struct Case {
@@ -263,9 +263,9 @@ fn cases() -> Vec<Case> {
     cases
 }
 
-backend_tests! {
-    async fn every_error_code_and_nothing_changes(deployment) ["--max-body", "16"] {
-        let client = deployment.client();
+api_tests! {
+    async fn every_error_code_and_nothing_changes(gateway) ["--max-body", "16"] {
+        let client = gateway.client();
         for case in cases() {
             let headers: Vec<(&str, &str)> = case.headers.iter().map(|(n, v)| (*n, v.as_str())).collect();
             let reply = client.request(case.method.clone(), &case.path, &headers, case.body.clone()).await;
@@ -279,7 +279,7 @@ backend_tests! {
         }
         // Nothing was written, and no fence was raised.
         assert_eq!(client.fence("res").await.json()["highest"], serde_json::Value::Null);
-        assert_eq!(deployment.highest("res").await, None);
+        assert_eq!(gateway.highest("res").await, None);
         assert_eq!(client.get("res", "k").await.status, 404);
         // A body at the limit is fine.
         assert_eq!(client.put("res", "k", 1, "0123456789abcdef").await.status, 201);

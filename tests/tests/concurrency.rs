@@ -1,7 +1,7 @@
 //! Many writers with random tokens racing on one resource: every acknowledged write
 //! must be consistent with the fence.
 
-use fencegate_tests::backend_tests;
+use fencegate_tests::api_tests;
 use fencegate_tests::gateway::Gateway;
 use fencegate_tests::http::Client;
 use rand::Rng;
@@ -75,13 +75,13 @@ fn check(answers: &[Answer]) -> Vec<(u64, u64)> {
     accepted
 }
 
-backend_tests! {
-    async fn concurrent_writers_with_random_tokens(deployment) {
-        let answers = race(&[deployment.client()]).await;
+api_tests! {
+    async fn concurrent_writers_with_random_tokens(gateway) {
+        let answers = race(&[gateway.client()]).await;
         let accepted = check(&answers);
         let (last_version, last_token) = accepted.last().cloned().expect("at least one write is accepted");
-        assert_eq!(deployment.highest("contended").await, Some(last_token), "the durable fence is the highest accepted token");
-        let (_, token, version) = deployment.object("contended", "row").await.expect("the object exists");
+        assert_eq!(gateway.highest("contended").await, Some(last_token), "the durable fence is the highest accepted token");
+        let (_, token, version) = gateway.object("contended", "row").await.expect("the object exists");
         assert_eq!((token, version), (last_token, last_version), "the stored object is the last accepted write");
     }
 }

@@ -1,13 +1,13 @@
 //! The gateway speaks cleartext HTTP/2 (h2c, prior knowledge) on the same port as
 //! HTTP/1.1, with the same answers.
 
-use fencegate_tests::backend_tests;
+use fencegate_tests::api_tests;
 use fencegate_tests::http::Client;
 use tokio::task::JoinSet;
 
-backend_tests! {
-    async fn h2c_writes_are_fenced_like_http1(deployment) {
-        let client = Client::new_h2(deployment.gateway.url());
+api_tests! {
+    async fn h2c_writes_are_fenced_like_http1(gateway) {
+        let client = Client::new_h2(gateway.url());
         assert_eq!(client.put("orders", "o-1", 41, "from 41").await.status, 201);
         assert_eq!(client.put("orders", "o-1", 42, "from 42").await.status, 200);
         let stale = client.put("orders", "o-1", 41, "late").await;
@@ -23,6 +23,6 @@ backend_tests! {
         let statuses = streams.join_all().await;
         assert!(statuses.iter().all(|s| *s == 201 || *s == 409), "{statuses:?}");
         assert!(statuses.contains(&201));
-        assert_eq!(deployment.highest("orders").await, Some(43));
+        assert_eq!(gateway.highest("orders").await, Some(43));
     }
 }

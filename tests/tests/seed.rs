@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use fencegate_tests::http::{metric_value, Client};
 use fencegate_tests::proxy::Proxy;
-use fencegate_tests::{backend_tests, eventually};
+use fencegate_tests::{api_tests, backend_tests, eventually};
 use http::Method;
 
 backend_tests! {
@@ -62,10 +62,13 @@ async fn tokens_41_42_41(deployment) {
     assert_eq!(fields["rejections"], 1);
 }
 
+}
+
+api_tests! {
+
 /// Seed 002, delayed request: A's write(7) is sent, then held in the network while
 /// B writes with 8; delivered afterwards, it is rejected with presented 7, highest 8.
-async fn delayed_request_from_an_old_term_is_rejected(deployment) {
-    let gateway = &deployment.gateway;
+async fn delayed_request_from_an_old_term_is_rejected(gateway) {
     let direct = gateway.client();
     let network = Proxy::start(gateway.addr()).await;
     let via_network = Client::new(format!("http://{}", network.addr()));
@@ -87,13 +90,12 @@ async fn delayed_request_from_an_old_term_is_rejected(deployment) {
     let late = delayed.await.unwrap();
     assert_eq!(late.status, 409);
     assert_eq!((late.json()["presented"].as_u64(), late.json()["highest"].as_u64()), (Some(7), Some(8)));
-    assert_eq!(deployment.object("ledger", "balance").await, Some((b"b-1".to_vec(), 8, 2)));
+    assert_eq!(gateway.object("ledger", "balance").await, Some((b"b-1".to_vec(), 8, 2)));
 }
 
 /// The promise step: a new holder advances the fence before writing anything, and
 /// the old term's writes are rejected at once; the advance itself writes no object.
-async fn advance_fences_out_the_old_term_before_the_first_write(deployment) {
-    let gateway = &deployment.gateway;
+async fn advance_fences_out_the_old_term_before_the_first_write(gateway) {
     let client = gateway.client();
     assert_eq!(client.put("jobs", "cursor", 7, "a").await.status, 201);
 
@@ -111,12 +113,11 @@ async fn advance_fences_out_the_old_term_before_the_first_write(deployment) {
 
     assert_eq!(client.fence("jobs").await.json(), serde_json::json!({"resource": "jobs", "highest": 8}));
     assert_eq!(client.fence("never-written").await.json(), serde_json::json!({"resource": "never-written", "highest": null}));
-    assert_eq!(deployment.object("jobs", "cursor").await, Some((b"a".to_vec(), 7, 1)));
+    assert_eq!(gateway.object("jobs", "cursor").await, Some((b"a".to_vec(), 7, 1)));
 }
 
 /// Same token, ordered by If-Match; a failed precondition leaves the fence untouched.
-async fn if_match_orders_writes_within_one_epoch(deployment) {
-    let gateway = &deployment.gateway;
+async fn if_match_orders_writes_within_one_epoch(gateway) {
     let client = gateway.client();
     let put = |token: &'static str, condition: (&'static str, &'static str), value: &'static str| {
         let client = client.clone();
@@ -142,13 +143,13 @@ async fn if_match_orders_writes_within_one_epoch(deployment) {
     // A newer term whose precondition fails must not raise the fence.
     let failed = put("9", ("if-match", "\"1\""), "never").await;
     assert_eq!(failed.status, 412);
-    assert_eq!(deployment.highest("accounts").await, Some(5));
+    assert_eq!(gateway.highest("accounts").await, Some(5));
     assert_eq!(client.put("accounts", "acct-1", 6, "v3 from term 6").await.status, 200);
 
     // The fence is checked before the precondition.
     let stale = put("5", ("if-match", "\"3\""), "stale").await;
     assert_eq!(stale.status, 409);
-    assert_eq!(deployment.object("accounts", "acct-1").await, Some((b"v3 from term 6".to_vec(), 6, 3)));
+    assert_eq!(gateway.object("accounts", "acct-1").await, Some((b"v3 from term 6".to_vec(), 6, 3)));
     let missing = client
         .request(Method::PUT, "/v1/kv/accounts/acct-2", &[("fencing-token", "6"), ("if-match", "*")], "x")
         .await;
@@ -158,14 +159,13 @@ async fn if_match_orders_writes_within_one_epoch(deployment) {
 
 /// Deletes leave a tombstone: versions keep rising, and a delete raises the fence even
 /// when there is nothing to delete.
-async fn deletes_raise_the_fence_and_keep_versions_rising(deployment) {
-    let gateway = &deployment.gateway;
+async fn deletes_raise_the_fence_and_keep_versions_rising(gateway) {
     let client = gateway.client();
 
     let nothing = client.delete("files", "a.txt", 3).await;
     assert_eq!(nothing.status, 200);
     assert_eq!(nothing.json()["version"], 0);
-    assert_eq!(deployment.highest("files").await, Some(3));
+    assert_eq!(gateway.highest("files").await, Some(3));
 
     assert_eq!(client.put("files", "a.txt", 3, "one").await.json()["version"], 1);
     let deleted = client.delete("files", "a.txt", 4).await;
@@ -179,12 +179,11 @@ async fn deletes_raise_the_fence_and_keep_versions_rising(deployment) {
     assert_eq!(recreated.status, 201, "re-created after a delete");
     assert_eq!(recreated.json()["version"], 3);
     assert_eq!(client.delete("files", "a.txt", 3).await.status, 409);
-    assert_eq!(deployment.object("files", "a.txt").await, Some((b"two".to_vec(), 4, 3)));
+    assert_eq!(gateway.object("files", "a.txt").await, Some((b"two".to_vec(), 4, 3)));
 }
 
 /// A token fences only its own resource; keys of one resource share its fence.
-async fn the_fence_scope_is_the_resource(deployment) {
-    let gateway = &deployment.gateway;
+async fn the_fence_scope_is_the_resource(gateway) {
     let client = gateway.client();
     assert_eq!(client.put("shard-a", "k", 100, "a").await.status, 201);
     assert_eq!(client.put("shard-b", "k", 1, "b").await.status, 201, "shard-a's token must not fence shard-b");

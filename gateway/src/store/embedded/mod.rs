@@ -23,25 +23,29 @@ use std::time::Duration;
 use bytes::Bytes;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
 use redb::{
-    Database, DatabaseError, ReadableDatabase, ReadableTable, Table, TableDefinition, TableHandle,
+    Database, DatabaseError, ReadableDatabase, ReadableTable, TableDefinition, TableHandle,
 };
 use tokio::sync::{mpsc, oneshot};
 
-use super::{
-    precondition_holds, AdvanceOutcome, StoreError, StoredObject, UnavailableReason, Write,
-    WriteOp, WriteOutcome,
+use crate::store::{
+    AdvanceOutcome, StoreError, StoredObject, UnavailableReason, Write, WriteOutcome,
 };
+
+mod batch;
+
+use batch::{writer, Job, Reply};
 
 /// The file inside `--data-dir`.
 pub const FILE_NAME: &str = "fencegate.redb";
 
 /// resource -> highest accepted token.
 const FENCES: TableDefinition<&str, u64> = TableDefinition::new("fences");
-/// (resource, key) -> (token, version, born, value); value `None` is a tombstone that
-/// keeps the version sequence, as in the Postgres backend.
-/// (token, version, born, value) of an object row.
+/// (token, version, born, value) of an object; value `None` is a tombstone that keeps
+/// the version sequence, as in the Postgres backend.
 type ObjectRow = (u64, u64, u64, Option<&'static [u8]>);
-const OBJECTS: TableDefinition<(&str, &str), ObjectRow> = TableDefinition::new("objects");
+/// (resource, key) -> object.
+const OBJECTS: TableDefinition<(&str, &str), ObjectRow> =
+    TableDefinition::new("objects");
 /// Marks the file as a fencegate store and records its format.
 const META: TableDefinition<&str, u64> = TableDefinition::new("fencegate_meta");
 const FORMAT_KEY: &str = "format_version";
@@ -78,24 +82,6 @@ pub struct EmbeddedStore {
     queue: mpsc::Sender<Job>,
     path: PathBuf,
     timeout: Duration,
-}
-
-struct Job {
-    op: Op,
-    reply: oneshot::Sender<Result<Outcome, StoreError>>,
-}
-
-enum Op {
-    Write(Write),
-    Advance {
-        resource: ResourceName,
-        token: Token,
-    },
-}
-
-enum Outcome {
-    Write(WriteOutcome),
-    Advance(AdvanceOutcome),
 }
 
 impl EmbeddedStore {
@@ -149,10 +135,8 @@ impl EmbeddedStore {
     }
 
     pub async fn write(&self, write: &Write) -> Result<WriteOutcome, StoreError> {
-        match self.submit(Op::Write(write.clone())).await? {
-            Outcome::Write(outcome) => Ok(outcome),
-            Outcome::Advance(_) => unreachable!("a write is answered with a write outcome"),
-        }
+        let write = write.clone();
+        self.submit(|reply| Job::Write { write, reply }).await
     }
 
     pub async fn advance(
@@ -160,16 +144,13 @@ impl EmbeddedStore {
         resource: &ResourceName,
         token: Token,
     ) -> Result<AdvanceOutcome, StoreError> {
-        match self
-            .submit(Op::Advance {
-                resource: resource.clone(),
-                token,
-            })
-            .await?
-        {
-            Outcome::Advance(outcome) => Ok(outcome),
-            Outcome::Write(_) => unreachable!("an advance is answered with an advance outcome"),
-        }
+        let resource = resource.clone();
+        self.submit(|reply| Job::Advance {
+            resource,
+            token,
+            reply,
+        })
+        .await
     }
 
     pub async fn get(
@@ -220,11 +201,11 @@ impl EmbeddedStore {
             .await
     }
 
-    /// Queues `op` for the writer and waits for its answer, within the backend timeout.
-    async fn submit(&self, op: Op) -> Result<Outcome, StoreError> {
+    /// Queues a job for the writer and waits for its answer, within the backend timeout.
+    async fn submit<T>(&self, job: impl FnOnce(Reply<T>) -> Job) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
         let exchange = async {
-            self.queue.send(Job { op, reply }).await.map_err(|_| {
+            self.queue.send(job(reply)).await.map_err(|_| {
                 StoreError::Internal("the store's writer thread has stopped".into())
             })?;
             answer.await.map_err(|_| {
@@ -251,7 +232,11 @@ impl EmbeddedStore {
 }
 
 /// Marks a new file as a fencegate store, or checks that an existing one is one.
-fn initialise(db: &Database, path: &Path, existed: bool) -> Result<(), EmbeddedStartError> {
+fn initialise(
+    db: &Database,
+    path: &Path,
+    existed: bool,
+) -> Result<(), EmbeddedStartError> {
     let open_error = |source: redb::Error| EmbeddedStartError::Open {
         path: path.to_owned(),
         source,
@@ -298,142 +283,6 @@ fn has_foreign_tables(txn: &redb::WriteTransaction) -> bool {
     txn.list_tables()
         .map(|tables| tables.into_iter().any(|table| table.name() != META.name()))
         .unwrap_or(true)
-}
-
-/// The writer thread: batches waiting jobs into one transaction each.
-fn writer(
-    db: &Database,
-    mut jobs: mpsc::Receiver<Job>,
-    group_max: usize,
-    group_size: &prometheus::Histogram,
-) {
-    let mut batch: Vec<Job> = Vec::with_capacity(group_max);
-    while let Some(first) = jobs.blocking_recv() {
-        batch.push(first);
-        while batch.len() < group_max {
-            match jobs.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
-        group_size.observe(batch.len() as f64);
-        match commit_batch(db, &batch) {
-            Ok(outcomes) => {
-                for (job, outcome) in batch.drain(..).zip(outcomes) {
-                    let _ = job.reply.send(Ok(outcome));
-                }
-            }
-            Err(failure) => {
-                tracing::error!(error = %failure.error, writes = batch.len(), "embedded store transaction failed");
-                for job in batch.drain(..) {
-                    let _ = job.reply.send(Err(StoreError::Unavailable {
-                        reason: UnavailableReason::Storage,
-                        applied: failure.applied,
-                    }));
-                }
-            }
-        }
-    }
-}
-
-struct BatchFailure {
-    error: redb::Error,
-    /// `Some(false)` if the failure came before the commit, `None` if the commit itself failed.
-    applied: Option<bool>,
-}
-
-/// Applies the jobs in order in one write transaction and commits it.
-fn commit_batch(db: &Database, batch: &[Job]) -> Result<Vec<Outcome>, BatchFailure> {
-    let before_commit = |error: redb::Error| BatchFailure {
-        error,
-        applied: Some(false),
-    };
-    let txn = db.begin_write().map_err(|e| before_commit(e.into()))?;
-    let outcomes = {
-        let mut fences = txn
-            .open_table(FENCES)
-            .map_err(|e| before_commit(e.into()))?;
-        let mut objects = txn
-            .open_table(OBJECTS)
-            .map_err(|e| before_commit(e.into()))?;
-        batch
-            .iter()
-            .map(|job| apply(&mut fences, &mut objects, &job.op))
-            .collect::<Result<Vec<_>, redb::Error>>()
-            .map_err(before_commit)?
-    };
-    txn.commit().map_err(|e| BatchFailure {
-        error: e.into(),
-        applied: None,
-    })?;
-    Ok(outcomes)
-}
-
-type Fences<'t> = Table<'t, &'static str, u64>;
-type Objects<'t> = Table<'t, (&'static str, &'static str), ObjectRow>;
-
-/// One job inside the batch transaction. Every check precedes every change, so a
-/// rejected job changes nothing (invariant 4); a write raises the fence in the same
-/// transaction as the object (invariant 1).
-fn apply(
-    fences: &mut Fences<'_>,
-    objects: &mut Objects<'_>,
-    op: &Op,
-) -> Result<Outcome, redb::Error> {
-    let (resource, token) = match op {
-        Op::Write(write) => (&write.resource, write.token),
-        Op::Advance { resource, token } => (resource, *token),
-    };
-    let highest = fences.get(resource.as_str())?.map(|entry| entry.value());
-    if let Some(highest) = highest.filter(|&h| h > token.get()) {
-        let highest = Token::new(highest).expect("stored tokens are valid");
-        return Ok(match op {
-            Op::Write(_) => Outcome::Write(WriteOutcome::Stale { highest }),
-            Op::Advance { .. } => Outcome::Advance(AdvanceOutcome::Stale { highest }),
-        });
-    }
-    let Op::Write(write) = op else {
-        fences.insert(resource.as_str(), token.get())?;
-        return Ok(Outcome::Advance(AdvanceOutcome::Applied));
-    };
-    let object_key = (write.resource.as_str(), write.key.as_str());
-    let existing = objects.get(object_key)?.map(|entry| {
-        let (_, version, born, value) = entry.value();
-        (version, born, value.is_some())
-    });
-    let (version, born, live) = existing.unwrap_or((0, 0, false));
-    let current = live.then_some(version);
-    if !precondition_holds(write.precondition, current) {
-        return Ok(Outcome::Write(WriteOutcome::PreconditionFailed { current }));
-    }
-    fences.insert(write.resource.as_str(), token.get())?;
-    let outcome = match &write.op {
-        WriteOp::Put(value) => {
-            let new_version = version + 1;
-            let born = if live { born } else { new_version };
-            objects.insert(
-                object_key,
-                (token.get(), new_version, born, Some(value.as_ref())),
-            )?;
-            WriteOutcome::Applied {
-                version: new_version,
-                created: !live,
-            }
-        }
-        WriteOp::Delete if live => {
-            objects.insert(object_key, (token.get(), version + 1, born, None))?;
-            WriteOutcome::Applied {
-                version: version + 1,
-                created: false,
-            }
-        }
-        // Nothing to delete: the fence is raised, the object stays as it is.
-        WriteOp::Delete => WriteOutcome::Applied {
-            version,
-            created: false,
-        },
-    };
-    Ok(Outcome::Write(outcome))
 }
 
 fn corrupt(what: String) -> StoreError {

@@ -54,14 +54,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Object, Pool};
+use fencegate_proto::ResourceName;
 use futures_util::future::{maybe_done, MaybeDone};
 use prometheus::Histogram;
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio::time::Instant;
 
-use super::connection::{classify, with_client_until};
-use super::statements;
-use super::writes::{applied, write_unconditional, Attempt};
+use crate::store::postgres::connection::{classify, with_client_until};
+use crate::store::postgres::statements;
+use crate::store::postgres::writes::{applied, write_unconditional, Attempt};
 use crate::store::{StoreError, UnavailableReason, Write, WriteOp};
 
 /// What a queued write is answered with.
@@ -153,15 +154,7 @@ async fn lane(lanes: Arc<Lanes>) {
 }
 
 async fn apply_group(lanes: &Lanes, group: Vec<Queued>) {
-    let now = Instant::now();
-    let (mut group, expired): (Vec<Queued>, Vec<Queued>) =
-        group.into_iter().partition(|queued| queued.deadline > now);
-    for queued in expired {
-        let _ = queued.reply.send(Err(StoreError::Unavailable {
-            reason: UnavailableReason::Timeout,
-            applied: Some(false),
-        }));
-    }
+    let mut group = answer_expired(group, Instant::now());
     let Some(deadline) = group.iter().map(|queued| queued.deadline).min() else {
         return;
     };
@@ -195,21 +188,25 @@ async fn apply_group(lanes: &Lanes, group: Vec<Queued>) {
     }
 }
 
+/// Answers the writes whose deadline has passed (503, not applied: they were never
+/// sent) and returns the others.
+fn answer_expired(group: Vec<Queued>, now: Instant) -> Vec<Queued> {
+    let (live, expired): (Vec<Queued>, Vec<Queued>) =
+        group.into_iter().partition(|queued| queued.deadline > now);
+    for queued in expired {
+        let _ = queued.reply.send(Err(StoreError::Unavailable {
+            reason: UnavailableReason::Timeout,
+            applied: Some(false),
+        }));
+    }
+    live
+}
+
 /// Applies the writes of locked resources off the lanes, on `pool`: one task per
 /// resource, each applying its writes one by one in their order, each waiting for the
 /// lock up to its own deadline.
 fn wait_for_locks(pool: &Pool, blocked: Vec<Queued>) {
-    let mut by_resource: Vec<Vec<Queued>> = Vec::new();
-    for queued in blocked {
-        match by_resource
-            .iter_mut()
-            .find(|writes| writes[0].write.resource == queued.write.resource)
-        {
-            Some(writes) => writes.push(queued),
-            None => by_resource.push(vec![queued]),
-        }
-    }
-    for writes in by_resource {
+    for writes in runs_by_resource(blocked) {
         let pool = pool.clone();
         tracing::debug!(
             resource = %writes[0].write.resource,
@@ -226,6 +223,22 @@ fn wait_for_locks(pool: &Pool, blocked: Vec<Queued>) {
             }
         });
     }
+}
+
+/// The writes grouped by resource, each group in arrival order, the groups in the order
+/// of their resources' first writes.
+fn runs_by_resource(writes: Vec<Queued>) -> Vec<Vec<Queued>> {
+    let mut runs: Vec<Vec<Queued>> = Vec::new();
+    for queued in writes {
+        match runs
+            .iter_mut()
+            .find(|run| run[0].write.resource == queued.write.resource)
+        {
+            Some(run) => run.push(queued),
+            None => runs.push(vec![queued]),
+        }
+    }
+    runs
 }
 
 /// Resource order for taking fence locks; `sort_by` is stable, so writes to one
@@ -250,17 +263,8 @@ async fn apply_on(client: &Object, writes: &[&Write]) -> Vec<Answer> {
                 .copied()
                 .filter(|write| write.resource != resource)
                 .collect();
-            let mut rest_answers = Box::pin(apply_on(client, &rest)).await.into_iter();
-            writes
-                .iter()
-                .map(|write| match write.resource == resource {
-                    true => Err(StoreError::Unavailable {
-                        reason: UnavailableReason::LockTimeout,
-                        applied: Some(false),
-                    }),
-                    false => rest_answers.next().expect("one answer per write"),
-                })
-                .collect()
+            let rest_answers = Box::pin(apply_on(client, &rest)).await;
+            rejoin(writes, &resource, rest_answers)
         }
         GroupResult::RolledBack => {
             // A statement failed, so nothing of the group remains; give every write its
@@ -274,6 +278,22 @@ async fn apply_on(client: &Object, writes: &[&Write]) -> Vec<Answer> {
     }
 }
 
+/// The answers of a group whose `locked` resource left the lanes: its writes are
+/// answered `LockTimeout` (not applied), the others take `rest`'s answers in order.
+fn rejoin(writes: &[&Write], locked: &ResourceName, rest: Vec<Answer>) -> Vec<Answer> {
+    let mut rest = rest.into_iter();
+    writes
+        .iter()
+        .map(|write| match write.resource == *locked {
+            true => Err(StoreError::Unavailable {
+                reason: UnavailableReason::LockTimeout,
+                applied: Some(false),
+            }),
+            false => rest.next().expect("one answer per write"),
+        })
+        .collect()
+}
+
 enum GroupResult {
     /// COMMIT succeeded: every answer is committed state.
     Committed(Vec<Answer>),
@@ -281,7 +301,7 @@ enum GroupResult {
     RolledBack,
     /// A statement waited longer than the lane's lock timeout for this resource's fence
     /// row; the transaction was rolled back.
-    Blocked(fencegate_proto::ResourceName),
+    Blocked(ResourceName),
     /// The connection failed; whether the group committed may be unknown (`applied`).
     Failed(StoreError),
 }
@@ -406,3 +426,6 @@ async fn pipeline<'a, A, B, C>(
         last.as_mut().take_output().expect("awaited above"),
     )
 }
+
+#[cfg(test)]
+mod tests;

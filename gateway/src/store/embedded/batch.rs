@@ -1,0 +1,245 @@
+//! The writer thread of the embedded store: jobs applied in batches, one write
+//! transaction and one fsync per batch, each job answered only after its batch commits.
+
+use fencegate_proto::{ResourceName, Token};
+use redb::{Database, ReadableTable, Table};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::store::embedded::{ObjectRow, FENCES, OBJECTS};
+use crate::store::{
+    precondition_holds, AdvanceOutcome, StoreError, UnavailableReason, Write, WriteOp, WriteOutcome,
+};
+
+pub(super) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
+/// A request queued for the writer thread, with the channel its answer goes back on.
+pub(super) enum Job {
+    Write {
+        write: Write,
+        reply: Reply<WriteOutcome>,
+    },
+    Advance {
+        resource: ResourceName,
+        token: Token,
+        reply: Reply<AdvanceOutcome>,
+    },
+}
+
+/// A job applied inside the batch transaction, waiting for the commit to answer it.
+enum Applied {
+    Write(Reply<WriteOutcome>, WriteOutcome),
+    Advance(Reply<AdvanceOutcome>, AdvanceOutcome),
+}
+
+impl Job {
+    /// Applies the job inside the batch transaction. If storage fails, the job is
+    /// answered at once (nothing of the batch will commit) and the error returned.
+    fn apply(self, tables: &mut Tables<'_>) -> Result<Applied, redb::Error> {
+        match self {
+            Job::Write { write, reply } => match apply_write(tables, &write) {
+                Ok(outcome) => Ok(Applied::Write(reply, outcome)),
+                Err(error) => {
+                    drop(reply.send(Err(storage_failed(Some(false)))));
+                    Err(error)
+                }
+            },
+            Job::Advance {
+                resource,
+                token,
+                reply,
+            } => match apply_advance(tables, &resource, token) {
+                Ok(outcome) => Ok(Applied::Advance(reply, outcome)),
+                Err(error) => {
+                    drop(reply.send(Err(storage_failed(Some(false)))));
+                    Err(error)
+                }
+            },
+        }
+    }
+
+    /// Answers the job with `error`. A caller that gave up has dropped its receiver,
+    /// and then nobody is left to tell.
+    fn fail(self, error: StoreError) {
+        match self {
+            Job::Write { reply, .. } => drop(reply.send(Err(error))),
+            Job::Advance { reply, .. } => drop(reply.send(Err(error))),
+        }
+    }
+}
+
+impl Applied {
+    /// Answers the job with its outcome if the batch committed, or with `error`.
+    fn answer(self, committed: Result<(), StoreError>) {
+        match self {
+            Applied::Write(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
+            Applied::Advance(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
+        }
+    }
+
+    fn fail(self, error: StoreError) {
+        self.answer(Err(error));
+    }
+}
+
+/// The writer thread: batches waiting jobs into one transaction each.
+pub(super) fn writer(
+    db: &Database,
+    mut jobs: mpsc::Receiver<Job>,
+    group_max: usize,
+    group_size: &prometheus::Histogram,
+) {
+    while let Some(first) = jobs.blocking_recv() {
+        let mut batch = Vec::with_capacity(group_max);
+        batch.push(first);
+        while batch.len() < group_max {
+            match jobs.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        group_size.observe(batch.len() as f64);
+        commit_batch(db, batch);
+    }
+}
+
+/// The tables a batch transaction writes.
+struct Tables<'txn> {
+    fences: Table<'txn, &'static str, u64>,
+    objects: Table<'txn, (&'static str, &'static str), ObjectRow>,
+}
+
+/// Applies the jobs in order in one write transaction, commits it, and only then
+/// answers them: every job with its outcome, or every job with the same error.
+fn commit_batch(db: &Database, batch: Vec<Job>) {
+    let size = batch.len();
+    let mut jobs = batch.into_iter();
+    let mut applied = Vec::with_capacity(size);
+    let (error, outcome_known) = match apply_batch(db, &mut jobs, &mut applied) {
+        Ok(txn) => match txn.commit() {
+            Ok(()) => {
+                for job in applied {
+                    job.answer(Ok(()));
+                }
+                return;
+            }
+            // The commit may or may not have reached the disk.
+            Err(error) => (redb::Error::from(error), None),
+        },
+        Err(error) => (error, Some(false)),
+    };
+    tracing::error!(%error, writes = size, "embedded store transaction failed");
+    for job in applied {
+        job.fail(storage_failed(outcome_known));
+    }
+    for job in jobs {
+        job.fail(storage_failed(outcome_known));
+    }
+}
+
+/// The answer to every write of a batch whose transaction failed; `applied` as in
+/// [`StoreError::Unavailable`].
+fn storage_failed(applied: Option<bool>) -> StoreError {
+    StoreError::Unavailable {
+        reason: UnavailableReason::Storage,
+        applied,
+    }
+}
+
+/// Opens the batch transaction and applies jobs from `jobs` into `applied` until they
+/// run out or one fails (that one is answered; the ones after it stay in `jobs`).
+fn apply_batch(
+    db: &Database,
+    jobs: &mut impl Iterator<Item = Job>,
+    applied: &mut Vec<Applied>,
+) -> Result<redb::WriteTransaction, redb::Error> {
+    let txn = db.begin_write()?;
+    {
+        let mut tables = Tables {
+            fences: txn.open_table(FENCES)?,
+            objects: txn.open_table(OBJECTS)?,
+        };
+        for job in jobs {
+            applied.push(job.apply(&mut tables)?);
+        }
+    }
+    Ok(txn)
+}
+
+/// The highest token of `resource` if it is above `token`: the job is stale.
+fn stale_against(
+    tables: &Tables<'_>,
+    resource: &ResourceName,
+    token: Token,
+) -> Result<Option<Token>, redb::Error> {
+    let highest = tables
+        .fences
+        .get(resource.as_str())?
+        .map(|entry| entry.value());
+    Ok(highest
+        .filter(|&h| h > token.get())
+        .map(|h| Token::new(h).expect("stored tokens are valid")))
+}
+
+/// An advance inside the batch transaction.
+fn apply_advance(
+    tables: &mut Tables<'_>,
+    resource: &ResourceName,
+    token: Token,
+) -> Result<AdvanceOutcome, redb::Error> {
+    if let Some(highest) = stale_against(tables, resource, token)? {
+        return Ok(AdvanceOutcome::Stale { highest });
+    }
+    tables.fences.insert(resource.as_str(), token.get())?;
+    Ok(AdvanceOutcome::Applied)
+}
+
+/// A write inside the batch transaction. Every check precedes every change, so a
+/// rejected write changes nothing (invariant 4); the fence rises in the same
+/// transaction as the object (invariant 1).
+fn apply_write(tables: &mut Tables<'_>, write: &Write) -> Result<WriteOutcome, redb::Error> {
+    if let Some(highest) = stale_against(tables, &write.resource, write.token)? {
+        return Ok(WriteOutcome::Stale { highest });
+    }
+    let object_key = (write.resource.as_str(), write.key.as_str());
+    let existing = tables.objects.get(object_key)?.map(|entry| {
+        let (_, version, born, value) = entry.value();
+        (version, born, value.is_some())
+    });
+    let (version, born, live) = existing.unwrap_or((0, 0, false));
+    let current = live.then_some(version);
+    if !precondition_holds(write.precondition, current) {
+        return Ok(WriteOutcome::PreconditionFailed { current });
+    }
+    let token = write.token.get();
+    tables.fences.insert(write.resource.as_str(), token)?;
+    Ok(match &write.op {
+        WriteOp::Put(value) => {
+            let new_version = version + 1;
+            let born = if live { born } else { new_version };
+            tables
+                .objects
+                .insert(object_key, (token, new_version, born, Some(value.as_ref())))?;
+            WriteOutcome::Applied {
+                version: new_version,
+                created: !live,
+            }
+        }
+        WriteOp::Delete if live => {
+            tables
+                .objects
+                .insert(object_key, (token, version + 1, born, None))?;
+            WriteOutcome::Applied {
+                version: version + 1,
+                created: false,
+            }
+        }
+        // Nothing to delete: the fence is raised, the object stays as it is.
+        WriteOp::Delete => WriteOutcome::Applied {
+            version,
+            created: false,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests;
