@@ -137,18 +137,8 @@ impl FencedClient {
         value: impl Into<Bytes>,
         precondition: Precondition,
     ) -> Result<WriteAccepted, WriteError> {
-        let path = kv_path(resource, key);
-        let (_, body) = self
-            .fenced(
-                term,
-                Method::PUT,
-                &path,
-                resource,
-                precondition,
-                value.into(),
-            )
-            .await?;
-        decode(&body)
+        let put = (Method::PUT, value.into());
+        self.write(term, put, resource, key, precondition).await
     }
 
     /// `DELETE /v1/kv/{resource}/{key}` under `term`.
@@ -159,18 +149,24 @@ impl FencedClient {
         key: &ObjectKey,
         precondition: Precondition,
     ) -> Result<WriteAccepted, WriteError> {
+        let delete = (Method::DELETE, Bytes::new());
+        self.write(term, delete, resource, key, precondition).await
+    }
+
+    /// A fenced write of one object: `method` with `body`.
+    async fn write(
+        &self,
+        term: &Term,
+        (method, body): (Method, Bytes),
+        resource: &ResourceName,
+        key: &ObjectKey,
+        precondition: Precondition,
+    ) -> Result<WriteAccepted, WriteError> {
         let path = kv_path(resource, key);
-        let (_, body) = self
-            .fenced(
-                term,
-                Method::DELETE,
-                &path,
-                resource,
-                precondition,
-                Bytes::new(),
-            )
+        let (_, answer) = self
+            .fenced(term, method, &path, resource, precondition, body)
             .await?;
-        decode(&body)
+        decode(&answer)
     }
 
     /// `POST /v1/fences/{resource}/advance`: raises the resource's fence to the term's

@@ -169,6 +169,48 @@ impl TestDb {
             .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
     }
 
+    /// Locks `resource`'s fence row in an open transaction, as a long fenced SQL
+    /// transaction would; the lock is held until the returned connection commits, rolls
+    /// back or is dropped.
+    pub async fn lock_fence(&self, resource: &str) -> Client {
+        let holder = self.client().await;
+        holder
+            .execute("BEGIN", &[])
+            .await
+            .expect("a transaction starts");
+        holder
+            .execute(
+                "SELECT highest FROM fencegate.fences WHERE resource = $1 FOR UPDATE",
+                &[&resource],
+            )
+            .await
+            .unwrap_or_else(|e| panic!("locking the fence of {resource}: {e:?}"));
+        holder
+    }
+
+    /// The single value `sql` selects, on a new connection; panics with the SQL if it
+    /// fails or selects no row.
+    pub async fn value<T>(&self, sql: &str) -> T
+    where
+        T: for<'a> tokio_postgres::types::FromSql<'a>,
+    {
+        self.client()
+            .await
+            .query_one(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+            .get(0)
+    }
+
+    /// How many sessions of this database are waiting for a lock now.
+    pub async fn lock_waiters(&self) -> i64 {
+        self.value(
+            "SELECT count(*) FROM pg_stat_activity
+             WHERE datname = current_database() AND wait_event_type = 'Lock'",
+        )
+        .await
+    }
+
     /// The durable highest token of `resource`, read straight from the gateway's table.
     pub async fn highest(&self, resource: &str) -> Option<i64> {
         self.client()

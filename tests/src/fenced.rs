@@ -95,6 +95,20 @@ impl FencedDb {
         self.writer(&format!("-c fencegate.token={token}")).await
     }
 
+    /// Runs `sql` (one or more statements) on a new writer connection presenting
+    /// `token` for the session, or no token.
+    pub async fn run_as_writer(
+        &self,
+        token: Option<&str>,
+        sql: &str,
+    ) -> Result<(), tokio_postgres::Error> {
+        let writer = match token {
+            Some(token) => self.writer_with_token(token).await,
+            None => self.writer("").await,
+        };
+        writer.batch_execute(sql).await
+    }
+
     /// `SELECT count(*) FROM table`, as the superuser.
     pub async fn count(&self, table: &str) -> i64 {
         self.admin
@@ -145,5 +159,31 @@ pub fn sqlstate<T: std::fmt::Debug>(result: Result<T, tokio_postgres::Error>) ->
             Some(db) => db.code().code().to_owned(),
             None => panic!("not a database error: {error}"),
         },
+    }
+}
+
+/// Checks commits of a counter `(value counted, token)` against the counter's final
+/// value `n`: each commit counted exactly once, and tokens never going down in commit
+/// order — what a fence guarantees to concurrent writers of one resource.
+pub fn assert_counted_once_in_token_order<T>(commits: &mut [(i64, T)], n: i64)
+where
+    T: Ord + Copy + std::fmt::Display,
+{
+    commits.sort();
+    let counts: Vec<i64> = commits.iter().map(|(n, _)| *n).collect();
+    assert_eq!(
+        counts,
+        (1..=n).collect::<Vec<_>>(),
+        "each commit counted once"
+    );
+    for pair in commits.windows(2) {
+        assert!(
+            pair[0].1 <= pair[1].1,
+            "commit {} had token {} after commit {} with token {}",
+            pair[1].0,
+            pair[1].1,
+            pair[0].0,
+            pair[0].1
+        );
     }
 }

@@ -77,6 +77,12 @@ impl GatewayBuilder {
         self
     }
 
+    /// Flags and values, in order.
+    pub fn args(mut self, args: &[&str]) -> Self {
+        self.args.extend(args.iter().map(|arg| arg.to_string()));
+        self
+    }
+
     /// Runs the gateway under `command` (which must exec what follows it), e.g.
     /// `["prlimit", "--nofile=256", "--"]`.
     pub fn run_under(mut self, command: &[&str]) -> Self {

@@ -42,9 +42,7 @@ async fn protect_check_unprotect() {
         "fenced app.\"Orders\" for resource orders\n"
     );
     let refused = fenced
-        .writer("")
-        .await
-        .batch_execute("INSERT INTO app.\"Orders\" VALUES (1)")
+        .run_as_writer(None, "INSERT INTO app.\"Orders\" VALUES (1)")
         .await;
     // The writer has no privilege on schema app: grant it, then the fence answers.
     assert!(refused.is_err());
@@ -55,9 +53,7 @@ async fn protect_check_unprotect() {
         ))
         .await;
     let refused = fenced
-        .writer("")
-        .await
-        .batch_execute("INSERT INTO app.\"Orders\" VALUES (1)")
+        .run_as_writer(None, "INSERT INTO app.\"Orders\" VALUES (1)")
         .await
         .unwrap_err();
     assert_eq!(fence_error(&refused).code().code(), "ZF002");
@@ -79,9 +75,7 @@ async fn protect_check_unprotect() {
     assert!(unprotect.status.success(), "{}", stderr(&unprotect));
     assert_eq!(stdout(&unprotect), "unfenced app.\"Orders\"\n");
     fenced
-        .writer("")
-        .await
-        .batch_execute("INSERT INTO app.\"Orders\" VALUES (1)")
+        .run_as_writer(None, "INSERT INTO app.\"Orders\" VALUES (1)")
         .await
         .expect("an unprotected table takes writes without a token");
 }

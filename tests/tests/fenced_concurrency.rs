@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use fencegate_tests::fenced::{fence_error, FencedDb};
+use fencegate_tests::fenced::{assert_counted_once_in_token_order, fence_error, FencedDb};
 
 async fn counter() -> FencedDb {
     let fenced = FencedDb::create().await;
@@ -150,7 +150,6 @@ async fn random_tokens_never_go_down_in_commit_order() {
         committed.extend(mine);
         refused += theirs;
     }
-    committed.sort();
     assert_eq!(committed.len() + refused, 8 * 25);
     let n: i64 = fenced
         .admin
@@ -158,22 +157,7 @@ async fn random_tokens_never_go_down_in_commit_order() {
         .await
         .unwrap()
         .get(0);
-    let counts: Vec<i64> = committed.iter().map(|(n, _)| *n).collect();
-    assert_eq!(
-        counts,
-        (1..=n).collect::<Vec<_>>(),
-        "each commit counted once"
-    );
-    for pair in committed.windows(2) {
-        assert!(
-            pair[0].1 <= pair[1].1,
-            "commit {} had token {} after commit {} with token {}",
-            pair[1].0,
-            pair[1].1,
-            pair[0].0,
-            pair[0].1
-        );
-    }
+    assert_counted_once_in_token_order(&mut committed, n);
     assert_eq!(
         fenced.highest("counter").await,
         committed.last().map(|(_, token)| *token)

@@ -74,12 +74,7 @@ async fn every_write_statement_needs_a_current_token() {
     for (what, sql) in WRITES {
         reset_rows(&fenced).await;
 
-        let missing = fenced
-            .writer("")
-            .await
-            .batch_execute(sql)
-            .await
-            .unwrap_err();
+        let missing = fenced.run_as_writer(None, sql).await.unwrap_err();
         let error = fence_error(&missing);
         assert_eq!(error.code().code(), "ZF002", "{what}: {}", error.message());
         assert_eq!(error.detail(), Some("resource=orders"), "{what}");
@@ -93,12 +88,7 @@ async fn every_write_statement_needs_a_current_token() {
         );
         assert_eq!(error.table(), None, "{what}");
 
-        let stale = fenced
-            .writer_with_token("4")
-            .await
-            .batch_execute(sql)
-            .await
-            .unwrap_err();
+        let stale = fenced.run_as_writer(Some("4"), sql).await.unwrap_err();
         let error = fence_error(&stale);
         assert_eq!(error.code().code(), "ZF001", "{what}");
         assert_eq!(
@@ -119,12 +109,7 @@ async fn every_write_statement_needs_a_current_token() {
         );
 
         for invalid in ["abc", "0", "-3", "9223372036854775808", "1.5"] {
-            let refused = fenced
-                .writer_with_token(invalid)
-                .await
-                .batch_execute(sql)
-                .await
-                .unwrap_err();
+            let refused = fenced.run_as_writer(Some(invalid), sql).await.unwrap_err();
             assert_eq!(
                 fence_error(&refused).code().code(),
                 "ZF003",
@@ -138,9 +123,7 @@ async fn every_write_statement_needs_a_current_token() {
         );
 
         fenced
-            .writer_with_token("5")
-            .await
-            .batch_execute(sql)
+            .run_as_writer(Some("5"), sql)
             .await
             .unwrap_or_else(|e| panic!("{what} with the current token: {e}"));
     }
@@ -335,9 +318,7 @@ async fn a_cascade_into_a_fenced_table_needs_a_token() {
     fenced.protect("invoices", "billing").await;
     fenced.raise("billing", 3).await;
     let refused = fenced
-        .writer("")
-        .await
-        .batch_execute("DELETE FROM customers WHERE id = 1")
+        .run_as_writer(None, "DELETE FROM customers WHERE id = 1")
         .await
         .unwrap_err();
     assert_eq!(fence_error(&refused).code().code(), "ZF002");
@@ -349,9 +330,7 @@ async fn a_cascade_into_a_fenced_table_needs_a_token() {
         (1, 1)
     );
     fenced
-        .writer_with_token("3")
-        .await
-        .batch_execute("DELETE FROM customers WHERE id = 1")
+        .run_as_writer(Some("3"), "DELETE FROM customers WHERE id = 1")
         .await
         .unwrap();
     assert_eq!(fenced.count("invoices").await, 0);
@@ -428,9 +407,7 @@ async fn a_procedure_that_commits_inside() {
     assert_eq!(
         sqlstate(
             fenced
-                .writer_with_token("4")
-                .await
-                .batch_execute("CALL two_inserts(NULL)")
+                .run_as_writer(Some("4"), "CALL two_inserts(NULL)")
                 .await
         ),
         "ZF001"
@@ -438,9 +415,7 @@ async fn a_procedure_that_commits_inside() {
     assert_eq!(fenced.count("orders").await, 0);
 
     let refused = fenced
-        .writer("")
-        .await
-        .batch_execute("CALL two_inserts(5)")
+        .run_as_writer(None, "CALL two_inserts(5)")
         .await
         .unwrap_err();
     assert_eq!(fence_error(&refused).code().code(), "ZF002");
@@ -448,9 +423,7 @@ async fn a_procedure_that_commits_inside() {
 
     fenced.unfenced("orders", "TRUNCATE orders").await;
     fenced
-        .writer_with_token("5")
-        .await
-        .batch_execute("CALL two_inserts(NULL)")
+        .run_as_writer(Some("5"), "CALL two_inserts(NULL)")
         .await
         .unwrap();
     assert_eq!(fenced.count("orders").await, 2);

@@ -22,13 +22,15 @@ const QUEUED: usize = 40;
 
 /// Starts a gateway with one write lane on a new database.
 async fn one_lane() -> (TestDb, Gateway) {
+    on_new_database(&["--write-lanes", "1", "--write-lock-timeout", "60s"]).await
+}
+
+/// Starts a gateway with `flags` on a new database.
+async fn on_new_database(flags: &[&str]) -> (TestDb, Gateway) {
     let db = TestDb::create().await;
     let gateway = Gateway::builder()
         .database(&db.url())
-        .arg("--write-lanes")
-        .arg("1")
-        .arg("--write-lock-timeout")
-        .arg("60s")
+        .args(flags)
         .spawn()
         .await;
     (db, gateway)
@@ -44,13 +46,7 @@ struct Blocker {
 impl Blocker {
     async fn start(db: &TestDb, client: &Client) -> Blocker {
         assert_eq!(client.put("blocker", "k", 1, "first").await.status, 201);
-        let connection = db.client().await;
-        connection
-            .batch_execute(
-                "BEGIN; SELECT highest FROM fencegate.fences WHERE resource = 'blocker' FOR UPDATE",
-            )
-            .await
-            .unwrap();
+        let connection = db.lock_fence("blocker").await;
         let blocked = client.clone();
         let write = tokio::spawn(async move { blocked.put("blocker", "k", 2, "second").await });
         // The blocked write must be the one in the lane before the others queue.
@@ -69,23 +65,12 @@ impl Blocker {
 
 /// Waits until some session waits for a lock (the lane's write on the blocker row).
 async fn wait_for_lock_waiter(db: &TestDb) {
-    let observer = db.client().await;
-    for _ in 0..500 {
-        let waiting: i64 = observer
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity
-                 WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if waiting > 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the write to the blocker never waited for its lock");
+    fencegate_tests::eventually(
+        Duration::from_secs(5),
+        "the write to the blocker waits for its lock",
+        || async { db.lock_waiters().await > 0 },
+    )
+    .await;
 }
 
 /// Sends `writes` while the only lane is held up by the blocker, so that they queue,
@@ -286,29 +271,24 @@ async fn groups_on_several_resources_never_deadlock() {
 /// once the lock is released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locked_resource_does_not_stall_the_others() {
-    let db = TestDb::create().await;
-    let gateway = Gateway::builder()
-        .database(&db.url())
-        .arg("--write-lanes")
-        .arg("1")
-        .spawn()
-        .await;
+    let (db, gateway) = on_new_database(&["--write-lanes", "1"]).await;
     let client = gateway.client();
     assert_eq!(client.put("locked", "k", 1, "v0").await.status, 201);
-    let holder = db.client().await;
-    holder
-        .batch_execute(
-            "BEGIN; SELECT highest FROM fencegate.fences WHERE resource = 'locked' FOR UPDATE",
-        )
-        .await
-        .unwrap();
+    let holder = db.lock_fence("locked").await;
     let mut blocked = JoinSet::new();
     for i in 1..=3u64 {
         let client = client.clone();
         blocked.spawn(async move { (i, client.put("locked", "k", 1 + i, format!("v{i}")).await) });
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Each write waits in Postgres — on the lane, then off it — before the next is
+        // sent: i sessions wait only once the i-th write has reached the lane, so the
+        // writes arrive in their order however slowly the machine runs.
+        fencegate_tests::eventually(
+            Duration::from_secs(10),
+            "each locked write waits for the lock before the next is sent",
+            || async { db.lock_waiters().await >= i as i64 },
+        )
+        .await;
     }
-    wait_for_lock_waiter(&db).await;
 
     // Other resources, many at once, while "locked" stays locked.
     let started = std::time::Instant::now();
@@ -339,44 +319,17 @@ async fn a_locked_resource_does_not_stall_the_others() {
 /// before its 503: nothing of it waits on, and it never lands when the lock is freed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_given_up_on_is_cancelled_in_postgres() {
-    let db = TestDb::create().await;
-    let gateway = Gateway::builder()
-        .database(&db.url())
-        .arg("--backend-timeout")
-        .arg("1s")
-        .spawn()
-        .await;
+    let (db, gateway) = on_new_database(&["--backend-timeout", "1s"]).await;
     let client = gateway.client();
     assert_eq!(client.put("locked", "k", 1, "v1").await.status, 201);
-    let holder = db.client().await;
-    holder
-        .batch_execute(
-            "BEGIN; SELECT highest FROM fencegate.fences WHERE resource = 'locked' FOR UPDATE",
-        )
-        .await
-        .unwrap();
+    let holder = db.lock_fence("locked").await;
     let reply = client.put("locked", "k", 2, "v2").await;
     assert_eq!(reply.status, 503, "{:?}", reply.body);
     assert_eq!(reply.json()["error"], "backend_unavailable");
-    let observer = db.client().await;
     fencegate_tests::eventually(
         Duration::from_secs(2),
         "no session to wait for the lock",
-        || {
-            let observer = &observer;
-            async move {
-                let waiting: i64 = observer
-                    .query_one(
-                        "SELECT count(*) FROM pg_stat_activity
-                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
-                        &[],
-                    )
-                    .await
-                    .unwrap()
-                    .get(0);
-                waiting == 0
-            }
-        },
+        || async { db.lock_waiters().await == 0 },
     )
     .await;
     holder.batch_execute("COMMIT").await.unwrap();

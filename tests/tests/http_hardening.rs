@@ -18,13 +18,13 @@ use tokio::net::TcpStream;
 /// A gateway on a fresh embedded store, with extra flags.
 async fn embedded(flags: &[&str]) -> (DataDir, Gateway) {
     let dir = DataDir::create();
-    let mut builder = Gateway::builder()
+    let gateway = Gateway::builder()
         .arg("--data-dir")
-        .arg(dir.0.to_string_lossy());
-    for flag in flags {
-        builder = builder.arg(*flag);
-    }
-    (dir, builder.spawn().await)
+        .arg(dir.0.to_string_lossy())
+        .args(flags)
+        .spawn()
+        .await;
+    (dir, gateway)
 }
 
 /// Runs a Python program that prints one JSON line; returns it.

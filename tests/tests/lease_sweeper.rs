@@ -101,16 +101,7 @@ async fn a_killed_leader_is_replaced() {
     b.wait_for("sweep done", PATIENCE, |e| epoch_of(e) == 2)
         .await;
     assert_one_writer_per_epoch(&accepted(&[&a, &b]));
-    for invoice in 1..=INVOICES {
-        let (value, token, _) = db
-            .object("invoices", &format!("invoice-{invoice:03}/reminder"))
-            .await
-            .unwrap();
-        assert_eq!(token, 2);
-        assert!(String::from_utf8(value)
-            .unwrap()
-            .starts_with("reminder sent by node-b (epoch 2"));
-    }
+    assert_every_reminder_is_node_bs(&db).await;
 
     b.signal("TERM");
     assert!(b.wait().await, "node-b exits cleanly on SIGTERM");
@@ -198,6 +189,12 @@ async fn a_paused_leader_is_fenced_and_steps_down() {
         "node-a led again while node-b held the lease"
     );
     assert_one_writer_per_epoch(&accepted(&[&a, &b]));
+    assert_every_reminder_is_node_bs(&db).await;
+    assert_eq!(db.highest("invoices").await, Some(2));
+}
+
+/// Every invoice's reminder stored is the one node-b sent in epoch 2, with its token.
+async fn assert_every_reminder_is_node_bs(db: &TestDb) {
     for invoice in 1..=INVOICES {
         let (value, token, _) = db
             .object("invoices", &format!("invoice-{invoice:03}/reminder"))
@@ -208,5 +205,4 @@ async fn a_paused_leader_is_fenced_and_steps_down() {
             .unwrap()
             .starts_with("reminder sent by node-b (epoch 2"));
     }
-    assert_eq!(db.highest("invoices").await, Some(2));
 }

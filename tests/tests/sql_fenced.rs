@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use fencegate_tests::db::{server_addr, TestDb};
 use fencegate_tests::eventually;
+use fencegate_tests::fenced::assert_counted_once_in_token_order;
 use fencegate_tests::gateway::Gateway;
 use fencegate_tests::http::{metric_value, Client};
 use fencegate_tests::proxy::Proxy;
@@ -30,12 +31,7 @@ fn sweep(node: &str, epoch: u64, invoice: i64) -> Value {
 }
 
 async fn state_note(db: &TestDb) -> String {
-    db.client()
-        .await
-        .query_one("SELECT note FROM sweep_state WHERE id = 1", &[])
-        .await
-        .unwrap()
-        .get(0)
+    db.value("SELECT note FROM sweep_state WHERE id = 1").await
 }
 
 async fn reminded_by(db: &TestDb, invoice: i64) -> Option<String> {
@@ -205,13 +201,7 @@ async fn a_failing_statement_rolls_back_the_transaction_and_the_fence() {
         "{body}"
     );
 
-    let rows: i64 = db
-        .client()
-        .await
-        .query_one("SELECT count(*) FROM ledger", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let rows: i64 = db.value("SELECT count(*) FROM ledger").await;
     assert_eq!(rows, 0, "the first statement's insert was rolled back");
     assert_eq!(
         db.highest("ledger").await,
@@ -262,13 +252,7 @@ async fn a_failing_statement_rolls_back_the_transaction_and_the_fence() {
     let body = failed.json();
     assert_eq!(body["sqlstate"], "23503");
     assert!(body.get("statement").is_none(), "{body}");
-    let children: i64 = db
-        .client()
-        .await
-        .query_one("SELECT count(*) FROM child", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let children: i64 = db.value("SELECT count(*) FROM child").await;
     assert_eq!(children, 0);
 }
 
@@ -318,35 +302,14 @@ async fn concurrent_writers_commit_in_token_order() {
         }
     }
     accepted.sort();
-    let n: i64 = db
-        .client()
-        .await
-        .query_one("SELECT n FROM counter WHERE id = 1", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let n: i64 = db.value("SELECT n FROM counter WHERE id = 1").await;
     assert_eq!(
         n as usize,
         accepted.len(),
         "the counter counts exactly the accepted transactions"
     );
     assert_eq!(accepted.len() + rejected, 8 * 15);
-    let counts: Vec<i64> = accepted.iter().map(|(n, _)| *n).collect();
-    assert_eq!(
-        counts,
-        (1..=n).collect::<Vec<_>>(),
-        "every accepted transaction committed once"
-    );
-    for pair in accepted.windows(2) {
-        assert!(
-            pair[0].1 <= pair[1].1,
-            "commit {} had token {} after commit {} with token {}",
-            pair[1].0,
-            pair[1].1,
-            pair[0].0,
-            pair[0].1
-        );
-    }
+    assert_counted_once_in_token_order(&mut accepted, n);
     let highest = accepted.last().map(|(_, token)| *token as i64);
     assert_eq!(db.highest("counter").await, highest);
 }
@@ -378,13 +341,7 @@ async fn an_unreachable_database_answers_503() {
         .expect("answered within 10 s, not a hang");
     assert_eq!(reply.status, 503, "{:?}", reply.body);
     assert_eq!(reply.json()["error"], "backend_unavailable");
-    let rows: i64 = db
-        .client()
-        .await
-        .query_one("SELECT count(*) FROM t", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let rows: i64 = db.value("SELECT count(*) FROM t").await;
     assert_eq!(rows, 1);
     assert_eq!(db.highest("t").await, Some(1));
 

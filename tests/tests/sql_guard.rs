@@ -7,12 +7,7 @@ use fencegate_tests::gateway::Gateway;
 use serde_json::json;
 
 async fn marks(db: &TestDb) -> i64 {
-    db.client()
-        .await
-        .query_one("SELECT count(*) FROM marks", &[])
-        .await
-        .unwrap()
-        .get(0)
+    db.value("SELECT count(*) FROM marks").await
 }
 
 /// Each smuggling attempt comes second, after a harmless INSERT: the whole request is
@@ -158,13 +153,7 @@ async fn ddl_runs_only_with_the_flag() {
         )
         .await;
     assert_eq!(reply.status, 200, "{:?}", reply.body);
-    let count: i64 = db
-        .client()
-        .await
-        .query_one("SELECT count(*) FROM jobs", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let count: i64 = db.value("SELECT count(*) FROM jobs").await;
     assert_eq!(count, 1);
     for escape in [
         "COMMIT",

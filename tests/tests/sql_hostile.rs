@@ -419,13 +419,7 @@ async fn slow_transactions_are_stopped_and_do_not_stall_others() {
         .await;
     assert_eq!(next.status, 200, "{:?}", next.body);
     assert!(started.elapsed() < Duration::from_millis(800));
-    let note: String = db
-        .client()
-        .await
-        .query_one("SELECT note FROM sweep_state", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let note: String = db.value("SELECT note FROM sweep_state").await;
     assert_eq!(note, "next");
     // And the gateway that gave up serves on.
     assert_eq!(

@@ -130,12 +130,6 @@ async fn the_documented_least_privilege_setup_works() {
         .unwrap_err();
     assert_eq!(denied.code().unwrap().code(), "42501");
 
-    let note: String = db
-        .client()
-        .await
-        .query_one("SELECT note FROM sweep_state", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let note: String = db.value("SELECT note FROM sweep_state").await;
     assert_eq!(note, "sweep by node-b");
 }

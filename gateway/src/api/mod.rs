@@ -153,10 +153,10 @@ async fn dispatch(
             kv::get(coordinator, resource, key).await
         }
         (Method::PUT, Target::Object { resource, key }) => {
-            kv::put(coordinator, resource, key, request).await
+            kv::write(coordinator, resource, key, kv::Change::Put, request).await
         }
         (Method::DELETE, Target::Object { resource, key }) => {
-            kv::delete(coordinator, resource, key, request).await
+            kv::write(coordinator, resource, key, kv::Change::Delete, request).await
         }
         (_, Target::Object { .. }) => Err(ApiError::MethodNotAllowed {
             allow: "GET, PUT, DELETE",

@@ -14,14 +14,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use deadpool_postgres::{Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
+use deadpool_postgres::Pool;
 use fencegate_gateway::store::postgres::statements;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
-use tokio_postgres::NoTls;
 
 /// One write, as the workload describes it.
 pub struct Call<'a> {
@@ -34,22 +33,10 @@ pub struct Call<'a> {
     pub expect: &'a [StatusCode],
 }
 
-/// A connection pool like the gateway's own (see `PgStore::connect`).
+/// A connection pool configured as the gateway's own.
 pub fn direct_pool(url: &str, size: usize) -> Result<Pool, String> {
     let config: tokio_postgres::Config = url.parse().map_err(|e| format!("{e}"))?;
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Pool::builder(manager)
-        .max_size(size)
-        .queue_mode(QueueMode::Lifo)
-        .runtime(Runtime::Tokio1)
-        .build()
-        .map_err(|e| e.to_string())
+    Ok(fencegate_gateway::store::postgres::new_pool(config, size))
 }
 
 pub enum Writer {

@@ -2,7 +2,7 @@
 //! connections (pipelined), released at once, while another writer keeps writing.
 
 use crate::replay::runner::{Observed, Run};
-use crate::replay::scenario::{Outcome, Step};
+use crate::replay::scenario::{Expect, Outcome, Step};
 use crate::replay::wire::{self, Request};
 
 /// Connections the flood is spread over unless the step says otherwise.
@@ -108,8 +108,10 @@ pub(crate) async fn run(run: &mut Run<'_>, number: usize, step: &Step) -> Result
     }
     Ok(Observed {
         text,
-        outcome,
-        accepted: Some(counts.get("accepted").copied().unwrap_or(0)),
-        ..Observed::default()
+        facts: Expect {
+            outcome,
+            accepted: Some(counts.get("accepted").copied().unwrap_or(0)),
+            ..Expect::default()
+        },
     })
 }

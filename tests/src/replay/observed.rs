@@ -5,28 +5,20 @@ use std::fmt::Write as _;
 use crate::replay::scenario::{Expect, Outcome};
 use crate::replay::wire::Reply;
 
-/// What a step saw.
+/// What a step saw: the facts its `expect` may name, and a line for the report.
 #[derive(Debug, Default)]
 pub(crate) struct Observed {
     pub text: String,
-    pub outcome: Option<Outcome>,
-    pub status: Option<u16>,
-    pub presented: Option<u64>,
-    pub highest: Option<u64>,
-    pub version: Option<u64>,
-    pub token: Option<u64>,
-    pub value: Option<String>,
-    pub delta: Option<f64>,
-    pub accepted: Option<usize>,
-    pub duplicate: Option<Outcome>,
-    pub applied: Option<String>,
+    pub facts: Expect,
 }
 
 impl Observed {
     pub(crate) fn text(text: impl Into<String>) -> Observed {
         Observed {
             text: text.into(),
-            ..Observed::default()
+            facts: Expect {
+                ..Expect::default()
+            },
         }
     }
 
@@ -35,8 +27,10 @@ impl Observed {
         let Ok(reply) = reply else {
             return Observed {
                 text: "dropped (no answer)".into(),
-                outcome: Some(Outcome::Dropped),
-                ..Observed::default()
+                facts: Expect {
+                    outcome: Some(Outcome::Dropped),
+                    ..Expect::default()
+                },
             };
         };
         let outcome = outcome_of(reply.status);
@@ -48,14 +42,17 @@ impl Observed {
             _ => None,
         };
         let mut observed = Observed {
-            outcome,
-            status: Some(reply.status),
-            presented: reply.field("presented"),
-            highest: reply.field("highest"),
-            version: reply.field("version"),
-            token: reply.field("token"),
-            applied,
-            ..Observed::default()
+            text: String::new(),
+            facts: Expect {
+                outcome,
+                status: Some(reply.status),
+                presented: reply.field("presented"),
+                highest: reply.field("highest"),
+                version: reply.field("version"),
+                token: reply.field("token"),
+                applied,
+                ..Expect::default()
+            },
         };
         let name = outcome.map_or("unexpected", Outcome::name);
         observed.text = match outcome {
@@ -100,29 +97,41 @@ pub(crate) fn check(expect: &Expect, seen: &Observed) -> Result<(), (String, Str
     };
     let name = |o: Option<Outcome>| o.map(|o| o.name().to_owned());
     let num = |n: Option<u64>| n.map(|n| n.to_string());
-    compare("outcome", name(expect.outcome), name(seen.outcome));
+    compare("outcome", name(expect.outcome), name(seen.facts.outcome));
     compare(
         "status",
         num(expect.status.map(u64::from)),
-        num(seen.status.map(u64::from)),
+        num(seen.facts.status.map(u64::from)),
     );
-    compare("presented", num(expect.presented), num(seen.presented));
-    compare("highest", num(expect.highest), num(seen.highest));
-    compare("version", num(expect.version), num(seen.version));
-    compare("token", num(expect.token), num(seen.token));
-    compare("value", expect.value.clone(), seen.value.clone());
+    compare(
+        "presented",
+        num(expect.presented),
+        num(seen.facts.presented),
+    );
+    compare("highest", num(expect.highest), num(seen.facts.highest));
+    compare("version", num(expect.version), num(seen.facts.version));
+    compare("token", num(expect.token), num(seen.facts.token));
+    compare("value", expect.value.clone(), seen.facts.value.clone());
     compare(
         "delta",
         expect.delta.map(|d| d.to_string()),
-        seen.delta.map(|d| d.to_string()),
+        seen.facts.delta.map(|d| d.to_string()),
     );
     compare(
         "accepted",
         expect.accepted.map(|n| n.to_string()),
-        seen.accepted.map(|n| n.to_string()),
+        seen.facts.accepted.map(|n| n.to_string()),
     );
-    compare("duplicate", name(expect.duplicate), name(seen.duplicate));
-    compare("applied", expect.applied.clone(), seen.applied.clone());
+    compare(
+        "duplicate",
+        name(expect.duplicate),
+        name(seen.facts.duplicate),
+    );
+    compare(
+        "applied",
+        expect.applied.clone(),
+        seen.facts.applied.clone(),
+    );
     if expected.is_empty() {
         Ok(())
     } else {
@@ -140,13 +149,15 @@ pub(crate) fn renewal(renewed: bool, token: u64) -> Observed {
         } else {
             format!("refused: token {token} was replaced")
         },
-        outcome: Some(if renewed {
-            Outcome::Granted
-        } else {
-            Outcome::Refused
-        }),
-        token: Some(token),
-        ..Observed::default()
+        facts: Expect {
+            outcome: Some(if renewed {
+                Outcome::Granted
+            } else {
+                Outcome::Refused
+            }),
+            token: Some(token),
+            ..Expect::default()
+        },
     }
 }
 
@@ -154,8 +165,10 @@ pub(crate) fn read(reply: &Reply) -> Observed {
     if reply.status == 404 {
         return Observed {
             text: "absent".into(),
-            outcome: Some(Outcome::Absent),
-            ..Observed::default()
+            facts: Expect {
+                outcome: Some(Outcome::Absent),
+                ..Expect::default()
+            },
         };
     }
     let number = |h: &Option<String>| h.as_deref().and_then(|v| v.trim_matches('"').parse().ok());
@@ -167,11 +180,13 @@ pub(crate) fn read(reply: &Reply) -> Observed {
             token.map_or("-".into(), |t: u64| t.to_string()),
             version.map_or("-".into(), |v: u64| v.to_string())
         ),
-        outcome: outcome_of(reply.status),
-        status: Some(reply.status),
-        value: Some(reply.body.clone()),
-        version,
-        token,
-        ..Observed::default()
+        facts: Expect {
+            outcome: outcome_of(reply.status),
+            status: Some(reply.status),
+            value: Some(reply.body.clone()),
+            version,
+            token,
+            ..Expect::default()
+        },
     }
 }

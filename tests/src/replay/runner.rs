@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 pub(crate) use crate::replay::observed::{check, outcome_of, Observed};
 use crate::replay::observed::{read, renewal};
-use crate::replay::scenario::{Action, Outcome, Scenario, Step};
+use crate::replay::scenario::{Action, Expect, Outcome, Scenario, Step};
 use crate::replay::target::Target;
 use crate::replay::wire::{self, Reply, Request};
 use crate::replay::writer::Writer;
@@ -334,7 +334,7 @@ impl<'a> Run<'a> {
                         })
                         .ok_or_else(String::new),
                 );
-                observed.duplicate = copy.outcome;
+                observed.facts.duplicate = copy.facts.outcome;
                 observed.text = format!("{}; copy: {}", observed.text, copy.text);
                 Ok(observed)
             }
@@ -409,8 +409,10 @@ impl<'a> Run<'a> {
                         "highest={}",
                         highest.map_or("null".into(), |h| h.to_string())
                     ),
-                    highest,
-                    ..Observed::default()
+                    facts: Expect {
+                        highest,
+                        ..Expect::default()
+                    },
                 })
             }
             Action::Metric => {
@@ -419,8 +421,10 @@ impl<'a> Run<'a> {
                 let delta = now - self.baselines.get(&series).copied().unwrap_or(0.0);
                 Ok(Observed {
                     text: format!("{series} rose by {delta}"),
-                    delta: Some(delta),
-                    ..Observed::default()
+                    facts: Expect {
+                        delta: Some(delta),
+                        ..Expect::default()
+                    },
                 })
             }
             Action::Flood => crate::replay::flood::run(self, number, step).await,
@@ -433,15 +437,19 @@ impl<'a> Run<'a> {
                 self.tokens.insert(actor.to_owned(), token);
                 Observed {
                     text: format!("granted token {token}"),
-                    outcome: Some(Outcome::Granted),
-                    token: Some(token),
-                    ..Observed::default()
+                    facts: Expect {
+                        outcome: Some(Outcome::Granted),
+                        token: Some(token),
+                        ..Expect::default()
+                    },
                 }
             }
             None => Observed {
                 text: "refused: held by another".into(),
-                outcome: Some(Outcome::Refused),
-                ..Observed::default()
+                facts: Expect {
+                    outcome: Some(Outcome::Refused),
+                    ..Expect::default()
+                },
             },
         }
     }
@@ -517,7 +525,7 @@ impl<'a> Run<'a> {
         let seen: Vec<Observed> = replies.iter().map(Observed::reply).collect();
         let accepted = seen
             .iter()
-            .filter(|o| o.outcome == Some(Outcome::Accepted))
+            .filter(|o| o.facts.outcome == Some(Outcome::Accepted))
             .count();
         let texts: Vec<&str> = seen.iter().map(|o| o.text.as_str()).collect();
         Ok(Observed {
@@ -526,8 +534,10 @@ impl<'a> Run<'a> {
                 seen.len(),
                 texts.join("; ")
             ),
-            accepted: Some(accepted),
-            ..Observed::default()
+            facts: Expect {
+                accepted: Some(accepted),
+                ..Expect::default()
+            },
         })
     }
 

@@ -44,8 +44,7 @@ const FENCES: TableDefinition<&str, u64> = TableDefinition::new("fences");
 /// the version sequence, as in the Postgres backend.
 type ObjectRow = (u64, u64, u64, Option<&'static [u8]>);
 /// (resource, key) -> object.
-const OBJECTS: TableDefinition<(&str, &str), ObjectRow> =
-    TableDefinition::new("objects");
+const OBJECTS: TableDefinition<(&str, &str), ObjectRow> = TableDefinition::new("objects");
 /// Marks the file as a fencegate store and records its format.
 const META: TableDefinition<&str, u64> = TableDefinition::new("fencegate_meta");
 const FORMAT_KEY: &str = "format_version";
@@ -232,11 +231,7 @@ impl EmbeddedStore {
 }
 
 /// Marks a new file as a fencegate store, or checks that an existing one is one.
-fn initialise(
-    db: &Database,
-    path: &Path,
-    existed: bool,
-) -> Result<(), EmbeddedStartError> {
+fn initialise(db: &Database, path: &Path, existed: bool) -> Result<(), EmbeddedStartError> {
     let open_error = |source: redb::Error| EmbeddedStartError::Open {
         path: path.to_owned(),
         source,

@@ -57,8 +57,8 @@ pub(crate) fn server_unavailable(code: &SqlState) -> bool {
     SERVER_UNAVAILABLE.contains(code) || code.code().starts_with("08")
 }
 
-/// A pool of at most `size` connections of `config`.
-pub(super) fn new_pool(config: tokio_postgres::Config, size: usize) -> Pool {
+/// A pool of at most `size` connections of `config`, as the gateway's writes use.
+pub fn new_pool(config: tokio_postgres::Config, size: usize) -> Pool {
     let manager = Manager::from_config(
         config,
         NoTls,

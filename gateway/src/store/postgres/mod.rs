@@ -25,7 +25,7 @@ mod writes;
 pub(crate) use connection::{
     classify, describe, error_text, server_unavailable, with_client_until,
 };
-pub use connection::{migrate, PgStartError};
+pub use connection::{migrate, new_pool, PgStartError};
 
 use std::time::Duration;
 
@@ -34,7 +34,6 @@ use fencegate_proto::headers::Precondition;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
 use tokio::time::Instant;
 
-use connection::new_pool;
 use writes::{non_negative, read_fence, token_from_db, write_conditional, Attempt};
 
 use super::{AdvanceOutcome, StoreError, StoredObject, Write, WriteOutcome};
