@@ -9,17 +9,17 @@
 //! # Layout
 //!
 //! - [`config`]: the command line and environment, validated.
-//! - [`server`]: the accept loop (HTTP/1.1 and h2c) and graceful shutdown.
-//! - [`api`]: routing and the endpoint handlers.
-//! - [`coordinator`]: shared state, and the road of every backend call (cache check,
+//! - `server`: the accept loop (HTTP/1.1 and h2c) and graceful shutdown.
+//! - `api`: routing and the endpoint handlers.
+//! - `coordinator`: shared state, and the road of every backend call (cache check,
 //!   backend in a task of its own, record what committed).
-//! - [`fence_cache`]: resource -> highest committed token, for rejecting stale writes early.
+//! - `fence_cache`: resource -> highest committed token, for rejecting stale writes early.
 //! - [`store`]: the backends, with the contract every one of them keeps.
 //! - [`dbfence`]: the fence check inside Postgres, for writers' own tables: the
 //!   `fencegate.fence()` function, the triggers of protected tables, and the
 //!   `protect`/`unprotect`/`check` commands.
-//! - [`sql`]: fenced SQL transactions (`/v1/sql`) on a writer-only login.
-//! - [`metrics`], [`stale_log`], [`telemetry`]: Prometheus metrics and logging.
+//! - `sql`: fenced SQL transactions (`/v1/sql`) on a writer-only login.
+//! - `metrics`, `stale_log`, [`telemetry`]: Prometheus metrics and logging.
 //!
 //! # Invariants
 //!

@@ -6,7 +6,8 @@ use fencegate_proto::body::FenceState;
 use fencegate_proto::ResourceName;
 use http::{Response, StatusCode};
 
-use super::{fencing_of, json_response, Body, Req};
+use crate::api::request::{fencing_of, Req};
+use crate::api::response::{json_response, Body};
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 

@@ -9,7 +9,8 @@ use http::header::{CONTENT_TYPE, ETAG};
 use http::{HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 
-use super::{fencing_of, json_response, read_body, Body, Req};
+use crate::api::request::{fencing_of, read_body, Req};
+use crate::api::response::{json_response, Body};
 use crate::coordinator::Applied;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;

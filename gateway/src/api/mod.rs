@@ -10,7 +10,7 @@
 //! too large by its Content-Length — without reading the body. Over HTTP/1.1 the client
 //! may still be sending it, and must see the answer anyway:
 //!
-//! - a body of at most [`DRAIN_LIMIT`] bytes is read and thrown away after the answer,
+//! - a body of at most [`request::DRAIN_LIMIT`] bytes is read and thrown away after the answer,
 //!   so that the connection stays open for the next request;
 //! - a larger one, or one whose length is unknown, gets `Connection: close`, and the
 //!   connection lingers while the client finishes sending ([`crate::server::conn`]).
@@ -26,85 +26,37 @@
 mod fences;
 mod kv;
 mod ops;
+mod request;
+mod response;
 mod sql;
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use bytes::Bytes;
-use fencegate_proto::headers::{Fencing, FENCING_HIGHEST};
 use fencegate_proto::path::{Family, Target};
-use fencegate_proto::{ErrorCode, ResourceName};
-use http::header::{ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
-use http::request::Parts;
-use http::{HeaderValue, Method, Request, Response, StatusCode, Version};
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Body as _, Incoming};
-use tokio::sync::OwnedSemaphorePermit;
+use fencegate_proto::ErrorCode;
+use http::header::CONNECTION;
+use http::{HeaderValue, Method, Request, Response, Version};
+use hyper::body::Incoming;
 use tracing::Instrument;
 
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 
-pub type Body = Full<Bytes>;
-
-/// Unread bodies up to this size are read and discarded after an early answer, keeping
-/// the connection open; see the module doc.
-pub const DRAIN_LIMIT: u64 = 64 * 1024;
-
-/// A request as handlers see it: its head, and its body until a handler reads it.
-pub struct Req {
-    pub head: Parts,
-    body: Option<Incoming>,
-    /// The body was read only in part: the connection cannot carry another request.
-    broken: bool,
-}
-
-/// A request body in memory, and the room it takes under `--max-body-memory`.
-pub struct ReadBody {
-    pub bytes: Bytes,
-    _memory: OwnedSemaphorePermit,
-}
+use request::Req;
+use response::error_response;
+pub use response::Body;
 
 /// Answers one request. Never fails: every error becomes its response here.
 pub async fn handle(coordinator: Arc<Coordinator>, request: Request<Incoming>) -> Response<Body> {
-    let (head, body) = request.into_parts();
-    let mut request = Req {
-        head,
-        body: Some(body),
-        broken: false,
-    };
+    let mut request = Req::new(request);
     let mut response = answer(&coordinator, &mut request).await;
-    if request.head.version < Version::HTTP_2 {
-        if let Some(body) = request.body.take() {
-            request.broken |= !unread(&coordinator, body);
-        }
-        if request.broken {
-            response
-                .headers_mut()
-                .insert(CONNECTION, HeaderValue::from_static("close"));
-        }
+    if request.head.version < Version::HTTP_2 && !request.keeps_connection(&coordinator) {
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
     }
     response
-}
-
-/// Deals with a body no handler read (HTTP/1.x); false if the connection must close.
-fn unread(coordinator: &Coordinator, body: Incoming) -> bool {
-    if body.is_end_stream() {
-        return true;
-    }
-    match body.size_hint().exact() {
-        Some(length) if length <= DRAIN_LIMIT => {
-            let timeout = coordinator.body_timeout();
-            tokio::spawn(async move {
-                // Dropping the body early (timeout, error) makes the server close the
-                // connection, which is then the right thing to do.
-                let _ = tokio::time::timeout(timeout, body.collect()).await;
-            });
-            true
-        }
-        _ => false,
-    }
 }
 
 async fn answer(coordinator: &Arc<Coordinator>, request: &mut Req) -> Response<Body> {
@@ -198,99 +150,6 @@ fn route_label(method: &Method, path: &str) -> &'static str {
         Some(Family::OpenApi) => "openapi",
         None => "unknown",
     }
-}
-
-/// Reads a write's fencing headers, recording the resource and the presented token in
-/// the request's span.
-fn fencing_of(request: &Req, resource: &ResourceName) -> Result<Fencing, ApiError> {
-    let span = tracing::Span::current();
-    span.record("resource", resource.as_str());
-    let fencing = Fencing::from_headers(&request.head.headers)?;
-    span.record("presented", fencing.token.get());
-    Ok(fencing)
-}
-
-/// Reads the whole body, refusing more than `--max-body` bytes, a body that takes
-/// longer than `--body-timeout`, and — without waiting — one that does not fit in
-/// `--max-body-memory` now. The memory stays taken while the result lives.
-async fn read_body(coordinator: &Coordinator, request: &mut Req) -> Result<ReadBody, ApiError> {
-    let limit = coordinator.max_body();
-    let declared = request
-        .head
-        .headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limit as u64) {
-        return Err(ApiError::BodyTooLarge { limit });
-    }
-    let reserved = declared.map_or(limit, |length| length as usize);
-    let memory = coordinator.body_permit(reserved)?;
-    let Some(body) = request.body.take() else {
-        return Err(ApiError::InvalidBody);
-    };
-    // From here the body is being read: if it stops part-way, the connection goes too.
-    request.broken = true;
-    let read = tokio::select! {
-        read = tokio::time::timeout(coordinator.body_timeout(), collect(body, reserved, limit)) => read,
-        () = coordinator.shutdown().cancelled() => return Err(ApiError::ShuttingDown),
-    };
-    let bytes = read.map_err(|_| ApiError::BodyTimeout)??;
-    request.broken = false;
-    Ok(ReadBody {
-        bytes,
-        _memory: memory,
-    })
-}
-
-/// Reads `body` into one buffer of `expected` bytes (its Content-Length, if it has
-/// one): one allocation, no copy once read.
-async fn collect(mut body: Incoming, expected: usize, limit: usize) -> Result<Bytes, ApiError> {
-    let mut buffer = bytes::BytesMut::with_capacity(expected.min(limit));
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|_| ApiError::InvalidBody)?;
-        if let Ok(data) = frame.into_data() {
-            if buffer.len() + data.len() > limit {
-                return Err(ApiError::BodyTooLarge { limit });
-            }
-            buffer.extend_from_slice(&data);
-        }
-    }
-    Ok(buffer.freeze())
-}
-
-fn json_response<T: serde::Serialize>(status: StatusCode, body: &T) -> Response<Body> {
-    let bytes = serde_json::to_vec(body).expect("response bodies serialize");
-    let mut response = Response::new(Full::new(Bytes::from(bytes)));
-    *response.status_mut() = status;
-    response
-        .headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    response
-}
-
-fn error_response(error: &ApiError) -> Response<Body> {
-    let code = error.code();
-    let status = StatusCode::from_u16(code.status()).expect("error codes carry valid statuses");
-    let mut response = json_response(status, &error.body());
-    match error {
-        ApiError::Stale { highest, .. } => {
-            response
-                .headers_mut()
-                .insert(FENCING_HIGHEST, HeaderValue::from(highest.get()));
-        }
-        ApiError::MethodNotAllowed { allow } => {
-            response
-                .headers_mut()
-                .insert(ALLOW, HeaderValue::from_static(allow));
-        }
-        ApiError::Overloaded(_) | ApiError::ShuttingDown => {
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-        }
-        _ => {}
-    }
-    response
 }
 
 #[cfg(test)]

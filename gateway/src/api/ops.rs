@@ -7,7 +7,7 @@ use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 
-use super::{json_response, Body};
+use crate::api::response::{json_response, Body};
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 

@@ -13,7 +13,8 @@ use fencegate_proto::headers::Fencing;
 use fencegate_proto::ResourceName;
 use http::{Response, StatusCode};
 
-use super::{fencing_of, json_response, read_body, Body, Req};
+use crate::api::request::{fencing_of, read_body, Req};
+use crate::api::response::{json_response, Body};
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 use crate::sql::{SqlEndpoint, SqlError, SqlFailure, SqlTransaction};

@@ -19,7 +19,7 @@
 //!   `fencegate protect`, `unprotect` and `check` commands run ([`admin`]).
 //!
 //! Rejections carry a SQLSTATE of class `ZF` ([`sqlstate`]) and a DETAIL of stable
-//! `key=value` fields, which [`Rejection::from_db_error`] reads back.
+//! `key=value` fields, which [`StaleRejection::from_db_error`] reads back.
 
 pub mod admin;
 

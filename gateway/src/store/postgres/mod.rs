@@ -4,7 +4,7 @@
 //!
 //! - A write without a precondition is one statement ([`statements::FENCED_PUT`],
 //!   [`statements::FENCED_DELETE`]): atomic by construction. Concurrent ones are committed in
-//!   groups, one transaction and one round trip per group ([`group`]); a write that
+//!   groups, one transaction and one round trip per group (module `group`); a write that
 //!   arrives alone is one autocommitted statement.
 //! - A write with a precondition (`If-Match`) runs in an explicit transaction: raise the
 //!   fence and read the object's version (pipelined), check the precondition, then write
