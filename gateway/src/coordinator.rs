@@ -25,6 +25,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::dbfence::StaleRejection;
 use crate::error::ApiError;
 use crate::fence_cache::FenceCache;
 use crate::metrics::Metrics;
@@ -49,6 +50,22 @@ pub struct Coordinator {
     /// Cancelled when shutdown begins: requests still receiving their body stop.
     shutdown: CancellationToken,
     stale_log: LogBudget,
+}
+
+/// Which door a rejected write came through, for the log.
+#[derive(Debug, Clone, Copy)]
+pub enum Door {
+    Http,
+    Postgres,
+}
+
+impl Door {
+    fn as_str(self) -> &'static str {
+        match self {
+            Door::Http => "http",
+            Door::Postgres => "pg",
+        }
+    }
 }
 
 /// Why a request was turned away before any work: the gateway is at one of its bounds.
@@ -305,6 +322,48 @@ impl Coordinator {
         highest: Token,
     ) -> ApiError {
         let rejections = self.cache.count_rejection(resource, highest);
+        self.record_stale(resource, key, fencing, highest, Door::Http, rejections);
+        ApiError::Stale {
+            resource: resource.clone(),
+            presented: fencing.token,
+            highest,
+        }
+    }
+
+    /// Counts and logs a stale rejection that the in-database fence reported (to
+    /// `/v1/sql`, or to a client of the Postgres door), and returns the error to answer
+    /// with. Unlike [`Coordinator::stale`], the fence cache does not learn its highest:
+    /// the database reports it from inside the failed transaction, which may itself
+    /// have raised it — and that raise is rolled back with the transaction.
+    pub fn stale_in_database(
+        &self,
+        rejection: &StaleRejection,
+        holder: Option<String>,
+        door: Door,
+    ) -> ApiError {
+        let fencing = Fencing {
+            token: rejection.presented,
+            holder,
+        };
+        let (resource, highest) = (&rejection.resource, rejection.highest);
+        let rejections = self.cache.count_reported_rejection(resource);
+        self.record_stale(resource, None, &fencing, highest, door, rejections);
+        ApiError::Stale {
+            resource: resource.clone(),
+            presented: rejection.presented,
+            highest,
+        }
+    }
+
+    fn record_stale(
+        &self,
+        resource: &ResourceName,
+        key: Option<&ObjectKey>,
+        fencing: &Fencing,
+        highest: Token,
+        door: Door,
+        rejections: u64,
+    ) {
         self.metrics
             .stale_rejected(resource, fencing.token, highest);
         if let Some(unlogged) = self.stale_log.admit() {
@@ -315,17 +374,18 @@ impl Coordinator {
                 highest = highest.get(),
                 holder = fencing.holder.as_deref(),
                 outcome = "stale_token",
+                door = door.as_str(),
                 rejections,
                 // Only present when the cap left lines out.
                 unlogged = (unlogged > 0).then_some(unlogged),
                 "stale write rejected"
             );
         }
-        ApiError::Stale {
-            resource: resource.clone(),
-            presented: fencing.token,
-            highest,
-        }
+    }
+
+    /// The metrics, for the Postgres door's own.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
 
     /// Keeps `fencegate_backend_errors_total` and `fencegate_backend_ready` current.

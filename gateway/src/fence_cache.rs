@@ -79,6 +79,13 @@ impl FenceCache {
     /// created. `highest` is the committed token that caused the rejection.
     pub fn count_rejection(&self, resource: &ResourceName, highest: Token) -> u64 {
         self.raise(resource, highest);
+        self.count_reported_rejection(resource)
+    }
+
+    /// Counts a stale rejection whose `highest` the cache must not learn: one the
+    /// database reported from inside a transaction, where the highest it names may be
+    /// the transaction's own raise, which its failure rolls back.
+    pub fn count_reported_rejection(&self, resource: &ResourceName) -> u64 {
         match self.map.get(resource.as_str()) {
             Some(entry) => entry.rejections.fetch_add(1, Ordering::Relaxed) + 1,
             // Evicted between the two calls; the count restarts.

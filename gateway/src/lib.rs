@@ -19,6 +19,8 @@
 //!   `fencegate.fence()` function, the triggers of protected tables, and the
 //!   `protect`/`unprotect`/`check` commands.
 //! - `sql`: fenced SQL transactions (`/v1/sql`) on a writer-only login.
+//! - `pgdoor`: the Postgres door, a session relay for writers that keep their own
+//!   Postgres driver; the fence runs in the database, the door counts its rejections.
 //! - `metrics`, `stale_log`, [`telemetry`]: Prometheus metrics and logging.
 //!
 //! # Invariants
@@ -41,6 +43,7 @@ pub mod dbfence;
 pub(crate) mod error;
 pub(crate) mod fence_cache;
 pub(crate) mod metrics;
+pub(crate) mod pgdoor;
 pub(crate) mod server;
 pub(crate) mod sql;
 pub(crate) mod stale_log;
@@ -75,6 +78,13 @@ pub enum StartError {
     Sql(#[from] SqlStartError),
     #[error("the listener has no local address: {0}")]
     Listener(std::io::Error),
+    #[error(transparent)]
+    PgDoor(#[from] pgdoor::DoorStartError),
+    #[error("could not listen on {addr} for the Postgres door (--pg-listen): {source}")]
+    PgListen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// Runs the gateway on `listener` until `shutdown` completes, then finishes the
@@ -128,15 +138,49 @@ pub async fn run(
         http2_keep_alive_timeout: config.http2_keepalive_timeout,
         grace: config.shutdown_timeout,
     };
+    let door = match (config.pg_door(), config.database_url.as_deref()) {
+        (Some(addr), Some(url)) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .map_err(|source| StartError::PgListen { addr, source })?;
+            let tls = config
+                .pg_tls_cert
+                .as_deref()
+                .zip(config.pg_tls_key.as_deref());
+            let options = pgdoor::DoorOptions {
+                max_message: config.pg_max_message,
+                max_connections: config.pg_max_connections,
+                startup_timeout: config.pg_startup_timeout,
+                grace: config.shutdown_timeout,
+            };
+            let door = pgdoor::Door::new(url, tls, &options, Arc::clone(&coordinator))?;
+            Some((listener, Arc::new(door), options))
+        }
+        _ => None,
+    };
     tokio::spawn(Arc::clone(&coordinator).summarise_unlogged_rejections());
     let addr = listener.local_addr().map_err(StartError::Listener)?;
+    let pg_addr = match &door {
+        Some((listener, ..)) => Some(listener.local_addr().map_err(StartError::Listener)?),
+        None => None,
+    };
     tracing::info!(
         %addr,
+        pg_addr = pg_addr.map(tracing::field::display),
+        pg_tls = door.as_ref().map(|(_, door, _)| door.has_tls()),
         backend = %coordinator.describe_backend(),
         max_connections = limits.max_connections,
         "fencegate ready"
     );
-    server::serve(listener, coordinator, shutdown, limits).await;
+    let http = server::serve(listener, Arc::clone(&coordinator), shutdown, limits);
+    match door {
+        // The HTTP server begins the shutdown (coordinator.shutting_down()) that the
+        // door follows.
+        Some((listener, door, options)) => {
+            tokio::join!(http, pgdoor::serve(listener, door, options));
+        }
+        None => http.await,
+    }
     tracing::info!("fencegate stopped");
     Ok(())
 }

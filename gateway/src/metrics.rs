@@ -11,8 +11,8 @@ use std::collections::HashSet;
 
 use fencegate_proto::{ErrorCode, ResourceName, Token};
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// The label value for resources beyond the cap.
@@ -68,6 +68,94 @@ pub struct Metrics {
     /// Writes applied per backend transaction; handed to the store at start-up.
     commit_group_size: Histogram,
     labels: ResourceLabels,
+    pg: DoorMetrics,
+}
+
+/// The Postgres door's own metrics.
+struct DoorMetrics {
+    connections: IntGauge,
+    sessions: IntCounter,
+    bytes: IntCounterVec,
+    cancels: IntCounterVec,
+    auth_failures: IntCounter,
+    protocol_errors: IntCounter,
+}
+
+/// The `direction` label of `fencegate_pg_bytes_total`.
+pub const PG_DIRECTIONS: [&str; 2] = ["from_client", "to_client"];
+
+/// The `outcome` label of `fencegate_pg_cancels_total`.
+pub const PG_CANCEL_OUTCOMES: [&str; 2] = ["forwarded", "unknown_key"];
+
+impl DoorMetrics {
+    fn new() -> DoorMetrics {
+        let bytes = IntCounterVec::new(
+            Opts::new(
+                "fencegate_pg_bytes_total",
+                "Bytes relayed by the Postgres door, by direction.",
+            ),
+            &["direction"],
+        )
+        .unwrap();
+        let cancels = IntCounterVec::new(
+            Opts::new(
+                "fencegate_pg_cancels_total",
+                "Cancel requests received by the Postgres door: forwarded to a session's backend, or with an unknown key.",
+            ),
+            &["outcome"],
+        )
+        .unwrap();
+        for direction in PG_DIRECTIONS {
+            bytes.with_label_values(&[direction]);
+        }
+        for outcome in PG_CANCEL_OUTCOMES {
+            cancels.with_label_values(&[outcome]);
+        }
+        DoorMetrics {
+            connections: IntGauge::new(
+                "fencegate_pg_connections",
+                "Client connections open on the Postgres door.",
+            )
+            .unwrap(),
+            sessions: IntCounter::new(
+                "fencegate_pg_sessions_total",
+                "Postgres door sessions that completed authentication.",
+            )
+            .unwrap(),
+            bytes,
+            cancels,
+            auth_failures: IntCounter::new(
+                "fencegate_pg_auth_failures_total",
+                "Postgres door sessions refused during authentication.",
+            )
+            .unwrap(),
+            protocol_errors: IntCounter::new(
+                "fencegate_pg_protocol_errors_total",
+                "Postgres door connections closed because the client broke the protocol.",
+            )
+            .unwrap(),
+        }
+    }
+
+    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 6] {
+        [
+            Box::new(self.connections.clone()),
+            Box::new(self.sessions.clone()),
+            Box::new(self.bytes.clone()),
+            Box::new(self.cancels.clone()),
+            Box::new(self.auth_failures.clone()),
+            Box::new(self.protocol_errors.clone()),
+        ]
+    }
+}
+
+/// An open Postgres door connection, counted until dropped.
+pub struct OpenConnection<'a>(&'a IntGauge);
+
+impl Drop for OpenConnection<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
 }
 
 impl Metrics {
@@ -171,6 +259,7 @@ impl Metrics {
             backend_errors.with_label_values(&[kind]);
         }
 
+        let pg = DoorMetrics::new();
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(request_duration.clone()),
@@ -183,7 +272,10 @@ impl Metrics {
             Box::new(fence_cache_entries.clone()),
             Box::new(commit_group_size.clone()),
             Box::new(build_info),
-        ] {
+        ]
+        .into_iter()
+        .chain(pg.collectors())
+        {
             registry
                 .register(collector)
                 .expect("metric names are unique");
@@ -201,7 +293,51 @@ impl Metrics {
             fence_cache_entries,
             commit_group_size,
             labels: ResourceLabels::new(resource_label_cap),
+            pg,
         }
+    }
+
+    /// Counts a Postgres door connection as open until the guard is dropped.
+    pub fn pg_connection_opened(&self) -> OpenConnection<'_> {
+        self.pg.connections.inc();
+        OpenConnection(&self.pg.connections)
+    }
+
+    /// Counts a Postgres door session that completed authentication.
+    pub fn pg_session(&self) {
+        self.pg.sessions.inc();
+    }
+
+    /// Counts bytes relayed from a Postgres client to the server.
+    pub fn pg_bytes_from_client(&self, bytes: usize) {
+        self.pg
+            .bytes
+            .with_label_values(&[PG_DIRECTIONS[0]])
+            .inc_by(bytes as u64);
+    }
+
+    /// Counts bytes relayed from the server to a Postgres client.
+    pub fn pg_bytes_to_client(&self, bytes: usize) {
+        self.pg
+            .bytes
+            .with_label_values(&[PG_DIRECTIONS[1]])
+            .inc_by(bytes as u64);
+    }
+
+    /// Counts a cancel request: forwarded, or with an unknown key.
+    pub fn pg_cancel(&self, forwarded: bool) {
+        let outcome = PG_CANCEL_OUTCOMES[usize::from(!forwarded)];
+        self.pg.cancels.with_label_values(&[outcome]).inc();
+    }
+
+    /// Counts a session refused during authentication.
+    pub fn pg_auth_failure(&self) {
+        self.pg.auth_failures.inc();
+    }
+
+    /// Counts a connection closed for breaking the protocol.
+    pub fn pg_protocol_error(&self) {
+        self.pg.protocol_errors.inc();
     }
 
     /// Records an answered request.

@@ -117,6 +117,10 @@ impl GatewayBuilder {
             }
             None => Command::new(binary()),
         };
+        if !self.args.iter().any(|arg| arg == "--pg-listen") {
+            // A free port, so that gateways on Postgres can run side by side.
+            command.args(["--pg-listen", "127.0.0.1:0"]);
+        }
         let mut child = command
             .args(["--listen", &listen, "--log-format", "json"])
             .args(&self.args)
@@ -134,17 +138,17 @@ impl GatewayBuilder {
         let logs = Arc::new(Mutex::new(Vec::new()));
         let ready = tokio::time::timeout(START_TIMEOUT, async {
             while let Ok(Some(line)) = lines.next_line().await {
-                let addr = ready_addr(&line);
+                let addrs = ready_addrs(&line);
                 logs.lock().unwrap().push(line);
-                if let Some(addr) = addr {
-                    return Some(addr);
+                if addrs.is_some() {
+                    return addrs;
                 }
             }
             None
         })
         .await;
-        let addr = match ready {
-            Ok(Some(addr)) => addr,
+        let (addr, pg_addr) = match ready {
+            Ok(Some(addrs)) => addrs,
             Ok(None) | Err(_) => {
                 let _ = child.start_kill();
                 let status = child.wait().await.ok();
@@ -161,6 +165,7 @@ impl GatewayBuilder {
         Ok(Gateway {
             child,
             addr,
+            pg_addr,
             logs,
             builder: self,
         })
@@ -180,19 +185,26 @@ impl std::fmt::Display for StartFailure {
     }
 }
 
-fn ready_addr(line: &str) -> Option<SocketAddr> {
+/// The HTTP address and the Postgres door's, if any, of a "fencegate ready" line.
+fn ready_addrs(line: &str) -> Option<(SocketAddr, Option<SocketAddr>)> {
     let event: Value = serde_json::from_str(line).ok()?;
     let fields = event.get("fields")?;
     if fields.get("message")?.as_str()? != "fencegate ready" {
         return None;
     }
-    fields.get("addr")?.as_str()?.parse().ok()
+    let addr = fields.get("addr")?.as_str()?.parse().ok()?;
+    let pg_addr = fields
+        .get("pg_addr")
+        .and_then(Value::as_str)
+        .and_then(|addr| addr.parse().ok());
+    Some((addr, pg_addr))
 }
 
 /// A running gateway process. Killed when dropped.
 pub struct Gateway {
     child: Child,
     addr: SocketAddr,
+    pg_addr: Option<SocketAddr>,
     logs: Arc<Mutex<Vec<String>>>,
     builder: GatewayBuilder,
 }
@@ -214,6 +226,12 @@ impl Gateway {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// The Postgres door's address; panics if the gateway has none.
+    pub fn pg_addr(&self) -> SocketAddr {
+        self.pg_addr
+            .expect("the gateway runs the Postgres door (--database-url, --pg-listen not off)")
     }
 
     /// `http://127.0.0.1:<port>`.

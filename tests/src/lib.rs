@@ -3,6 +3,8 @@
 //!
 //! # Layout
 //!
+//! - [`cluster`]: a throwaway Postgres cluster of the test's own (`initdb`), for
+//!   authentication set-ups and faults the shared server must not see.
 //! - [`db`]: a fresh database per test on the machine's Postgres, dropped afterwards.
 //! - [`deployment`]: a gateway with its own fresh store, for tests run against every
 //!   backend (`backend_tests!`).
@@ -17,11 +19,13 @@
 //! - [`prometheus`]: a real Prometheus server on a free port, and its query API.
 //! - [`proxy`]: a loopback TCP proxy whose traffic a test can hold, release and cut.
 //! - [`replay`]: failure scenarios as data, run against real processes.
+//! - [`tls`]: a throwaway certificate authority and server certificate (`openssl`).
 //!
 //! Services a test needs are never skipped: if Postgres is unreachable the test fails
 //! with a message that says how to start it.
 #![forbid(unsafe_code)]
 
+pub mod cluster;
 pub mod db;
 pub mod deployment;
 pub mod fenced;
@@ -32,6 +36,7 @@ pub mod lease;
 pub mod prometheus;
 pub mod proxy;
 pub mod replay;
+pub mod tls;
 
 /// Polls `condition` every 10 ms until it holds, or panics after `timeout` with `what`.
 pub async fn eventually<F, Fut>(timeout: std::time::Duration, what: &str, mut condition: F)

@@ -9,13 +9,12 @@
 use std::sync::Arc;
 
 use fencegate_proto::body::{SqlAccepted, SqlRequest};
-use fencegate_proto::headers::Fencing;
 use fencegate_proto::ResourceName;
 use http::{Response, StatusCode};
 
 use crate::api::request::{fencing_of, read_body, Req};
 use crate::api::response::{json_response, Body};
-use crate::coordinator::Coordinator;
+use crate::coordinator::{Coordinator, Door};
 use crate::error::ApiError;
 use crate::sql::{SqlEndpoint, SqlError, SqlFailure, SqlTransaction};
 
@@ -83,11 +82,7 @@ pub async fn post(
             },
         )),
         Err(SqlFailure::Stale(rejection)) => {
-            let fencing = Fencing {
-                token: rejection.presented,
-                holder: fencing.holder,
-            };
-            Err(coordinator.stale(&rejection.resource, None, &fencing, rejection.highest))
+            Err(coordinator.stale_in_database(&rejection, fencing.holder, Door::Http))
         }
         Err(SqlFailure::Store(error)) => Err(ApiError::Store(error)),
         Err(SqlFailure::Refused(error)) => Err(error.into()),

@@ -35,6 +35,10 @@ pub const DEFAULT_MAX_WRITES_IN_FLIGHT: usize = 4096;
 pub const DEFAULT_MAX_BODY_MEMORY: &str = "64MiB";
 pub const DEFAULT_STALE_LOG_LIMIT: u64 = 100;
 pub const DEFAULT_WRITE_LOCK_TIMEOUT: &str = "200ms";
+pub const DEFAULT_PG_LISTEN: &str = "127.0.0.1:7432";
+pub const DEFAULT_PG_MAX_MESSAGE: &str = "256MiB";
+pub const DEFAULT_PG_MAX_CONNECTIONS: usize = 1000;
+pub const DEFAULT_PG_STARTUP_TIMEOUT: &str = "15s";
 
 /// fencegate: a fencing gateway in front of your storage.
 ///
@@ -237,6 +241,37 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_STALE_LOG_LIMIT", default_value_t = DEFAULT_STALE_LOG_LIMIT)]
     pub stale_log_limit: u64,
 
+    /// Address of the Postgres door, where writers connect with their own Postgres
+    /// driver (docs/postgres-door.md); `off` for none. On with the Postgres backend
+    /// (--database-url) only. Port 0 picks a free port.
+    #[arg(long, env = "FENCEGATE_PG_LISTEN", default_value = DEFAULT_PG_LISTEN, value_parser = parse_listen)]
+    pub pg_listen: Listen,
+
+    /// PEM certificate chain of the Postgres door's TLS (with --pg-tls-key). Without
+    /// it, the door answers `N` to SSLRequest.
+    #[arg(long, env = "FENCEGATE_PG_TLS_CERT", requires = "pg_tls_key")]
+    pub pg_tls_cert: Option<std::path::PathBuf>,
+
+    /// PEM private key of the Postgres door's TLS certificate.
+    #[arg(long, env = "FENCEGATE_PG_TLS_KEY", requires = "pg_tls_cert")]
+    pub pg_tls_key: Option<std::path::PathBuf>,
+
+    /// Largest protocol message a Postgres client may send (bytes, KiB, MiB, GiB);
+    /// longer ones close the connection with a protocol error. Messages are streamed,
+    /// never held in memory whole. The start-up packet is capped at 10000 bytes.
+    #[arg(long, env = "FENCEGATE_PG_MAX_MESSAGE", default_value = DEFAULT_PG_MAX_MESSAGE, value_parser = parse_size)]
+    pub pg_max_message: usize,
+
+    /// Most Postgres door connections open at once (each has its own connection to
+    /// the database); further clients wait to be accepted.
+    #[arg(long, env = "FENCEGATE_PG_MAX_CONNECTIONS", default_value_t = DEFAULT_PG_MAX_CONNECTIONS)]
+    pub pg_max_connections: usize,
+
+    /// Longest time a Postgres client may take from connecting to the end of
+    /// authentication.
+    #[arg(long, env = "FENCEGATE_PG_STARTUP_TIMEOUT", default_value = DEFAULT_PG_STARTUP_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub pg_startup_timeout: Duration,
+
     /// Log format: `text` for people, `json` for log pipelines.
     #[arg(long, env = "FENCEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
@@ -294,6 +329,22 @@ pub struct Config {
     pub sql_max_statement_size: usize,
 }
 
+/// A listening address, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listen {
+    On(SocketAddr),
+    Off,
+}
+
+fn parse_listen(text: &str) -> Result<Listen, String> {
+    if text == "off" {
+        return Ok(Listen::Off);
+    }
+    text.parse()
+        .map(Listen::On)
+        .map_err(|_| format!("{text:?} is not an address such as 127.0.0.1:7432, nor `off`"))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -306,6 +357,15 @@ pub enum LogFormat {
 pub struct ConfigError(String);
 
 impl Config {
+    /// The Postgres door's address, if it runs: with the Postgres backend, unless
+    /// `--pg-listen off`.
+    pub fn pg_door(&self) -> Option<SocketAddr> {
+        match (self.pg_listen, &self.database_url) {
+            (Listen::On(addr), Some(_)) => Some(addr),
+            _ => None,
+        }
+    }
+
     /// Rejects settings that are individually well-formed but cannot work.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let fail = |msg: &str| Err(ConfigError(msg.to_owned()));
@@ -349,6 +409,18 @@ impl Config {
         }
         if self.max_writes_in_flight == 0 {
             return fail("--max-writes-in-flight must be at least 1");
+        }
+        if self.pg_tls_cert.is_some() && self.pg_door().is_none() {
+            return fail("--pg-tls-cert and --pg-tls-key need the Postgres door: --database-url, and --pg-listen not `off`");
+        }
+        if self.pg_max_message < 1024 {
+            return fail("--pg-max-message must be at least 1KiB");
+        }
+        if self.pg_max_connections == 0 {
+            return fail("--pg-max-connections must be at least 1");
+        }
+        if self.pg_startup_timeout < Duration::from_millis(10) {
+            return fail("--pg-startup-timeout must be at least 10ms");
         }
         if self.max_body_memory < self.max_body {
             return fail("--max-body-memory must be at least --max-body, or no body of the largest size could be read");

@@ -59,7 +59,8 @@ impl StaleRejection {
         StaleRejection::from_detail(error.detail()?)
     }
 
-    fn from_detail(detail: &str) -> Option<StaleRejection> {
+    /// The stale rejection a ZF001 DETAIL (`resource=<r> presented=<n> highest=<n>`) names.
+    pub fn from_detail(detail: &str) -> Option<StaleRejection> {
         let mut resource = None;
         let mut presented = None;
         let mut highest = None;

@@ -79,6 +79,9 @@ pub async fn gateway(bin: &Path, database_url: &str, extra: &[String]) -> Result
     let mut args = vec![
         "--database-url".to_owned(),
         database_url.to_owned(),
+        // The benchmark measures the HTTP door; the Postgres door stays out of the way.
+        "--pg-listen".to_owned(),
+        "off".to_owned(),
         "--log".to_owned(),
         "warn".to_owned(),
         "--log-format".to_owned(),
@@ -157,7 +160,7 @@ pub async fn time_to_ready(bin: &Path, database_url: &str) -> Result<Duration, S
     let started = Instant::now();
     let mut child = Command::new(bin)
         .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
-        .args(["--database-url", database_url])
+        .args(["--database-url", database_url, "--pg-listen", "127.0.0.1:0"])
         .env_clear()
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -1,0 +1,525 @@
+//! One client session: its own upstream connection, authentication relayed to Postgres,
+//! then messages streamed both ways.
+//!
+//! # Streaming
+//!
+//! Each direction reads through a buffer and writes through a buffer, and flushes
+//! whenever it has nothing more to read: a batch of pipelined messages travels in as
+//! few writes as it came in, and a lone Flush, Sync or reply goes out at once (never
+//! held back until a Sync). Bodies are copied through the buffers, never read whole,
+//! so a 16 MiB value takes the buffers' memory, not 16 MiB; a slow reader on one side
+//! stops the reading on the other (backpressure).
+//!
+//! # What the door reads
+//!
+//! From the client: message headers only, checked against the protocol's message types
+//! and `--pg-max-message`. From the server: authentication requests (SCRAM channel
+//! binding is withdrawn), BackendKeyData (replaced by the door's own key, [`super::cancel`]),
+//! ErrorResponse (fencegate's stale rejections are counted and logged) and
+//! ReadyForQuery (the transaction status, for a clean shutdown).
+//!
+//! # Ending
+//!
+//! A client that leaves — Terminate, a closed socket, a protocol error — takes its
+//! upstream connection with it: the server sees the socket close and rolls back any
+//! open transaction, releasing its locks.
+
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+
+use tokio::io::{
+    AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader,
+    BufWriter,
+};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::cancel::Issued;
+use super::wire::{self, auth, backend, frontend, Header, ProtocolError, StartupPacket, WireError};
+use super::Door;
+use crate::dbfence::{sqlstate, StaleRejection};
+
+/// Buffer size of each direction's reader and writer.
+const BUFFER: usize = 64 << 10;
+
+/// How a session ended, for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// The client sent Terminate.
+    Terminated,
+    /// The client closed its socket.
+    ClientClosed,
+    /// The client closed its socket while a statement of its was running.
+    ClientLeftRunning,
+    /// The server closed the connection (after a FATAL error, or shut down).
+    ServerClosed,
+    /// The client broke the protocol; it was told so.
+    ProtocolError,
+    /// The gateway is shutting down; the idle session was told so.
+    Shutdown,
+}
+
+/// Runs a session from its StartupMessage to its end.
+pub(crate) async fn run<S>(
+    door: &Door,
+    client: S,
+    startup: StartupPacket,
+    deadline: Instant,
+) -> Result<Ending, WireError>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let (client_read, client_write) = tokio::io::split(client);
+    let mut client_read = BufReader::with_capacity(BUFFER, client_read);
+    let mut client_write = BufWriter::with_capacity(BUFFER, client_write);
+    let minor = startup.code & 0xffff;
+    if startup.code >> 16 != wire::PROTOCOL_MAJOR {
+        let error = ProtocolError::Version {
+            major: startup.code >> 16,
+            minor,
+        };
+        refuse(&mut client_write, "0A000", &error.to_string()).await?;
+        return Err(error.into());
+    }
+    let upstream = match tokio::time::timeout_at(deadline, door.upstream.connect()).await {
+        Ok(Ok(upstream)) => upstream,
+        Ok(Err(error)) => {
+            tracing::warn!(%error, upstream = %door.upstream, "the Postgres door could not reach the database");
+            let text = format!("fencegate could not reach the database: {error}");
+            refuse(&mut client_write, "08006", &text).await?;
+            return Ok(Ending::ServerClosed);
+        }
+        Err(_) => {
+            refuse(
+                &mut client_write,
+                "08006",
+                "fencegate timed out reaching the database",
+            )
+            .await?;
+            return Ok(Ending::ServerClosed);
+        }
+    };
+    let (upstream_read, upstream_write) = upstream.into_split();
+    let mut upstream_read = BufReader::with_capacity(BUFFER, upstream_read);
+    let mut upstream_write = BufWriter::with_capacity(BUFFER, upstream_write);
+    upstream_write.write_all(&startup.raw).await?;
+    upstream_write.flush().await?;
+
+    let mut ends = Ends {
+        client_read: &mut client_read,
+        client_write: &mut client_write,
+        upstream_read: &mut upstream_read,
+        upstream_write: &mut upstream_write,
+    };
+    let login = tokio::time::timeout_at(deadline, authenticate(door, &mut ends)).await;
+    let (key, status) = match login {
+        Ok(Ok(Login::Ready { key, status })) => (key, status),
+        Ok(Ok(Login::Refused)) => return Ok(Ending::ServerClosed),
+        Ok(Err(error)) => return Err(error),
+        Err(_) => {
+            refuse(
+                ends.client_write,
+                "08006",
+                "start-up and authentication took longer than --pg-startup-timeout",
+            )
+            .await?;
+            return Ok(Ending::ClientClosed);
+        }
+    };
+    door.metrics().pg_session();
+    let ending = relay(door, ends, status).await;
+    if let (Ok(Ending::ClientLeftRunning), Some((_, upstream))) = (&ending, &key) {
+        // Closing the upstream socket ends an idle session at once, but a statement
+        // that is running goes on until it next talks to the client: cancel it.
+        door.cancel_upstream(upstream).await;
+    }
+    drop(key);
+    ending
+}
+
+/// Both ends of a session, each side buffered.
+struct Ends<'a, CR, CW, UR, UW> {
+    client_read: &'a mut BufReader<CR>,
+    client_write: &'a mut BufWriter<CW>,
+    upstream_read: &'a mut BufReader<UR>,
+    upstream_write: &'a mut BufWriter<UW>,
+}
+
+enum Login {
+    /// Authenticated; the session's cancel key (held until the session ends, with the
+    /// upstream key it stands for) and the first transaction status.
+    Ready {
+        key: Option<(Issued, wire::CancelKey)>,
+        status: u8,
+    },
+    /// The server refused the session with an error, relayed to the client.
+    Refused,
+}
+
+/// Relays authentication between the client and the server until the server's first
+/// ReadyForQuery, or its error.
+async fn authenticate<CR, CW, UR, UW>(
+    door: &Door,
+    ends: &mut Ends<'_, CR, CW, UR, UW>,
+) -> Result<Login, WireError>
+where
+    CR: AsyncRead + Unpin,
+    CW: AsyncWrite + Unpin,
+    UR: AsyncRead + Unpin,
+    UW: AsyncWrite + Unpin,
+{
+    let mut key = None;
+    loop {
+        let Some(header) = wire::read_header(
+            ends.upstream_read,
+            wire::MAX_INSPECTED_MESSAGE,
+            "server message",
+        )
+        .await?
+        else {
+            return Ok(Login::Refused);
+        };
+        let body = wire::read_body(ends.upstream_read, header).await?;
+        match header.tag {
+            backend::AUTHENTICATION => {
+                let code = wire::auth_code(&body).ok_or(ProtocolError::Malformed(
+                    "authentication request from the server",
+                ))?;
+                match code {
+                    auth::OK | auth::SASL_FINAL => {
+                        forward(ends.client_write, header, &body).await?
+                    }
+                    auth::CLEARTEXT_PASSWORD | auth::MD5_PASSWORD | auth::SASL_CONTINUE => {
+                        forward(ends.client_write, header, &body).await?;
+                        relay_response(ends).await?;
+                    }
+                    auth::SASL => {
+                        let offered = wire::without_channel_binding(&body).unwrap_or(body);
+                        forward(ends.client_write, header, &offered).await?;
+                        relay_response(ends).await?;
+                    }
+                    other => {
+                        door.metrics().pg_auth_failure();
+                        let text = format!(
+                            "authentication method {other} (GSSAPI, SSPI or Kerberos) cannot be relayed by \
+                             fencegate's Postgres door; use scram-sha-256, md5, password or trust for \
+                             the gateway's address in pg_hba.conf"
+                        );
+                        refuse(ends.client_write, "28000", &text).await?;
+                        return Ok(Login::Refused);
+                    }
+                }
+            }
+            backend::BACKEND_KEY_DATA => {
+                let upstream = wire::CancelKey::parse(&body)
+                    .ok_or(ProtocolError::Malformed("BackendKeyData from the server"))?;
+                let (ours, issued) = door.keys.issue(upstream.clone());
+                key = Some((issued, upstream));
+                ends.client_write
+                    .write_all(&ours.backend_key_data())
+                    .await?;
+            }
+            backend::ERROR_RESPONSE => {
+                if error_code(&body).is_some_and(|code| code.starts_with(b"28")) {
+                    door.metrics().pg_auth_failure();
+                }
+                forward(ends.client_write, header, &body).await?;
+                ends.client_write.flush().await?;
+                return Ok(Login::Refused);
+            }
+            backend::READY_FOR_QUERY => {
+                forward(ends.client_write, header, &body).await?;
+                ends.client_write.flush().await?;
+                let status = body.first().copied().unwrap_or(b'I');
+                return Ok(Login::Ready { key, status });
+            }
+            // ParameterStatus, NoticeResponse, NegotiateProtocolVersion.
+            _ => forward(ends.client_write, header, &body).await?,
+        }
+    }
+}
+
+/// Waits for the client's answer to an authentication request and passes it on.
+async fn relay_response<CR, CW, UR, UW>(
+    ends: &mut Ends<'_, CR, CW, UR, UW>,
+) -> Result<(), WireError>
+where
+    CR: AsyncRead + Unpin,
+    CW: AsyncWrite + Unpin,
+    UW: AsyncWrite + Unpin,
+{
+    ends.client_write.flush().await?;
+    let header = wire::read_header(
+        ends.client_read,
+        wire::MAX_AUTH_MESSAGE,
+        "authentication message",
+    )
+    .await?
+    .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+    if header.tag != frontend::PASSWORD {
+        return Err(ProtocolError::UnexpectedType(header.tag).into());
+    }
+    let body = wire::read_body(ends.client_read, header).await?;
+    forward(ends.upstream_write, header, &body).await?;
+    ends.upstream_write.flush().await?;
+    Ok(())
+}
+
+/// Counts a session's requests and replies, so that shutdown can tell an idle session
+/// (nothing asked and unanswered, no transaction open) from a busy one.
+struct Progress {
+    /// Messages sent that each get one ReadyForQuery (Query, Sync, FunctionCall).
+    asked: AtomicU64,
+    /// ReadyForQuery messages relayed.
+    answered: AtomicU64,
+    /// The latest transaction status: `I` idle, `T` in a transaction, `E` failed one.
+    status: AtomicU8,
+}
+
+impl Progress {
+    /// Something asked is not answered yet.
+    fn running(&self) -> bool {
+        self.asked.load(Ordering::Relaxed) != self.answered.load(Ordering::Relaxed)
+    }
+
+    fn idle(&self) -> bool {
+        self.status.load(Ordering::Relaxed) == b'I'
+            && self.asked.load(Ordering::Relaxed) == self.answered.load(Ordering::Relaxed)
+    }
+}
+
+/// Streams messages both ways until one side ends the session.
+async fn relay<CR, CW, UR, UW>(
+    door: &Door,
+    ends: Ends<'_, CR, CW, UR, UW>,
+    status: u8,
+) -> Result<Ending, WireError>
+where
+    CR: AsyncRead + Unpin + Send,
+    CW: AsyncWrite + Unpin + Send,
+    UR: AsyncRead + Unpin + Send,
+    UW: AsyncWrite + Unpin + Send,
+{
+    let progress = Progress {
+        asked: AtomicU64::new(0),
+        answered: AtomicU64::new(0),
+        status: AtomicU8::new(status),
+    };
+    let (failed, failure) = oneshot::channel();
+    let from_client = async {
+        match from_client(door, ends.client_read, ends.upstream_write, &progress).await {
+            // The other direction tells the client, between two of the server's
+            // messages, and ends the session.
+            Err(WireError::Protocol(error)) => {
+                let _ = failed.send(error);
+                std::future::pending().await
+            }
+            other => other,
+        }
+    };
+    let to_client = to_client(
+        door,
+        ends.upstream_read,
+        ends.client_write,
+        &progress,
+        failure,
+    );
+    let ending = tokio::select! {
+        ending = from_client => ending,
+        ending = to_client => ending,
+    };
+    if matches!(ending, Ok(Ending::ClientClosed)) && progress.running() {
+        return Ok(Ending::ClientLeftRunning);
+    }
+    ending
+}
+
+/// Client to server: headers checked, bodies streamed.
+async fn from_client<R, W>(
+    door: &Door,
+    client: &mut BufReader<R>,
+    upstream: &mut BufWriter<W>,
+    progress: &Progress,
+) -> Result<Ending, WireError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    loop {
+        if client.buffer().is_empty() {
+            upstream.flush().await?;
+        }
+        let Some(header) = wire::read_header(client, door.max_message, "message").await? else {
+            return Ok(Ending::ClientClosed);
+        };
+        if !frontend::ALL.contains(&header.tag) {
+            return Err(ProtocolError::UnexpectedType(header.tag).into());
+        }
+        if frontend::awaits_ready(header.tag) {
+            progress.asked.fetch_add(1, Ordering::Relaxed);
+        }
+        upstream.write_all(&header.encode()).await?;
+        if !copy_body(client, upstream, header).await? {
+            return Ok(Ending::ClientClosed);
+        }
+        door.metrics().pg_bytes_from_client(header.body_len + 5);
+        if header.tag == frontend::TERMINATE {
+            upstream.flush().await?;
+            return Ok(Ending::Terminated);
+        }
+    }
+}
+
+/// Server to client: everything relayed, errors and ReadyForQuery looked into; a
+/// client's protocol error or the gateway's shutdown of an idle session ends it with a
+/// FATAL error between two messages.
+async fn to_client<R, W>(
+    door: &Door,
+    upstream: &mut BufReader<R>,
+    client: &mut BufWriter<W>,
+    progress: &Progress,
+    mut failure: oneshot::Receiver<ProtocolError>,
+) -> Result<Ending, WireError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    loop {
+        if let Ok(error) = failure.try_recv() {
+            return tell_protocol_error(door, client, &error).await;
+        }
+        if upstream.buffer().is_empty() {
+            client.flush().await?;
+            tokio::select! {
+                biased;
+                error = &mut failure => {
+                    if let Ok(error) = error {
+                        return tell_protocol_error(door, client, &error).await;
+                    }
+                    // The other direction ended; the session is ending.
+                    std::future::pending::<()>().await;
+                }
+                () = door.shutdown.cancelled(), if progress.idle() => {
+                    refuse(client, "57P01", "fencegate is shutting down").await?;
+                    return Ok(Ending::Shutdown);
+                }
+                read = upstream.fill_buf() => {
+                    if read?.is_empty() {
+                        return Ok(Ending::ServerClosed);
+                    }
+                }
+            }
+        }
+        let Some(header) = wire::read_header(
+            upstream,
+            door.max_message.max(wire::MAX_INSPECTED_MESSAGE),
+            "server message",
+        )
+        .await?
+        else {
+            return Ok(Ending::ServerClosed);
+        };
+        door.metrics().pg_bytes_to_client(header.body_len + 5);
+        match header.tag {
+            backend::ERROR_RESPONSE if header.body_len <= wire::MAX_INSPECTED_MESSAGE => {
+                let body = wire::read_body(upstream, header).await?;
+                count_rejection(door, &body);
+                forward(client, header, &body).await?;
+            }
+            backend::READY_FOR_QUERY => {
+                let body = wire::read_body(upstream, header).await?;
+                progress
+                    .status
+                    .store(body.first().copied().unwrap_or(b'I'), Ordering::Relaxed);
+                progress.answered.fetch_add(1, Ordering::Relaxed);
+                forward(client, header, &body).await?;
+                if door.shutdown.is_cancelled() && progress.idle() && upstream.buffer().is_empty() {
+                    refuse(client, "57P01", "fencegate is shutting down").await?;
+                    return Ok(Ending::Shutdown);
+                }
+            }
+            _ => {
+                client.write_all(&header.encode()).await?;
+                if !copy_body(upstream, client, header).await? {
+                    return Ok(Ending::ServerClosed);
+                }
+            }
+        }
+    }
+}
+
+/// Tells the client why its session ends, and counts it.
+async fn tell_protocol_error<W: AsyncWrite + Unpin>(
+    door: &Door,
+    client: &mut BufWriter<W>,
+    error: &ProtocolError,
+) -> Result<Ending, WireError> {
+    door.metrics().pg_protocol_error();
+    tracing::info!(%error, "Postgres client broke the protocol; its session is closed");
+    refuse(client, "08P01", &format!("fencegate: {error}")).await?;
+    Ok(Ending::ProtocolError)
+}
+
+/// Counts and logs a fencegate stale rejection that the server sent, from its fields.
+fn count_rejection(door: &Door, body: &[u8]) {
+    if error_code(body) != Some(sqlstate::STALE_TOKEN.as_bytes()) {
+        return;
+    }
+    let detail = wire::error_fields(body)
+        .find(|(field, _)| *field == b'D')
+        .and_then(|(_, value)| std::str::from_utf8(value).ok());
+    match detail.and_then(StaleRejection::from_detail) {
+        Some(rejection) => {
+            door.coordinator.stale_in_database(
+                &rejection,
+                None,
+                crate::coordinator::Door::Postgres,
+            );
+        }
+        None => tracing::warn!(
+            ?detail,
+            "a stale rejection from the database without a readable DETAIL"
+        ),
+    }
+}
+
+/// The SQLSTATE of an ErrorResponse body.
+fn error_code(body: &[u8]) -> Option<&[u8]> {
+    wire::error_fields(body)
+        .find(|(field, _)| *field == b'C')
+        .map(|(_, code)| code)
+}
+
+/// Writes a whole message.
+async fn forward<W: AsyncWrite + Unpin>(
+    out: &mut W,
+    header: Header,
+    body: &[u8],
+) -> std::io::Result<()> {
+    let header = Header {
+        body_len: body.len(),
+        ..header
+    };
+    out.write_all(&header.encode()).await?;
+    out.write_all(body).await
+}
+
+/// Copies a message body of `header.body_len` bytes; false if the reader ended first.
+async fn copy_body<R, W>(from: &mut R, to: &mut W, header: Header) -> std::io::Result<bool>
+where
+    R: AsyncBufRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let want = u64::try_from(header.body_len).unwrap_or(u64::MAX);
+    let copied = tokio::io::copy_buf(&mut from.take(want), to).await?;
+    Ok(copied == want)
+}
+
+/// Sends a FATAL error and flushes: the last thing the client hears.
+async fn refuse<W: AsyncWrite + Unpin>(
+    client: &mut BufWriter<W>,
+    code: &str,
+    text: &str,
+) -> std::io::Result<()> {
+    client.write_all(&wire::fatal(code, text)).await?;
+    client.flush().await
+}

@@ -1,0 +1,429 @@
+//! The Postgres wire format, as far as the door reads it: the start-up packets, the
+//! header of every message, and the few messages whose content it looks at.
+//!
+//! Every length is checked against a cap before anything is allocated for it; message
+//! bodies that the door only relays are never read into memory whole.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// The largest start-up packet: Postgres's own limit (`MAX_STARTUP_PACKET_LENGTH`).
+pub(crate) const MAX_STARTUP_PACKET: usize = 10_000;
+
+/// The largest message the door reads whole from the server: authentication requests,
+/// errors, ReadyForQuery, BackendKeyData. Postgres's own errors are far smaller.
+pub(crate) const MAX_INSPECTED_MESSAGE: usize = 1 << 20;
+
+/// The largest message the client may send during authentication (a password or a
+/// SASL response).
+pub(crate) const MAX_AUTH_MESSAGE: usize = 64 << 10;
+
+/// Request codes of the start-up packets that are not a StartupMessage.
+pub(crate) const SSL_REQUEST: u32 = 80_877_103;
+pub(crate) const GSSENC_REQUEST: u32 = 80_877_104;
+pub(crate) const CANCEL_REQUEST: u32 = 80_877_102;
+
+/// The first byte of a TLS handshake record: a client that starts TLS at once (libpq 17
+/// `sslnegotiation=direct`).
+pub(crate) const TLS_HANDSHAKE: u8 = 0x16;
+
+/// The protocol's major version; minors are negotiated by the server.
+pub(crate) const PROTOCOL_MAJOR: u32 = 3;
+
+/// The SASL mechanism that binds to the TLS channel. Withdrawn by the door: the
+/// client's TLS ends at the door, so the binding Postgres would check cannot match.
+pub(crate) const SCRAM_PLUS: &[u8] = b"SCRAM-SHA-256-PLUS";
+
+/// Message types a client may send after start-up.
+pub(crate) mod frontend {
+    pub(crate) const BIND: u8 = b'B';
+    pub(crate) const CLOSE: u8 = b'C';
+    pub(crate) const COPY_DATA: u8 = b'd';
+    pub(crate) const COPY_DONE: u8 = b'c';
+    pub(crate) const COPY_FAIL: u8 = b'f';
+    pub(crate) const DESCRIBE: u8 = b'D';
+    pub(crate) const EXECUTE: u8 = b'E';
+    pub(crate) const FLUSH: u8 = b'H';
+    pub(crate) const FUNCTION_CALL: u8 = b'F';
+    pub(crate) const PARSE: u8 = b'P';
+    /// PasswordMessage, SASLInitialResponse, SASLResponse, GSSResponse.
+    pub(crate) const PASSWORD: u8 = b'p';
+    pub(crate) const QUERY: u8 = b'Q';
+    pub(crate) const SYNC: u8 = b'S';
+    pub(crate) const TERMINATE: u8 = b'X';
+
+    /// Every type a client may send once the session runs.
+    pub(crate) const ALL: &[u8] = &[
+        BIND,
+        CLOSE,
+        COPY_DATA,
+        COPY_DONE,
+        COPY_FAIL,
+        DESCRIBE,
+        EXECUTE,
+        FLUSH,
+        FUNCTION_CALL,
+        PARSE,
+        PASSWORD,
+        QUERY,
+        SYNC,
+        TERMINATE,
+    ];
+
+    /// The messages each answered by exactly one ReadyForQuery.
+    pub(crate) fn awaits_ready(tag: u8) -> bool {
+        matches!(tag, QUERY | SYNC | FUNCTION_CALL)
+    }
+}
+
+/// Message types of the server that the door looks into.
+pub(crate) mod backend {
+    pub(crate) const AUTHENTICATION: u8 = b'R';
+    pub(crate) const BACKEND_KEY_DATA: u8 = b'K';
+    pub(crate) const ERROR_RESPONSE: u8 = b'E';
+    pub(crate) const READY_FOR_QUERY: u8 = b'Z';
+}
+
+/// Authentication request codes (the first field of an `R` message).
+pub(crate) mod auth {
+    pub(crate) const OK: i32 = 0;
+    pub(crate) const CLEARTEXT_PASSWORD: i32 = 3;
+    pub(crate) const MD5_PASSWORD: i32 = 5;
+    pub(crate) const SASL: i32 = 10;
+    pub(crate) const SASL_CONTINUE: i32 = 11;
+    pub(crate) const SASL_FINAL: i32 = 12;
+}
+
+/// A violation of the protocol by the client; the connection is closed after telling it.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ProtocolError {
+    #[error("start-up packet length {0} is outside 8..={MAX_STARTUP_PACKET}")]
+    StartupLength(u32),
+    #[error("unsupported frontend protocol {major}.{minor}: the door speaks 3.x")]
+    Version { major: u32, minor: u32 },
+    #[error("{what} of {len} bytes is longer than the {cap}-byte limit")]
+    TooLong {
+        what: &'static str,
+        len: usize,
+        cap: usize,
+    },
+    #[error("message length {0} is below the 4 bytes of the length itself")]
+    ShortLength(u32),
+    #[error("unexpected message type {:?}", char::from(*.0))]
+    UnexpectedType(u8),
+    #[error("malformed {0}")]
+    Malformed(&'static str),
+    #[error("{0} after TLS was set up")]
+    SecondNegotiation(&'static str),
+    #[error("direct TLS without ALPN protocol \"postgresql\"")]
+    NoAlpn,
+}
+
+/// Why a connection ended early: the client broke the protocol, or a socket failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WireError {
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// A start-up packet as the client sent it: a request code or protocol version, and
+/// the rest.
+#[derive(Debug)]
+pub(crate) struct StartupPacket {
+    /// The whole packet, length included, to forward unchanged.
+    pub(crate) raw: Bytes,
+    pub(crate) code: u32,
+}
+
+impl StartupPacket {
+    /// The bytes after the code.
+    pub(crate) fn body(&self) -> &[u8] {
+        &self.raw[8..]
+    }
+
+    /// The StartupMessage's parameter `name`, if present.
+    pub(crate) fn parameter(&self, name: &str) -> Option<String> {
+        let mut fields = self.body().split(|b| *b == 0);
+        while let Some(key) = fields.next() {
+            if key.is_empty() {
+                return None;
+            }
+            let value = fields.next()?;
+            if key == name.as_bytes() {
+                return Some(String::from_utf8_lossy(value).into_owned());
+            }
+        }
+        None
+    }
+}
+
+/// Reads one start-up packet (length, code, rest), refusing lengths outside
+/// `8..=MAX_STARTUP_PACKET` before allocating.
+pub(crate) async fn read_startup<S: AsyncRead + Unpin>(
+    stream: &mut S,
+) -> Result<StartupPacket, WireError> {
+    let len = stream.read_u32().await?;
+    let size = usize::try_from(len).unwrap_or(usize::MAX);
+    if !(8..=MAX_STARTUP_PACKET).contains(&size) {
+        return Err(ProtocolError::StartupLength(len).into());
+    }
+    let mut raw = BytesMut::zeroed(size);
+    raw[..4].copy_from_slice(&len.to_be_bytes());
+    stream.read_exact(&mut raw[4..]).await?;
+    let code = u32::from_be_bytes([raw[4], raw[5], raw[6], raw[7]]);
+    Ok(StartupPacket {
+        raw: raw.freeze(),
+        code,
+    })
+}
+
+/// A message header: its type and the length of the body that follows.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Header {
+    pub(crate) tag: u8,
+    pub(crate) body_len: usize,
+}
+
+impl Header {
+    /// The header as it goes on the wire.
+    pub(crate) fn encode(self) -> [u8; 5] {
+        let len = u32::try_from(self.body_len + 4).expect("lengths were checked on reading");
+        let [a, b, c, d] = len.to_be_bytes();
+        [self.tag, a, b, c, d]
+    }
+}
+
+/// Reads a message header; `Ok(None)` at a clean end of stream. A body longer than
+/// `cap` is refused before it is read.
+pub(crate) async fn read_header<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    cap: usize,
+    what: &'static str,
+) -> Result<Option<Header>, WireError> {
+    let tag = match stream.read_u8().await {
+        Ok(tag) => tag,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    };
+    let len = stream.read_u32().await?;
+    let body_len = usize::try_from(len)
+        .unwrap_or(usize::MAX)
+        .checked_sub(4)
+        .ok_or(ProtocolError::ShortLength(len))?;
+    if body_len > cap {
+        return Err(ProtocolError::TooLong {
+            what,
+            len: body_len,
+            cap,
+        }
+        .into());
+    }
+    Ok(Some(Header { tag, body_len }))
+}
+
+/// Reads the body of a message whose header was read (its length already checked).
+pub(crate) async fn read_body<S: AsyncRead + Unpin>(
+    stream: &mut S,
+    header: Header,
+) -> Result<Bytes, WireError> {
+    let mut body = BytesMut::zeroed(header.body_len);
+    stream.read_exact(&mut body).await?;
+    Ok(body.freeze())
+}
+
+/// A whole message: header and body, ready to write.
+pub(crate) fn message(tag: u8, body: &[u8]) -> Bytes {
+    let mut out = BytesMut::with_capacity(5 + body.len());
+    out.put_slice(
+        &Header {
+            tag,
+            body_len: body.len(),
+        }
+        .encode(),
+    );
+    out.put_slice(body);
+    out.freeze()
+}
+
+/// An ErrorResponse of severity FATAL, as the door sends before closing a connection.
+pub(crate) fn fatal(code: &str, text: &str) -> Bytes {
+    let mut body = BytesMut::new();
+    for (field, value) in [(b'S', "FATAL"), (b'V', "FATAL"), (b'C', code), (b'M', text)] {
+        body.put_u8(field);
+        // A NUL would end the field early; the door's own texts have none.
+        body.put_slice(value.replace('\0', " ").as_bytes());
+        body.put_u8(0);
+    }
+    body.put_u8(0);
+    message(backend::ERROR_RESPONSE, &body)
+}
+
+/// The fields of an ErrorResponse or NoticeResponse body, by field type.
+pub(crate) fn error_fields(body: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
+    body.split(|b| *b == 0)
+        .take_while(|field| !field.is_empty())
+        .map(|field| (field[0], &field[1..]))
+}
+
+/// The authentication request code of an `R` body.
+pub(crate) fn auth_code(body: &[u8]) -> Option<i32> {
+    Some(i32::from_be_bytes(body.get(..4)?.try_into().ok()?))
+}
+
+/// An AuthenticationSASL body without [`SCRAM_PLUS`] in its mechanism list; `None` if
+/// the body is not a well-formed list.
+pub(crate) fn without_channel_binding(body: &[u8]) -> Option<Bytes> {
+    let list = body.get(4..)?;
+    let (last, names) = list.split_last()?;
+    if *last != 0 {
+        return None;
+    }
+    let mut out = BytesMut::with_capacity(body.len());
+    out.put_slice(&body[..4]);
+    for name in names.split(|b| *b == 0).take_while(|name| !name.is_empty()) {
+        if name != SCRAM_PLUS {
+            out.put_slice(name);
+            out.put_u8(0);
+        }
+    }
+    out.put_u8(0);
+    Some(out.freeze())
+}
+
+/// A cancel key: the process id and secret of BackendKeyData and CancelRequest. The
+/// secret is 4 bytes in protocol 3.0, and up to 256 bytes from 3.2 on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CancelKey {
+    pub(crate) pid: i32,
+    pub(crate) secret: Bytes,
+}
+
+/// The longest cancel secret the protocol allows (3.2).
+pub(crate) const MAX_CANCEL_SECRET: usize = 256;
+
+impl CancelKey {
+    /// The key of a BackendKeyData body, or of a CancelRequest after its code.
+    pub(crate) fn parse(body: &[u8]) -> Option<CancelKey> {
+        let pid = i32::from_be_bytes(body.get(..4)?.try_into().ok()?);
+        let secret = &body[4..];
+        if secret.is_empty() || secret.len() > MAX_CANCEL_SECRET {
+            return None;
+        }
+        Some(CancelKey {
+            pid,
+            secret: Bytes::copy_from_slice(secret),
+        })
+    }
+
+    /// This key as a BackendKeyData message.
+    pub(crate) fn backend_key_data(&self) -> Bytes {
+        let mut body = BytesMut::with_capacity(4 + self.secret.len());
+        body.put_i32(self.pid);
+        body.put_slice(&self.secret);
+        message(backend::BACKEND_KEY_DATA, &body)
+    }
+
+    /// A CancelRequest start-up packet for this key.
+    pub(crate) fn cancel_request(&self) -> Bytes {
+        let len = 12 + self.secret.len();
+        let mut out = BytesMut::with_capacity(len);
+        out.put_u32(u32::try_from(len).expect("secrets are at most 256 bytes"));
+        out.put_u32(CANCEL_REQUEST);
+        out.put_i32(self.pid);
+        out.put_slice(&self.secret);
+        out.freeze()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn startup_lengths_are_checked_before_reading() {
+        for len in [0u32, 7, 10_001, u32::MAX] {
+            let mut input: &[u8] = &len.to_be_bytes();
+            let error = read_startup(&mut input).await.unwrap_err();
+            assert!(
+                matches!(error, WireError::Protocol(ProtocolError::StartupLength(l)) if l == len),
+                "{len}: {error:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn startup_parameters_read_back() {
+        let mut packet = Vec::new();
+        let body = b"\0\x03\0\0user\0alice\0options\0-c fencegate.token=7\0\0";
+        packet.extend_from_slice(&u32::try_from(4 + body.len()).unwrap().to_be_bytes());
+        packet.extend_from_slice(body);
+        let startup = read_startup(&mut packet.as_slice()).await.unwrap();
+        assert_eq!(startup.code >> 16, PROTOCOL_MAJOR);
+        assert_eq!(startup.parameter("user").as_deref(), Some("alice"));
+        assert_eq!(
+            startup.parameter("options").as_deref(),
+            Some("-c fencegate.token=7")
+        );
+        assert_eq!(startup.parameter("database"), None);
+        assert_eq!(&startup.raw[..], &packet[..], "forwarded unchanged");
+    }
+
+    #[tokio::test]
+    async fn headers_refuse_short_and_long_lengths() {
+        let mut short: &[u8] = &[b'Q', 0, 0, 0, 3];
+        assert!(matches!(
+            read_header(&mut short, 100, "a message").await,
+            Err(WireError::Protocol(ProtocolError::ShortLength(3)))
+        ));
+        let mut long: &[u8] = &[b'Q', 0, 0, 0, 105];
+        assert!(matches!(
+            read_header(&mut long, 100, "a message").await,
+            Err(WireError::Protocol(ProtocolError::TooLong { len: 101, .. }))
+        ));
+        let mut end: &[u8] = &[];
+        assert!(read_header(&mut end, 100, "a message")
+            .await
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn channel_binding_is_withdrawn() {
+        let mut body = 10i32.to_be_bytes().to_vec();
+        body.extend_from_slice(b"SCRAM-SHA-256-PLUS\0SCRAM-SHA-256\0\0");
+        let stripped = without_channel_binding(&body).unwrap();
+        let mut expected = 10i32.to_be_bytes().to_vec();
+        expected.extend_from_slice(b"SCRAM-SHA-256\0\0");
+        assert_eq!(&stripped[..], &expected[..]);
+        assert_eq!(without_channel_binding(&body[..6]), None, "unterminated");
+    }
+
+    #[test]
+    fn cancel_keys_round_trip() {
+        let key = CancelKey {
+            pid: 4242,
+            secret: Bytes::from_static(&[1, 2, 3, 4]),
+        };
+        let request = key.cancel_request();
+        assert_eq!(request.len(), 16);
+        assert_eq!(
+            u32::from_be_bytes(request[4..8].try_into().unwrap()),
+            CANCEL_REQUEST
+        );
+        assert_eq!(CancelKey::parse(&request[8..]), Some(key.clone()));
+        let data = key.backend_key_data();
+        assert_eq!(data[0], backend::BACKEND_KEY_DATA);
+        assert_eq!(CancelKey::parse(&data[5..]), Some(key));
+        assert_eq!(CancelKey::parse(&[0, 0, 0, 1]), None, "no secret");
+    }
+
+    #[test]
+    fn fatal_errors_read_back() {
+        let error = fatal("08P01", "bad");
+        let fields: Vec<(u8, &[u8])> = error_fields(&error[5..]).collect();
+        assert!(fields.contains(&(b'C', b"08P01".as_slice())));
+        assert!(fields.contains(&(b'M', b"bad".as_slice())));
+    }
+}

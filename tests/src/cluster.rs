@@ -1,0 +1,1 @@
+//! A throwaway Postgres cluster of the test's own.

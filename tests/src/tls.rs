@@ -1,0 +1,1 @@
+//! A throwaway certificate authority and server certificate.
