@@ -76,6 +76,9 @@ struct DoorMetrics {
     connections: IntGauge,
     sessions: IntCounter,
     bytes: IntCounterVec,
+    /// The two series of `bytes`, resolved once: they are counted per message.
+    bytes_from_client: IntCounter,
+    bytes_to_client: IntCounter,
     cancels: IntCounterVec,
     auth_failures: IntCounter,
     protocol_errors: IntCounter,
@@ -105,9 +108,7 @@ impl DoorMetrics {
             &["outcome"],
         )
         .unwrap();
-        for direction in PG_DIRECTIONS {
-            bytes.with_label_values(&[direction]);
-        }
+        let [from_client, to_client] = PG_DIRECTIONS;
         for outcome in PG_CANCEL_OUTCOMES {
             cancels.with_label_values(&[outcome]);
         }
@@ -122,6 +123,8 @@ impl DoorMetrics {
                 "Postgres door sessions that completed authentication.",
             )
             .unwrap(),
+            bytes_from_client: bytes.with_label_values(&[from_client]),
+            bytes_to_client: bytes.with_label_values(&[to_client]),
             bytes,
             cancels,
             auth_failures: IntCounter::new(
@@ -310,18 +313,12 @@ impl Metrics {
 
     /// Counts bytes relayed from a Postgres client to the server.
     pub fn pg_bytes_from_client(&self, bytes: usize) {
-        self.pg
-            .bytes
-            .with_label_values(&[PG_DIRECTIONS[0]])
-            .inc_by(bytes as u64);
+        self.pg.bytes_from_client.inc_by(bytes as u64);
     }
 
     /// Counts bytes relayed from the server to a Postgres client.
     pub fn pg_bytes_to_client(&self, bytes: usize) {
-        self.pg
-            .bytes
-            .with_label_values(&[PG_DIRECTIONS[1]])
-            .inc_by(bytes as u64);
+        self.pg.bytes_to_client.inc_by(bytes as u64);
     }
 
     /// Counts a cancel request: forwarded, or with an unknown key.

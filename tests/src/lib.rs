@@ -6,6 +6,7 @@
 //! - [`cluster`]: a throwaway Postgres cluster of the test's own (`initdb`), for
 //!   authentication set-ups and faults the shared server must not see.
 //! - [`db`]: a fresh database per test on the machine's Postgres, dropped afterwards.
+//! - [`door`]: the Postgres door in front of a fenced table.
 //! - [`deployment`]: a gateway with its own fresh store, for tests run against every
 //!   backend (`backend_tests!`).
 //! - [`fenced`]: fenced tables in a fresh database, and writers connected straight to
@@ -28,6 +29,7 @@
 pub mod cluster;
 pub mod db;
 pub mod deployment;
+pub mod door;
 pub mod fenced;
 pub mod gateway;
 pub mod http;

@@ -3,14 +3,12 @@
 //! gateway, sessions behave as on Postgres itself, and bad input closes one connection
 //! without touching the others.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use fencegate_tests::db::via;
+use fencegate_tests::door::SweeperDoor;
 use fencegate_tests::eventually;
-use fencegate_tests::fenced::{connect_with, fence_error, sqlstate, FencedDb};
-use fencegate_tests::gateway::Gateway;
+use fencegate_tests::fenced::{fence_error, sqlstate};
 use futures_util::{SinkExt, StreamExt, TryStreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -18,62 +16,6 @@ use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 /// How long anything the door does may take here before the test fails.
 const PATIENCE: Duration = Duration::from_secs(10);
-
-/// A fenced `sweep_state` table (resource `sweeper`) and a gateway whose door leads to
-/// its database.
-struct Door {
-    db: FencedDb,
-    gateway: Gateway,
-}
-
-impl Door {
-    async fn start() -> Door {
-        Door::start_with(&[]).await
-    }
-
-    async fn start_with(args: &[&str]) -> Door {
-        let db = FencedDb::create().await;
-        db.execute(
-            "CREATE TABLE sweep_state (id int PRIMARY KEY, note text NOT NULL);
-             INSERT INTO sweep_state VALUES (1, 'initial');",
-        )
-        .await;
-        db.protect("sweep_state", "sweeper").await;
-        let gateway = Gateway::builder()
-            .database(&db.db.url())
-            .args(args)
-            .spawn()
-            .await;
-        Door { db, gateway }
-    }
-
-    fn addr(&self) -> SocketAddr {
-        self.gateway.pg_addr()
-    }
-
-    /// The writer role's connection string, through the door.
-    fn writer_url(&self) -> String {
-        via(self.db.writer_url(), self.addr())
-    }
-
-    /// A writer connected through the door, with start-up `options` (or none).
-    async fn writer(&self, options: &str) -> Client {
-        connect_with(&self.writer_url(), options).await
-    }
-
-    async fn note(&self) -> String {
-        self.db
-            .admin
-            .query_one("SELECT note FROM sweep_state WHERE id = 1", &[])
-            .await
-            .unwrap()
-            .get(0)
-    }
-
-    async fn metric(&self, series: &str) -> f64 {
-        self.gateway.client().metric(series).await.unwrap_or(0.0)
-    }
-}
 
 /// One term's write: fence first in the transaction, then the update.
 async fn write_as(
@@ -93,7 +35,7 @@ async fn write_as(
 
 #[tokio::test]
 async fn the_old_leaders_delayed_transaction_is_refused_counted_and_logged() {
-    let door = Door::start().await;
+    let door = SweeperDoor::start().await;
     let mut node_a = door.writer("").await;
     let mut node_b = door.writer("").await;
 
@@ -146,7 +88,7 @@ async fn the_old_leaders_delayed_transaction_is_refused_counted_and_logged() {
 /// cache: the database names it as the highest, but it is rolled back.
 #[tokio::test]
 async fn a_rejection_naming_an_uncommitted_raise_does_not_poison_the_gateway() {
-    let door = Door::start().await;
+    let door = SweeperDoor::start().await;
     let writer = door.writer("").await;
     let error = writer
         .batch_execute(
@@ -164,7 +106,7 @@ async fn a_rejection_naming_an_uncommitted_raise_does_not_poison_the_gateway() {
 
 #[tokio::test]
 async fn a_token_per_connection_travels_in_the_start_up_options() {
-    let door = Door::start().await;
+    let door = SweeperDoor::start().await;
     let current = door.writer("-c fencegate.token=42").await;
     current
         .execute(
@@ -191,7 +133,7 @@ async fn a_token_per_connection_travels_in_the_start_up_options() {
 
 #[tokio::test]
 async fn statements_after_a_commit_in_one_query_need_their_own_token() {
-    let door = Door::start().await;
+    let door = SweeperDoor::start().await;
     let writer = door.writer("").await;
     let result = writer
         .batch_execute(
@@ -208,7 +150,7 @@ async fn statements_after_a_commit_in_one_query_need_their_own_token() {
 
 #[tokio::test]
 async fn a_stale_fence_in_a_pipeline_fails_the_whole_transaction() {
-    let door = Door::start().await;
+    let door = SweeperDoor::start().await;
     door.db.raise("sweeper", 42).await;
     let mut writer = door.writer("").await;
     let transaction = writer.transaction().await.unwrap();
@@ -241,7 +183,7 @@ async fn a_stale_fence_in_a_pipeline_fails_the_whole_transaction() {
 
 #[tokio::test]
 async fn an_error_in_a_transaction_block_then_rollback_leaves_the_session_usable() {
-    let door = Door::start().await;
+    let door = SweeperDoor::start().await;
     let writer = door.writer("").await;
     writer.batch_execute("BEGIN").await.unwrap();
     assert_eq!(sqlstate(writer.simple_query("SELECT 1/0").await), "22012");
@@ -253,7 +195,7 @@ async fn an_error_in_a_transaction_block_then_rollback_leaves_the_session_usable
 
 #[tokio::test]
 async fn copy_in_needs_a_token_and_copy_out_streams_rows() {
-    let door = Door::start().await;
+    let door = SweeperDoor::start().await;
     let mut writer = door.writer("").await;
 
     let copied = copy_rows(&mut writer, Some(42), "2\tcopied\n3\tcopied\n").await;
@@ -300,7 +242,7 @@ async fn copy_rows(
 
 #[tokio::test]
 async fn a_cancel_stops_only_its_own_statement() {
-    let door = Door::start().await;
+    let door = SweeperDoor::start().await;
     let sleeper = door.writer("").await;
     let cancel = sleeper.cancel_token();
     let other = door.writer("").await;
@@ -362,7 +304,7 @@ async fn a_cancel_stops_only_its_own_statement() {
 
 #[tokio::test]
 async fn notifications_reach_an_idle_listener() {
-    let door = Door::start().await;
+    let door = SweeperDoor::start().await;
     let config: tokio_postgres::Config = door.writer_url().parse().unwrap();
     let (listener, mut connection) = config.connect(NoTls).await.unwrap();
     let (sent, mut received) = tokio::sync::mpsc::unbounded_channel();
@@ -392,7 +334,7 @@ async fn notifications_reach_an_idle_listener() {
 
 #[tokio::test]
 async fn a_16_mib_value_round_trips() {
-    let door = Door::start().await;
+    let door = SweeperDoor::start().await;
     let writer = door.writer("").await;
     let value: Vec<u8> = (0..16 << 20).map(|i: u32| (i % 251) as u8).collect();
     let row = writer
@@ -411,7 +353,7 @@ async fn a_16_mib_value_round_trips() {
 /// running statement, so the server rolls back and the next term is not held up.
 #[tokio::test]
 async fn a_client_killed_mid_transaction_leaves_nothing_behind() {
-    let door = Door::start().await;
+    let door = SweeperDoor::start().await;
     let url = format!("{}?application_name=fg-killed", door.writer_url());
     let mut psql = tokio::process::Command::new("psql")
         .args(["-X", "-q", &url, "-c"])
@@ -505,7 +447,7 @@ fn error_code(body: &[u8]) -> String {
 }
 
 /// A session through the door as the database's owner, up to its first ReadyForQuery.
-async fn raw_session(door: &Door) -> TcpStream {
+async fn raw_session(door: &SweeperDoor) -> TcpStream {
     let mut stream = TcpStream::connect(door.addr()).await.unwrap();
     stream
         .write_all(&startup("postgres", door.db.db.name()))
@@ -542,7 +484,7 @@ async fn errors_until_closed(stream: &mut TcpStream) -> Vec<String> {
 
 #[tokio::test]
 async fn bad_input_closes_one_connection_and_the_door_serves_the_rest() {
-    let door = Door::start_with(&["--pg-max-message", "1KiB"]).await;
+    let door = SweeperDoor::start_with(&["--pg-max-message", "1KiB"]).await;
     let mut bystander = door.writer("").await;
 
     // Garbage where the start-up packet belongs: closed without an answer.
@@ -596,7 +538,7 @@ async fn bad_input_closes_one_connection_and_the_door_serves_the_rest() {
 
 #[tokio::test]
 async fn gssapi_encryption_and_tls_are_declined_without_a_certificate() {
-    let door = Door::start().await;
+    let door = SweeperDoor::start().await;
     let mut stream = TcpStream::connect(door.addr()).await.unwrap();
     for code in [80_877_104u32, 80_877_103] {
         let mut request = BytesMut::new();
@@ -623,7 +565,7 @@ async fn gssapi_encryption_and_tls_are_declined_without_a_certificate() {
 /// transaction may finish it first.
 #[tokio::test]
 async fn shutdown_closes_idle_sessions_and_lets_transactions_finish() {
-    let mut door = Door::start().await;
+    let mut door = SweeperDoor::start().await;
     let idle = door.writer("").await;
     let mut busy = door.writer("").await;
     let transaction = busy.transaction().await.unwrap();
