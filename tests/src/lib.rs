@@ -4,7 +4,8 @@
 //! # Layout
 //!
 //! - [`cluster`]: a throwaway Postgres cluster of the test's own (`initdb`), for
-//!   authentication set-ups and faults the shared server must not see.
+//!   authentication set-ups and faults the shared server must not see; and `psql`, run
+//!   with a clean environment.
 //! - [`db`]: a fresh database per test on the machine's Postgres, dropped afterwards.
 //! - [`door`]: the Postgres door in front of a fenced table.
 //! - [`deployment`]: a gateway with its own fresh store, for tests run against every

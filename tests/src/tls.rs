@@ -1,1 +1,100 @@
 //! A throwaway certificate authority and server certificate.
+//!
+//! [`Certs::generate`] runs the `openssl` command line into a fresh temp dir: a CA, and
+//! a certificate for `localhost` and `127.0.0.1` signed by it, both P-256 and valid for
+//! 30 days. Each call makes a new CA, so another call's [`Certs::ca`] is a wrong CA for
+//! this one's certificate. The directory is removed when the value is dropped.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The extensions of the server certificate: what a verifying client checks (the
+/// names, that it is no CA, that it is for a server).
+const SERVER_EXTENSIONS: &str = "subjectAltName = DNS:localhost, IP:127.0.0.1
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = serverAuth
+";
+
+/// PEM files of a CA and a server certificate it signed.
+pub struct Certs {
+    /// The CA's certificate: what a client trusts (`sslrootcert`).
+    pub ca: PathBuf,
+    /// The server's certificate (`--pg-tls-cert`).
+    pub cert: PathBuf,
+    /// The server's private key, PKCS#8 (`--pg-tls-key`).
+    pub key: PathBuf,
+    dir: PathBuf,
+}
+
+impl Certs {
+    /// Makes a new CA and server certificate; panics with openssl's output if it cannot.
+    pub fn generate() -> Certs {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "fencegate-tls-{}-{}-{:08x}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        let certs = Certs {
+            ca: dir.join("ca.crt"),
+            cert: dir.join("server.crt"),
+            key: dir.join("server.key"),
+            dir,
+        };
+        std::fs::write(certs.dir.join("server.ext"), SERVER_EXTENSIONS)
+            .expect("the extensions file can be written");
+        // Keys are P-256: quick to make, and served by rustls.
+        let key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+        openssl(
+            &certs.dir,
+            &format!(
+                "req -x509 -new -days 30 {key} -subj /CN=fencegate-test-CA \
+                 -addext basicConstraints=critical,CA:TRUE \
+                 -addext keyUsage=critical,keyCertSign,cRLSign -keyout ca.key -out ca.crt"
+            ),
+        );
+        openssl(
+            &certs.dir,
+            &format!("req -new {key} -subj /CN=localhost -keyout server.key -out server.csr"),
+        );
+        // A random serial: certificates of one issuer must not share one.
+        let serial = rand::random::<u64>() >> 1 | 1;
+        openssl(
+            &certs.dir,
+            &format!(
+                "x509 -req -days 30 -in server.csr -CA ca.crt -CAkey ca.key \
+                 -set_serial {serial} -extfile server.ext -out server.crt"
+            ),
+        );
+        certs
+    }
+}
+
+impl Drop for Certs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Runs `openssl` in `dir` with `args` (split at whitespace); panics with its output if
+/// it fails or is missing.
+fn openssl(dir: &Path, args: &str) {
+    let output = Command::new("openssl")
+        .args(args.split_whitespace())
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run `openssl` (the tests make their certificates with it; install the openssl package): {e}")
+        });
+    assert!(
+        output.status.success(),
+        "openssl {args} failed with {}:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}

@@ -414,9 +414,14 @@ async fn a_client_killed_mid_transaction_leaves_nothing_behind() {
 
 /// A StartupMessage for `user` and `database`, protocol 3.0.
 fn startup(user: &str, database: &str) -> Bytes {
+    startup_with(196_608, &[("user", user), ("database", database)])
+}
+
+/// A StartupMessage of protocol `version` with `parameters`.
+fn startup_with(version: u32, parameters: &[(&str, &str)]) -> Bytes {
     let mut body = BytesMut::new();
-    body.put_u32(196_608);
-    for (name, value) in [("user", user), ("database", database)] {
+    body.put_u32(version);
+    for (name, value) in parameters {
         body.put_slice(name.as_bytes());
         body.put_u8(0);
         body.put_slice(value.as_bytes());
@@ -534,6 +539,65 @@ async fn bad_input_closes_one_connection_and_the_door_serves_the_rest() {
         .await
         .expect("a new connection works");
     assert_eq!(door.note().await, "newcomer");
+}
+
+/// A client asking for protocol 3.2 and an unknown protocol option gets the server's
+/// NegotiateProtocolVersion, relayed, and its session.
+#[tokio::test]
+async fn protocol_versions_are_negotiated_by_the_server() {
+    let door = SweeperDoor::start().await;
+    let mut stream = TcpStream::connect(door.addr()).await.unwrap();
+    let packet = startup_with(
+        0x0003_0002,
+        &[
+            ("user", "postgres"),
+            ("database", door.db.db.name()),
+            ("_pq_.fencegate_test", "1"),
+        ],
+    );
+    stream.write_all(&packet).await.unwrap();
+    let mut tags = Vec::new();
+    loop {
+        let (tag, body) = read_message(&mut stream).await.unwrap();
+        assert_ne!(tag, b'E', "{}", String::from_utf8_lossy(&body));
+        tags.push(tag);
+        if tag == b'v' {
+            // The newest version the server speaks, then the options it ignored.
+            assert_eq!(&body[..4], &0x0003_0000u32.to_be_bytes(), "3.0");
+            assert!(String::from_utf8_lossy(&body).contains("_pq_.fencegate_test"));
+        }
+        if tag == b'Z' {
+            break;
+        }
+    }
+    assert_eq!(tags.first(), Some(&b'v'), "{tags:?}");
+}
+
+/// Parse, Describe and Flush with no Sync (how asyncpg and postgres.js prepare): the
+/// answers come at once, not when a Sync arrives.
+#[tokio::test]
+async fn a_flush_without_sync_is_answered_at_once() {
+    let door = SweeperDoor::start().await;
+    let mut session = raw_session(&door).await;
+    let mut messages = BytesMut::new();
+    let mut parse = BytesMut::new();
+    parse.put_slice(b"\0SELECT $1::int + 1\0");
+    parse.put_u16(0);
+    for (tag, body) in [(b'P', &parse[..]), (b'D', &b"S\0"[..]), (b'H', &b""[..])] {
+        messages.put_u8(tag);
+        messages.put_u32(u32::try_from(body.len() + 4).unwrap());
+        messages.put_slice(body);
+    }
+    session.write_all(&messages).await.unwrap();
+    let mut tags = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        while tags.len() < 3 {
+            tags.push(read_message(&mut session).await.unwrap().0);
+        }
+    })
+    .await
+    .expect("ParseComplete, ParameterDescription and RowDescription without a Sync");
+    assert_eq!(tags, [b'1', b't', b'T']);
 }
 
 #[tokio::test]

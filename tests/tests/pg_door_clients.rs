@@ -8,6 +8,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use fencegate_tests::door::SweeperDoor;
+use fencegate_tests::tls::Certs;
 use tokio::process::Command;
 
 /// How long one client's whole run may take.
@@ -46,8 +47,19 @@ fn text(output: &Output) -> String {
 /// the stale rejections it provoked are counted and logged by the gateway.
 async fn script_passes(program: &str, script: &[&str]) {
     let door = SweeperDoor::start().await;
+    script_passes_through(&door, program, script, &[]).await;
+}
+
+async fn script_passes_through(
+    door: &SweeperDoor,
+    program: &str,
+    script: &[&str],
+    env: &[(&str, &str)],
+) {
     let dsn = door.writer_url();
-    let output = run(program, script, &[("FENCEGATE_CLIENT_DSN", &dsn)]).await;
+    let mut env = env.to_vec();
+    env.push(("FENCEGATE_CLIENT_DSN", &dsn));
+    let output = run(program, script, &env).await;
     let report = text(&output);
     assert!(output.status.success(), "{report}");
     let last = String::from_utf8_lossy(&output.stdout)
@@ -80,6 +92,26 @@ fn script(relative: &str) -> String {
 #[tokio::test]
 async fn psycopg() {
     script_passes("python3", &[&script("python/check_psycopg.py")]).await;
+}
+
+/// psycopg's libpq (17 or later) over the door's TLS: after an SSLRequest, and direct
+/// (`sslnegotiation=direct`, ALPN `postgresql`), with the certificate verified.
+#[tokio::test]
+async fn psycopg_over_tls() {
+    let certs = Certs::generate();
+    let (cert, key) = (
+        certs.cert.display().to_string(),
+        certs.key.display().to_string(),
+    );
+    let door = SweeperDoor::start_with(&["--pg-tls-cert", &cert, "--pg-tls-key", &key]).await;
+    let ca = certs.ca.display().to_string();
+    script_passes_through(
+        &door,
+        "python3",
+        &[&script("python/check_psycopg.py")],
+        &[("FENCEGATE_CLIENT_TLS_ROOT", &ca)],
+    )
+    .await;
 }
 
 #[tokio::test]

@@ -157,7 +157,15 @@ impl Door {
         };
         let startup = match hello {
             Hello::Startup(startup) => startup,
-            Hello::Cancel(key) => return self.cancel(&key).await,
+            Hello::Cancel(key) => {
+                self.cancel(&key).await;
+                // libpq 17 sends cancels over TLS and waits for an orderly close.
+                match stream {
+                    ClientStream::Plain(mut stream) => session::close(&mut stream).await,
+                    ClientStream::Tls(mut stream) => session::close(&mut stream).await,
+                }
+                return;
+            }
         };
         let user = startup.parameter("user");
         let ended = match stream {

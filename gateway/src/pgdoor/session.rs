@@ -71,13 +71,38 @@ where
     let (client_read, client_write) = tokio::io::split(client);
     let mut client_read = BufReader::with_capacity(BUFFER, client_read);
     let mut client_write = BufWriter::with_capacity(BUFFER, client_write);
+    let ended = session(door, &mut client_read, &mut client_write, startup, deadline).await;
+    close(&mut client_write).await;
+    ended
+}
+
+/// Closes the client's side in an orderly way (TLS's close_notify included), unless the
+/// client does not take it within a moment.
+pub(crate) async fn close<W: AsyncWrite + Unpin>(client: &mut W) {
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, client.shutdown()).await;
+}
+
+/// How long an orderly close may wait for the client.
+const CLOSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+async fn session<CR, CW>(
+    door: &Door,
+    client_read: &mut BufReader<CR>,
+    client_write: &mut BufWriter<CW>,
+    startup: StartupPacket,
+    deadline: Instant,
+) -> Result<Ending, WireError>
+where
+    CR: AsyncRead + Unpin + Send,
+    CW: AsyncWrite + Unpin + Send,
+{
     let minor = startup.code & 0xffff;
     if startup.code >> 16 != wire::PROTOCOL_MAJOR {
         let error = ProtocolError::Version {
             major: startup.code >> 16,
             minor,
         };
-        refuse(&mut client_write, "0A000", &error.to_string()).await?;
+        refuse(client_write, "0A000", &error.to_string()).await?;
         return Err(error.into());
     }
     let upstream = match tokio::time::timeout_at(deadline, door.upstream.connect()).await {
@@ -85,12 +110,12 @@ where
         Ok(Err(error)) => {
             tracing::warn!(%error, upstream = %door.upstream, "the Postgres door could not reach the database");
             let text = format!("fencegate could not reach the database: {error}");
-            refuse(&mut client_write, "08006", &text).await?;
+            refuse(client_write, "08006", &text).await?;
             return Ok(Ending::ServerClosed);
         }
         Err(_) => {
             refuse(
-                &mut client_write,
+                client_write,
                 "08006",
                 "fencegate timed out reaching the database",
             )
@@ -105,8 +130,8 @@ where
     upstream_write.flush().await?;
 
     let mut ends = Ends {
-        client_read: &mut client_read,
-        client_write: &mut client_write,
+        client_read,
+        client_write,
         upstream_read: &mut upstream_read,
         upstream_write: &mut upstream_write,
     };
