@@ -38,8 +38,13 @@ use super::wire::{self, auth, backend, frontend, Header, ProtocolError, StartupP
 use super::Door;
 use crate::dbfence::{sqlstate, StaleRejection};
 
-/// Buffer size of each direction's reader and writer.
-const BUFFER: usize = 64 << 10;
+/// Buffer size of each direction's reader and writer: four per session, so 64 KiB a
+/// session. Larger messages pass through them in pieces.
+const BUFFER: usize = 16 << 10;
+
+/// The largest message the server may send: Postgres's own limit is 1 GiB. Server
+/// messages are streamed, never held whole, except the few small ones the door reads.
+const MAX_SERVER_MESSAGE: usize = 1 << 30;
 
 /// How a session ended, for the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -424,6 +429,10 @@ where
                     std::future::pending::<()>().await;
                 }
                 () = door.shutdown.cancelled(), if progress.idle() => {
+                    if !progress.idle() {
+                        // A request went out since the guard was checked.
+                        continue;
+                    }
                     refuse(client, "57P01", "fencegate is shutting down").await?;
                     return Ok(Ending::Shutdown);
                 }
@@ -434,12 +443,8 @@ where
                 }
             }
         }
-        let Some(header) = wire::read_header(
-            upstream,
-            door.max_message.max(wire::MAX_INSPECTED_MESSAGE),
-            "server message",
-        )
-        .await?
+        let Some(header) =
+            wire::read_header(upstream, MAX_SERVER_MESSAGE, "server message").await?
         else {
             return Ok(Ending::ServerClosed);
         };
@@ -450,7 +455,7 @@ where
                 count_rejection(door, &body);
                 forward(client, header, &body).await?;
             }
-            backend::READY_FOR_QUERY => {
+            backend::READY_FOR_QUERY if header.body_len == 1 => {
                 let body = wire::read_body(upstream, header).await?;
                 progress
                     .status
