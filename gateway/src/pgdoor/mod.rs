@@ -14,11 +14,13 @@
 //! metrics. See docs/postgres-door.md.
 //!
 //! - `startup`: TLS (SSLRequest or direct), GSSENCRequest, CancelRequest.
-//! - `session`: authentication relay and the two streaming directions.
+//! - `session`: one session, and the two streaming directions.
+//! - `login`: authentication, relayed.
 //! - `cancel`: the door's cancel keys, mapped to the upstream backends'.
 //! - `wire`: framing, with every length checked before it is allocated.
 
 mod cancel;
+mod login;
 mod session;
 mod startup;
 mod wire;
