@@ -24,6 +24,7 @@ use fencegate_proto::{ObjectKey, ResourceName, Token};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::dbfence::StaleRejection;
 use crate::error::ApiError;
@@ -35,6 +36,8 @@ use crate::store::{AdvanceOutcome, Store, StoreError, StoredObject, Write, Write
 
 /// The shared state of a running gateway, and the steps of every backend call.
 pub struct Coordinator {
+    /// Who may do what (`--auth-file`); `None` when authentication is off.
+    auth: Option<Arc<Authenticator>>,
     store: Store,
     /// Fenced SQL transactions (`/v1/sql`), if this gateway runs them.
     sql: SqlEndpoint,
@@ -85,8 +88,15 @@ pub struct Applied {
 }
 
 impl Coordinator {
-    pub fn new(config: &Config, store: Store, sql: SqlEndpoint, metrics: Metrics) -> Coordinator {
+    pub fn new(
+        config: &Config,
+        store: Store,
+        sql: SqlEndpoint,
+        metrics: Metrics,
+        auth: Option<Arc<Authenticator>>,
+    ) -> Coordinator {
         Coordinator {
+            auth,
             store,
             sql,
             cache: FenceCache::new(config.cache_size),
@@ -98,6 +108,11 @@ impl Coordinator {
             shutdown: CancellationToken::new(),
             stale_log: LogBudget::new(config.stale_log_limit),
         }
+    }
+
+    /// The identities and grants requests are checked against, if authentication is on.
+    pub fn authenticator(&self) -> Option<&Authenticator> {
+        self.auth.as_deref()
     }
 
     /// The largest request body (`--max-body`).

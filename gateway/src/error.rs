@@ -30,6 +30,14 @@ pub enum ApiError {
     Overloaded(Overload),
     #[error("the gateway is shutting down; nothing was applied, retry on another replica")]
     ShuttingDown,
+    #[error("this gateway requires `Authorization: Bearer <key>` with a key it knows")]
+    Unauthenticated,
+    #[error("identity {identity:?} may not {} {}", .action.as_str(), .resource.as_ref().map_or_else(|| "here".to_owned(), |r| format!("resource {r}")))]
+    Forbidden {
+        identity: String,
+        action: crate::auth::Action,
+        resource: Option<ResourceName>,
+    },
     #[error("stale fencing token {presented} for resource {resource}: its highest accepted token is {highest}")]
     Stale {
         resource: ResourceName,
@@ -44,6 +52,23 @@ pub enum ApiError {
     /// the status): how endpoint modules add errors without this enum knowing them.
     #[error("{}", .0.message)]
     Refused(Box<ErrorBody>),
+}
+
+impl From<crate::auth::Refusal> for ApiError {
+    fn from(refusal: crate::auth::Refusal) -> ApiError {
+        match refusal {
+            crate::auth::Refusal::Unauthenticated => ApiError::Unauthenticated,
+            crate::auth::Refusal::Forbidden {
+                identity,
+                action,
+                resource,
+            } => ApiError::Forbidden {
+                identity,
+                action,
+                resource,
+            },
+        }
+    }
 }
 
 impl From<Overload> for ApiError {
@@ -72,6 +97,8 @@ impl ApiError {
             ApiError::BodyTimeout => ErrorCode::BodyTimeout,
             ApiError::Overloaded(_) => ErrorCode::Overloaded,
             ApiError::ShuttingDown => ErrorCode::ShuttingDown,
+            ApiError::Unauthenticated => ErrorCode::Unauthenticated,
+            ApiError::Forbidden { .. } => ErrorCode::Forbidden,
             ApiError::Stale { .. } => ErrorCode::StaleToken,
             ApiError::VersionMismatch { .. } => ErrorCode::VersionMismatch,
             ApiError::Store(StoreError::Unavailable { .. }) => ErrorCode::BackendUnavailable,

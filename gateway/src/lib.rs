@@ -9,6 +9,7 @@
 //! # Layout
 //!
 //! - [`config`]: the command line and environment, validated.
+//! - [`auth`]: identities, their keys and grants (`--auth-file`).
 //! - `server`: the accept loop (HTTP/1.1 and h2c) and graceful shutdown.
 //! - `api`: routing and the endpoint handlers.
 //! - `coordinator`: shared state, and the road of every backend call (cache check,
@@ -37,6 +38,7 @@
 #![forbid(unsafe_code)]
 
 pub(crate) mod api;
+pub mod auth;
 pub mod config;
 pub(crate) mod coordinator;
 pub mod dbfence;
@@ -76,6 +78,8 @@ pub enum StartError {
     Embedded(#[from] EmbeddedStartError),
     #[error(transparent)]
     Sql(#[from] SqlStartError),
+    #[error(transparent)]
+    Auth(#[from] auth::AuthFileError),
     #[error("the listener has no local address: {0}")]
     Listener(std::io::Error),
     #[error(transparent)]
@@ -126,7 +130,15 @@ pub async fn run(
         Store::Postgres(_) => SqlEndpoint::Disabled,
         Store::Embedded(_) => SqlEndpoint::NotSupported,
     };
-    let coordinator = Arc::new(Coordinator::new(&config, store, sql, metrics));
+    let auth = match &config.auth_file {
+        Some(path) => {
+            let auth = Arc::new(auth::Authenticator::load(path)?);
+            tokio::spawn(Arc::clone(&auth).watch());
+            Some(auth)
+        }
+        None => None,
+    };
+    let coordinator = Arc::new(Coordinator::new(&config, store, sql, metrics, auth));
     let limits = server::Limits {
         max_connections: server::connection_cap(config.max_connections),
         max_header_size: config.max_header_size,
@@ -169,6 +181,7 @@ pub async fn run(
         pg_addr = pg_addr.map(tracing::field::display),
         pg_tls = door.as_ref().map(|(_, door, _)| door.has_tls()),
         backend = %coordinator.describe_backend(),
+        auth = coordinator.authenticator().map(|auth| auth.identities().len()),
         max_connections = limits.max_connections,
         "fencegate ready"
     );

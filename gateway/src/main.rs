@@ -5,7 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use fencegate_gateway::config::{Cli, Command, Config, LogFormat, TablesCommand};
+use fencegate_gateway::auth;
+use fencegate_gateway::config::{Cli, Command, Config, KeyCommand, LogFormat, TablesCommand};
 use fencegate_gateway::dbfence::admin;
 use fencegate_gateway::telemetry;
 
@@ -13,7 +14,27 @@ fn main() -> anyhow::Result<ExitCode> {
     match Cli::parse().into_command() {
         Command::Serve(config) => serve(*config).map(|()| ExitCode::SUCCESS),
         Command::Tables(command) => tables(command),
+        Command::Key(command) => key(command).map(|()| ExitCode::SUCCESS),
     }
+}
+
+/// `fencegate key new` and `fencegate key hash`.
+fn key(command: KeyCommand) -> anyhow::Result<()> {
+    match command {
+        KeyCommand::New => {
+            let key = auth::new_key();
+            println!("key:  {key}");
+            println!("hash: {}", auth::stored_hash(&key));
+        }
+        KeyCommand::Hash => {
+            let mut key = String::new();
+            std::io::stdin()
+                .read_line(&mut key)
+                .context("could not read the key from standard input")?;
+            println!("{}", auth::stored_hash(key.trim()));
+        }
+    }
+    Ok(())
 }
 
 fn serve(config: Config) -> anyhow::Result<()> {

@@ -65,11 +65,17 @@ pub enum ErrorCode {
     /// 503: the gateway is shutting down and stopped reading this request; nothing was
     /// applied. Retry on another replica.
     ShuttingDown,
+    /// 401: authentication is on and the request has no valid `Authorization: Bearer`
+    /// key; nothing was done.
+    Unauthenticated,
+    /// 403: the caller's identity has no grant for this action on this resource; nothing
+    /// was done.
+    Forbidden,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and for exhaustive tests.
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 26] = [
         ErrorCode::StaleToken,
         ErrorCode::VersionMismatch,
         ErrorCode::MissingToken,
@@ -94,6 +100,8 @@ impl ErrorCode {
         ErrorCode::Overloaded,
         ErrorCode::BodyTimeout,
         ErrorCode::ShuttingDown,
+        ErrorCode::Unauthenticated,
+        ErrorCode::Forbidden,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -122,6 +130,8 @@ impl ErrorCode {
             ErrorCode::Overloaded => "overloaded",
             ErrorCode::BodyTimeout => "body_timeout",
             ErrorCode::ShuttingDown => "shutting_down",
+            ErrorCode::Unauthenticated => "unauthenticated",
+            ErrorCode::Forbidden => "forbidden",
         }
     }
 
@@ -142,7 +152,8 @@ impl ErrorCode {
             | ErrorCode::StatementNotAllowed
             | ErrorCode::UnsupportedType
             | ErrorCode::TooManyStatements => 400,
-            ErrorCode::SqlDisabled => 403,
+            ErrorCode::SqlDisabled | ErrorCode::Forbidden => 403,
+            ErrorCode::Unauthenticated => 401,
             ErrorCode::BodyTooLarge => 413,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,

@@ -42,7 +42,7 @@ impl InProcess {
         let config = match Cli::try_parse_from(args) {
             Ok(cli) => match cli.into_command() {
                 Command::Serve(config) => *config,
-                Command::Tables(_) => panic!("{flags:?} name a command, not a gateway"),
+                _ => panic!("{flags:?} name a command, not a gateway"),
             },
             Err(error) => panic!("invalid gateway flags {flags:?}: {error}"),
         };

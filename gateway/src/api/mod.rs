@@ -40,6 +40,7 @@ use http::{HeaderValue, Method, Request, Response, Version};
 use hyper::body::Incoming;
 use tracing::Instrument;
 
+use crate::auth::{Action, Identity};
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 
@@ -68,6 +69,7 @@ async fn answer(coordinator: &Arc<Coordinator>, request: &mut Req) -> Response<B
         route,
         resource = tracing::field::Empty,
         presented = tracing::field::Empty,
+        identity = tracing::field::Empty,
         outcome = tracing::field::Empty,
     );
     let result = dispatch(coordinator, request)
@@ -98,8 +100,27 @@ async fn dispatch(
     coordinator: &Arc<Coordinator>,
     request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
-    let target = Target::parse(request.head.uri.path())?;
+    let path = request.head.uri.path();
+    // Authentication comes first: a caller without a key learns nothing, not even
+    // whether its path or resource name is valid.
+    let identity = match coordinator.authenticator() {
+        Some(auth) if path != Target::Healthz.path() => Some(
+            auth.authenticate(
+                request
+                    .head
+                    .headers
+                    .get(http::header::AUTHORIZATION)
+                    .map(|value| value.as_bytes()),
+            )?,
+        ),
+        _ => None,
+    };
+    let target = Target::parse(path)?;
     let method = request.head.method.clone();
+    if let Some(identity) = identity {
+        tracing::Span::current().record("identity", identity.name.as_str());
+        authorize(&identity, &method, &target)?;
+    }
     match (method, target) {
         (Method::GET, Target::Object { resource, key }) => {
             kv::get(coordinator, resource, key).await
@@ -129,6 +150,31 @@ async fn dispatch(
             Err(ApiError::MethodNotAllowed { allow: "GET" })
         }
     }
+}
+
+/// Refuses a request the identity holds no grant for. Requests whose method the path
+/// does not take need only an identity (they are refused further on).
+fn authorize(identity: &Identity, method: &Method, target: &Target) -> Result<(), ApiError> {
+    let (action, resource) = match (method, target) {
+        (&Method::GET, Target::Object { resource, .. } | Target::Fence { resource }) => {
+            (Action::Read, Some(resource))
+        }
+        (&Method::PUT | &Method::DELETE, Target::Object { resource, .. }) => {
+            (Action::Write, Some(resource))
+        }
+        (&Method::POST, Target::FenceAdvance { resource }) => (Action::Advance, Some(resource)),
+        (&Method::POST, Target::Sql { resource }) => (Action::Sql, Some(resource)),
+        (&Method::GET, Target::Metrics | Target::Readyz) => (Action::Metrics, None),
+        _ => return Ok(()),
+    };
+    if identity.may(action, resource) {
+        return Ok(());
+    }
+    Err(ApiError::Forbidden {
+        identity: identity.name.clone(),
+        action,
+        resource: resource.cloned(),
+    })
 }
 
 /// The `route` label: the endpoint a request was meant for, from a closed set, known

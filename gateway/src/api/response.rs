@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 use fencegate_proto::headers::FENCING_HIGHEST;
-use http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 
@@ -39,6 +39,12 @@ pub fn error_response(error: &ApiError) -> Response<Body> {
             response
                 .headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        ApiError::Unauthenticated => {
+            response.headers_mut().insert(
+                WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"fencegate\""),
+            );
         }
         _ => {}
     }

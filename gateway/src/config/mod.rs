@@ -61,6 +61,19 @@ pub enum Command {
     Serve(Box<Config>),
     #[command(flatten)]
     Tables(TablesCommand),
+    /// Keys for --auth-file.
+    #[command(subcommand)]
+    Key(KeyCommand),
+}
+
+/// The commands for keys of `--auth-file`.
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Make a new random key. Prints the key (give it to the client, once) and the line
+    /// to put in the identity's `keys` list (the file stores only the key's hash).
+    New,
+    /// Print the hash of a key read from standard input, as the auth file stores it.
+    Hash,
 }
 
 /// The commands for fenced tables ([`crate::dbfence::admin`]).
@@ -241,6 +254,17 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_STALE_LOG_LIMIT", default_value_t = DEFAULT_STALE_LOG_LIMIT)]
     pub stale_log_limit: u64,
 
+    /// Identities, their keys and grants (TOML; see docs/auth.md): every request but
+    /// /healthz must then carry `Authorization: Bearer <key>` of an identity with a
+    /// grant for it. Reloaded when the file changes. `fencegate key new` makes a key.
+    #[arg(long, env = "FENCEGATE_AUTH_FILE")]
+    pub auth_file: Option<std::path::PathBuf>,
+
+    /// Serve HTTP on a non-loopback --listen address without --auth-file: anyone who
+    /// can reach the gateway may then write, advance and read any resource.
+    #[arg(long, env = "FENCEGATE_INSECURE_NO_AUTH")]
+    pub insecure_no_auth: bool,
+
     /// Address of the Postgres door, where writers connect with their own Postgres
     /// driver (docs/postgres-door.md); `off` for none. On with the Postgres backend
     /// (--database-url) only. Port 0 picks a free port.
@@ -409,6 +433,17 @@ impl Config {
         }
         if self.max_writes_in_flight == 0 {
             return fail("--max-writes-in-flight must be at least 1");
+        }
+        if self.auth_file.is_none() && !self.insecure_no_auth && !self.listen.ip().is_loopback() {
+            return Err(ConfigError(format!(
+                "--listen {} is reachable from other hosts, and without --auth-file anyone there \
+                 could write, advance or read any resource: give an --auth-file (docs/auth.md), \
+                 or say --insecure-no-auth",
+                self.listen
+            )));
+        }
+        if self.auth_file.is_some() && self.insecure_no_auth {
+            return fail("--insecure-no-auth and --auth-file contradict each other");
         }
         if self.pg_tls_cert.is_some() && self.pg_door().is_none() {
             return fail("--pg-tls-cert and --pg-tls-key need the Postgres door: --database-url, and --pg-listen not `off`");

@@ -1,0 +1,478 @@
+//! Who may do what: identities, their keys, and their grants (`--auth-file`).
+//!
+//! Every request but `/healthz` names its identity with `Authorization: Bearer <key>`.
+//! The gateway stores no key, only its SHA-256 (keys are 256 random bits, so a fast
+//! hash is as strong as a slow one); `fencegate key new` prints a key and the line to
+//! store. An identity's grants pair resource patterns with actions; a request is
+//! allowed when one grant covers its resource and its action.
+//!
+//! The file is read at start and again whenever it changes (checked every second):
+//! keys are added and retired without a restart. A file that no longer parses is
+//! refused with an error in the log, and the identities in force stay.
+//!
+//! ```toml
+//! [[identity]]
+//! name = "sweeper-node-a"
+//! keys = ["sha256:2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"]
+//! grants = [
+//!   { resources = ["sweeper"], actions = ["read", "write", "advance"] },
+//!   { resources = ["reports.*"], actions = ["read"] },
+//! ]
+//!
+//! [[identity]]
+//! name = "prometheus"
+//! keys = ["sha256:..."]
+//! grants = [{ resources = [], actions = ["metrics"] }]
+//! ```
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use base64::Engine;
+use fencegate_proto::ResourceName;
+use serde::Deserialize;
+
+/// What a request does, for authorization.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// Read objects and fences.
+    Read,
+    /// Put and delete objects.
+    Write,
+    /// Raise a fence without writing (`/v1/fences/{resource}/advance`).
+    Advance,
+    /// Fenced SQL transactions (`/v1/sql/{resource}`).
+    Sql,
+    /// Leases hosted by the gateway.
+    Lease,
+    /// `/metrics` and `/readyz`.
+    Metrics,
+    /// Administration: recovery of fences.
+    Admin,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Read => "read",
+            Action::Write => "write",
+            Action::Advance => "advance",
+            Action::Sql => "sql",
+            Action::Lease => "lease",
+            Action::Metrics => "metrics",
+            Action::Admin => "admin",
+        }
+    }
+
+    /// Whether the action concerns one resource (and grants must name it).
+    fn on_resource(self) -> bool {
+        !matches!(self, Action::Metrics | Action::Admin)
+    }
+}
+
+/// A resource pattern of a grant: a name, a prefix ending in `*`, or `*` alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Pattern {
+    Exact(String),
+    Prefix(String),
+}
+
+impl Pattern {
+    fn parse(text: &str) -> Result<Pattern, String> {
+        match text.strip_suffix('*') {
+            Some(prefix) if !prefix.contains('*') => Ok(Pattern::Prefix(prefix.to_owned())),
+            None if !text.is_empty() && ResourceName::new(text).is_ok() => {
+                Ok(Pattern::Exact(text.to_owned()))
+            }
+            _ => Err(format!(
+                "resource pattern {text:?}: a resource name, or a prefix followed by one `*`"
+            )),
+        }
+    }
+
+    fn matches(&self, resource: &str) -> bool {
+        match self {
+            Pattern::Exact(name) => name == resource,
+            Pattern::Prefix(prefix) => resource.starts_with(prefix.as_str()),
+        }
+    }
+}
+
+/// One grant: these actions on resources matching these patterns.
+#[derive(Debug, Clone)]
+struct Grant {
+    resources: Vec<Pattern>,
+    actions: Vec<Action>,
+}
+
+/// An authenticated caller.
+#[derive(Debug)]
+pub struct Identity {
+    pub name: String,
+    grants: Vec<Grant>,
+}
+
+impl Identity {
+    /// Whether this identity may do `action` (on `resource`, for actions on one).
+    pub fn may(&self, action: Action, resource: Option<&ResourceName>) -> bool {
+        self.grants.iter().any(|grant| {
+            grant.actions.contains(&action)
+                && (!action.on_resource()
+                    || resource.is_some_and(|resource| {
+                        grant
+                            .resources
+                            .iter()
+                            .any(|pattern| pattern.matches(resource.as_str()))
+                    }))
+        })
+    }
+}
+
+/// Why a request was not let through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No `Authorization: Bearer` key, or one that no identity holds.
+    Unauthenticated,
+    /// The identity holds no grant for this action (on this resource).
+    Forbidden {
+        identity: String,
+        action: Action,
+        resource: Option<ResourceName>,
+    },
+}
+
+/// The identities in force, by the hash of each of their keys.
+#[derive(Debug, Default)]
+pub struct Identities {
+    by_key: HashMap<[u8; 32], Arc<Identity>>,
+    count: usize,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    identity: Vec<IdentityEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct IdentityEntry {
+    name: String,
+    #[serde(default)]
+    keys: Vec<String>,
+    #[serde(default)]
+    grants: Vec<GrantEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrantEntry {
+    #[serde(default)]
+    resources: Vec<String>,
+    actions: Vec<Action>,
+}
+
+/// The prefix of a stored key hash.
+const HASH_PREFIX: &str = "sha256:";
+
+/// The prefix of every key `fencegate key new` makes, so that keys are recognisable in
+/// a leaked file or a secret scanner.
+const KEY_PREFIX: &str = "fgk_";
+
+impl Identities {
+    /// Parses an auth file's text.
+    pub fn parse(text: &str) -> Result<Identities, String> {
+        let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
+        let mut by_key = HashMap::new();
+        let mut names = std::collections::HashSet::new();
+        for entry in &file.identity {
+            if entry.name.is_empty() || !names.insert(entry.name.clone()) {
+                return Err(format!(
+                    "identity name {:?} is empty or used twice",
+                    entry.name
+                ));
+            }
+            let grants = entry
+                .grants
+                .iter()
+                .map(|grant| {
+                    Ok(Grant {
+                        resources: grant
+                            .resources
+                            .iter()
+                            .map(|pattern| Pattern::parse(pattern))
+                            .collect::<Result<_, String>>()?,
+                        actions: grant.actions.clone(),
+                    })
+                })
+                .collect::<Result<Vec<_>, String>>()
+                .map_err(|e| format!("identity {:?}: {e}", entry.name))?;
+            let identity = Arc::new(Identity {
+                name: entry.name.clone(),
+                grants,
+            });
+            for key in &entry.keys {
+                let hash =
+                    parse_hash(key).map_err(|e| format!("identity {:?}: {e}", entry.name))?;
+                if by_key.insert(hash, Arc::clone(&identity)).is_some() {
+                    return Err(format!(
+                        "identity {:?}: a key hash is listed twice in the file",
+                        entry.name
+                    ));
+                }
+            }
+        }
+        Ok(Identities {
+            by_key,
+            count: file.identity.len(),
+        })
+    }
+
+    /// The identity holding `key`.
+    pub fn identify(&self, key: &str) -> Option<Arc<Identity>> {
+        self.by_key.get(&hash(key)).cloned()
+    }
+
+    /// How many identities there are.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+fn parse_hash(text: &str) -> Result<[u8; 32], String> {
+    let hex = text.strip_prefix(HASH_PREFIX).ok_or_else(|| {
+        format!("key {text:?} is not `sha256:<64 hex digits>` (store hashes, not keys)")
+    })?;
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(format!("key hash {text:?} is not 64 hex digits"));
+    }
+    let mut hash = [0u8; 32];
+    for (i, byte) in hash.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("checked hex");
+    }
+    Ok(hash)
+}
+
+fn hash(key: &str) -> [u8; 32] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+    digest.as_ref().try_into().expect("SHA-256 is 32 bytes")
+}
+
+/// The stored form of `key`: `sha256:<hex>`.
+pub fn stored_hash(key: &str) -> String {
+    let hex: String = hash(key).iter().map(|b| format!("{b:02x}")).collect();
+    format!("{HASH_PREFIX}{hex}")
+}
+
+/// A new random key: `fgk_` and 256 random bits in URL-safe base64.
+pub fn new_key() -> String {
+    let bytes: [u8; 32] = rand::random();
+    format!(
+        "{KEY_PREFIX}{}",
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
+    )
+}
+
+/// The identities of `--auth-file`, reloaded when the file changes.
+pub struct Authenticator {
+    path: PathBuf,
+    current: RwLock<Arc<Identities>>,
+}
+
+/// Why the auth file could not be loaded at start.
+#[derive(Debug, thiserror::Error)]
+#[error("--auth-file {path}: {reason}")]
+pub struct AuthFileError {
+    path: String,
+    reason: String,
+}
+
+/// How often the auth file is checked for changes.
+const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
+
+impl Authenticator {
+    /// Loads `path`; fails if it cannot be read or parsed.
+    pub fn load(path: &Path) -> Result<Authenticator, AuthFileError> {
+        let identities = read(path).map_err(|reason| AuthFileError {
+            path: path.display().to_string(),
+            reason,
+        })?;
+        Ok(Authenticator {
+            path: path.to_owned(),
+            current: RwLock::new(Arc::new(identities)),
+        })
+    }
+
+    /// The identities in force now.
+    pub fn identities(&self) -> Arc<Identities> {
+        Arc::clone(&self.current.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The identity of a request's `Authorization` header value, if it holds a key.
+    pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Arc<Identity>, Refusal> {
+        let key = authorization
+            .and_then(|value| std::str::from_utf8(value).ok())
+            .and_then(|value| {
+                let (scheme, key) = value.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
+            })
+            .ok_or(Refusal::Unauthenticated)?;
+        self.identities()
+            .identify(key)
+            .ok_or(Refusal::Unauthenticated)
+    }
+
+    /// Reloads the file whenever its modification time or size changes; runs until the
+    /// process ends.
+    pub async fn watch(self: Arc<Self>) {
+        let stamp = |path: &Path| {
+            std::fs::metadata(path)
+                .ok()
+                .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
+        };
+        let mut seen = stamp(&self.path);
+        let mut tick = tokio::time::interval(RELOAD_INTERVAL);
+        loop {
+            tick.tick().await;
+            let now = stamp(&self.path);
+            if now == seen {
+                continue;
+            }
+            seen = now;
+            match read(&self.path) {
+                Ok(identities) => {
+                    tracing::info!(
+                        path = %self.path.display(),
+                        identities = identities.len(),
+                        "auth file reloaded"
+                    );
+                    *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(identities);
+                }
+                Err(reason) => tracing::error!(
+                    path = %self.path.display(),
+                    %reason,
+                    "auth file not reloaded; the identities in force stay"
+                ),
+            }
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<Identities, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    Identities::parse(&text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resource(name: &str) -> ResourceName {
+        ResourceName::new(name).unwrap()
+    }
+
+    fn file(key: &str) -> String {
+        format!(
+            r#"
+            [[identity]]
+            name = "node-a"
+            keys = ["{}"]
+            grants = [
+              {{ resources = ["sweeper"], actions = ["read", "write"] }},
+              {{ resources = ["reports.*"], actions = ["read"] }},
+            ]
+
+            [[identity]]
+            name = "prometheus"
+            keys = []
+            grants = [{{ actions = ["metrics"] }}]
+            "#,
+            stored_hash(key)
+        )
+    }
+
+    #[test]
+    fn keys_identify_their_identity_and_grants_decide() {
+        let key = new_key();
+        assert!(key.starts_with(KEY_PREFIX) && key.len() > 40);
+        let identities = Identities::parse(&file(&key)).unwrap();
+        assert_eq!(identities.len(), 2);
+        let node_a = identities.identify(&key).expect("the key is known");
+        assert_eq!(node_a.name, "node-a");
+        assert!(identities.identify(&new_key()).is_none());
+
+        assert!(node_a.may(Action::Write, Some(&resource("sweeper"))));
+        assert!(node_a.may(Action::Read, Some(&resource("reports.daily"))));
+        assert!(!node_a.may(Action::Write, Some(&resource("reports.daily"))));
+        assert!(
+            !node_a.may(Action::Write, Some(&resource("sweeper-x"))),
+            "exact names are exact"
+        );
+        assert!(!node_a.may(Action::Advance, Some(&resource("sweeper"))));
+        assert!(!node_a.may(Action::Metrics, None));
+        assert!(
+            !node_a.may(Action::Read, None),
+            "an action on a resource needs one"
+        );
+    }
+
+    #[test]
+    fn bad_files_are_refused_with_the_reason() {
+        for (text, reason) in [
+            ("[[identity]]\nname = \"a\"\nkeys = [\"fgk_plain\"]", "store hashes"),
+            ("[[identity]]\nname = \"a\"\nkeys = [\"sha256:12\"]", "64 hex"),
+            ("[[identity]]\nname = \"a\"\n[[identity]]\nname = \"a\"", "used twice"),
+            (
+                "[[identity]]\nname = \"a\"\ngrants = [{ resources = [\"a*b*\"], actions = [\"read\"] }]",
+                "resource pattern",
+            ),
+            (
+                "[[identity]]\nname = \"a\"\ngrants = [{ resources = [\"a\"], actions = [\"fly\"] }]",
+                "unknown variant",
+            ),
+            ("[[identity]]\nname = \"a\"\ncolour = \"red\"", "unknown field"),
+        ] {
+            let error = Identities::parse(text).unwrap_err();
+            assert!(error.contains(reason), "{text:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn bearer_headers_are_read_strictly() {
+        let dir = std::env::temp_dir().join(format!("fg-auth-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("auth.toml");
+        let key = new_key();
+        std::fs::write(&path, file(&key)).unwrap();
+        let auth = Authenticator::load(&path).unwrap();
+        let header = format!("Bearer {key}");
+        assert_eq!(
+            auth.authenticate(Some(header.as_bytes())).unwrap().name,
+            "node-a"
+        );
+        let lower = format!("bearer {key}");
+        assert!(auth.authenticate(Some(lower.as_bytes())).is_ok());
+        for bad in [
+            None,
+            Some(key.as_bytes().to_vec()),
+            Some(format!("Basic {key}").into_bytes()),
+            Some(b"Bearer ".to_vec()),
+            Some(format!("Bearer {key}x").into_bytes()),
+        ] {
+            assert_eq!(
+                auth.authenticate(bad.as_deref()).unwrap_err(),
+                Refusal::Unauthenticated,
+                "{bad:?}"
+            );
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
