@@ -111,7 +111,7 @@ impl ClusterBuilder {
 
         // The port was free a moment ago; if something took it since, take another.
         for attempt in 1..=3 {
-            cluster.port = free_port();
+            cluster.port = crate::free_port();
             match cluster.pg_ctl_start().await {
                 Ok(()) => return cluster,
                 Err(error) if attempt < 3 && error.contains("Address already in use") => {}
@@ -306,14 +306,6 @@ fn path(path: &Path) -> &str {
     text
 }
 
-/// A loopback port that was free a moment ago.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port exists");
-    listener
-        .local_addr()
-        .expect("a bound socket has an address")
-        .port()
-}
 
 /// What a [`psql`] run printed, and whether it succeeded.
 #[derive(Debug)]

@@ -56,3 +56,14 @@ where
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
 }
+
+/// A loopback port that was free a moment ago, for a server that binds it itself. If
+/// another process takes it in between, that server fails to start and says so.
+pub fn free_port() -> u16 {
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port exists");
+    listener
+        .local_addr()
+        .expect("a bound socket has an address")
+        .port()
+}

@@ -76,7 +76,7 @@ impl Prometheus {
         }
         let log =
             std::fs::File::create(dir.join("prometheus.log")).expect("the log file can be created");
-        let port = free_port();
+        let port = crate::free_port();
         let child = Command::new(binary())
             .arg(format!(
                 "--config.file={}",
@@ -329,16 +329,6 @@ fn fresh_dir() -> PathBuf {
     dir
 }
 
-/// A loopback port that was free a moment ago. Prometheus binds it itself, so the port
-/// is released first; if another process takes it in between, Prometheus exits with
-/// "address already in use" and the test fails with that log.
-fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port exists");
-    listener
-        .local_addr()
-        .expect("a bound socket has an address")
-        .port()
-}
 
 /// Metric names with `prefix` (e.g. `fencegate_`) in a PromQL expression.
 pub fn metric_names(expr: &str, prefix: &str) -> BTreeSet<String> {

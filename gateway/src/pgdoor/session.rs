@@ -27,8 +27,7 @@
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
 use tokio::io::{
-    AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader,
-    BufWriter,
+    AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
 };
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -413,15 +412,27 @@ pub(super) async fn forward<W: AsyncWrite + Unpin>(
     out.write_all(body).await
 }
 
-/// Copies a message body of `header.body_len` bytes; false if the reader ended first.
+/// Copies a message body of `header.body_len` bytes through the buffers; false if the
+/// reader ended first. Never flushes (unlike `tokio::io::copy_buf`, which flushes at the
+/// end of every body): the writer's buffer batches messages, and each direction
+/// flushes when it has nothing more to read.
 async fn copy_body<R, W>(from: &mut R, to: &mut W, header: Header) -> std::io::Result<bool>
 where
     R: AsyncBufRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let want = u64::try_from(header.body_len).unwrap_or(u64::MAX);
-    let copied = tokio::io::copy_buf(&mut from.take(want), to).await?;
-    Ok(copied == want)
+    let mut left = header.body_len;
+    while left > 0 {
+        let available = from.fill_buf().await?;
+        if available.is_empty() {
+            return Ok(false);
+        }
+        let chunk = available.len().min(left);
+        to.write_all(&available[..chunk]).await?;
+        from.consume(chunk);
+        left -= chunk;
+    }
+    Ok(true)
 }
 
 /// Sends a FATAL error and flushes: the last thing the client hears.
