@@ -171,8 +171,13 @@ impl Door {
         };
         let user = startup.parameter("user");
         let ended = match stream {
-            ClientStream::Plain(stream) => session::run(&self, stream, startup, deadline).await,
-            ClientStream::Tls(stream) => session::run(&self, stream, startup, deadline).await,
+            // A TCP stream splits into halves without a lock between them.
+            ClientStream::Plain(stream) => {
+                session::run(&self, stream.into_split(), startup, deadline).await
+            }
+            ClientStream::Tls(stream) => {
+                session::run(&self, tokio::io::split(stream), startup, deadline).await
+            }
         };
         match ended {
             Ok(ending) => tracing::debug!(%peer, ?user, ?ending, "Postgres session ended"),

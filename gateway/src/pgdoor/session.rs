@@ -62,17 +62,18 @@ pub(crate) enum Ending {
     Shutdown,
 }
 
-/// Runs a session from its StartupMessage to its end.
-pub(crate) async fn run<S>(
+/// Runs a session from its StartupMessage to its end, on the two halves of the client's
+/// stream.
+pub(crate) async fn run<R, W>(
     door: &Door,
-    client: S,
+    (client_read, client_write): (R, W),
     startup: StartupPacket,
     deadline: Instant,
 ) -> Result<Ending, WireError>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
 {
-    let (client_read, client_write) = tokio::io::split(client);
     let mut client_read = BufReader::with_capacity(BUFFER, client_read);
     let mut client_write = BufWriter::with_capacity(BUFFER, client_write);
     let ended = session(door, &mut client_read, &mut client_write, startup, deadline).await;
@@ -292,6 +293,9 @@ where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
+    // Made once: each new wait on a cancellation token takes a lock to register.
+    let mut shutdown = std::pin::pin!(door.shutdown.cancelled());
+    let mut shutting_down = false;
     loop {
         if let Ok(error) = failure.try_recv() {
             return tell_protocol_error(door, client, &error).await;
@@ -307,9 +311,11 @@ where
                     // The other direction ended; the session is ending.
                     std::future::pending::<()>().await;
                 }
-                () = door.shutdown.cancelled(), if progress.idle() => {
+                () = &mut shutdown, if !shutting_down && progress.idle() => {
+                    shutting_down = true;
                     if !progress.idle() {
-                        // A request went out since the guard was checked.
+                        // A request went out since the guard was checked: close at
+                        // its ReadyForQuery instead.
                         continue;
                     }
                     refuse(client, "57P01", "fencegate is shutting down").await?;
