@@ -30,7 +30,7 @@ pub enum ApiError {
     Overloaded(Overload),
     #[error("the gateway is shutting down; nothing was applied, retry on another replica")]
     ShuttingDown,
-    #[error("this gateway requires `Authorization: Bearer <key>` with a key it knows")]
+    #[error("this gateway requires `Authorization: Bearer <key>` with a key it knows, or a client certificate of an identity it knows")]
     Unauthenticated,
     #[error("identity {identity:?} may not {} {}", .action.as_str(), .resource.as_ref().map_or_else(|| "here".to_owned(), |r| format!("resource {r}")))]
     Forbidden {

@@ -10,7 +10,9 @@
 //!
 //! - [`config`]: the command line and environment, validated.
 //! - [`auth`]: identities, their keys and grants (`--auth-file`).
-//! - `server`: the accept loop (HTTP/1.1 and h2c) and graceful shutdown.
+//! - `server`: the accept loop (HTTP/1.1 and HTTP/2, in cleartext or over TLS with
+//!   client certificates) and graceful shutdown.
+//! - `reload`: files read again when they change (the auth file, the TLS files).
 //! - `api`: routing and the endpoint handlers.
 //! - `coordinator`: shared state, and the road of every backend call (cache check,
 //!   backend in a task of its own, record what committed).
@@ -46,6 +48,7 @@ pub(crate) mod error;
 pub(crate) mod fence_cache;
 pub(crate) mod metrics;
 pub(crate) mod pgdoor;
+pub(crate) mod reload;
 pub(crate) mod server;
 pub(crate) mod sql;
 pub(crate) mod stale_log;
@@ -80,6 +83,8 @@ pub enum StartError {
     Sql(#[from] SqlStartError),
     #[error(transparent)]
     Auth(#[from] auth::AuthFileError),
+    #[error(transparent)]
+    Tls(#[from] server::tls::TlsError),
     #[error("the listener has no local address: {0}")]
     Listener(std::io::Error),
     #[error(transparent)]
@@ -138,6 +143,19 @@ pub async fn run(
         }
         None => None,
     };
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => {
+            let tls = Arc::new(server::tls::Tls::load(server::tls::TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: config.tls_client_ca.clone(),
+            })?);
+            tokio::spawn(Arc::clone(&tls).watch());
+            Some(tls)
+        }
+        _ => None,
+    };
+    warn_of_idle_certificate_settings(auth.as_deref(), tls.as_deref());
     let coordinator = Arc::new(Coordinator::new(&config, store, sql, metrics, auth));
     let limits = server::Limits {
         max_connections: server::connection_cap(config.max_connections),
@@ -179,13 +197,18 @@ pub async fn run(
     tracing::info!(
         %addr,
         pg_addr = pg_addr.map(tracing::field::display),
+        tls = match &tls {
+            None => "off",
+            Some(tls) if tls.verifies_clients() => "on, client certificates",
+            Some(_) => "on",
+        },
         pg_tls = door.as_ref().map(|(_, door, _)| door.has_tls()),
         backend = %coordinator.describe_backend(),
         auth = coordinator.authenticator().map(|auth| auth.identities().len()),
         max_connections = limits.max_connections,
         "fencegate ready"
     );
-    let http = server::serve(listener, Arc::clone(&coordinator), shutdown, limits);
+    let http = server::serve(listener, Arc::clone(&coordinator), shutdown, limits, tls);
     match door {
         // The HTTP server begins the shutdown (coordinator.shutting_down()) that the
         // door follows.
@@ -196,4 +219,23 @@ pub async fn run(
     }
     tracing::info!("fencegate stopped");
     Ok(())
+}
+
+/// Client certificates authenticate only when both the TLS layer verifies them
+/// (`--tls-client-ca`) and the auth file names them: half of that is likely a mistake.
+fn warn_of_idle_certificate_settings(
+    auth: Option<&auth::Authenticator>,
+    tls: Option<&server::tls::Tls>,
+) {
+    let verifies = tls.is_some_and(|tls| tls.verifies_clients());
+    match auth {
+        None if verifies => tracing::warn!(
+            "--tls-client-ca without --auth-file: client certificates are verified but grant nothing"
+        ),
+        Some(auth) if !verifies && auth.identities().lists_certificates() => tracing::warn!(
+            "the auth file lists certificate names, but without --tls-cert and --tls-client-ca \
+             no client presents a certificate: those names authenticate no one"
+        ),
+        _ => {}
+    }
 }

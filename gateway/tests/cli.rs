@@ -40,6 +40,9 @@ fn help_names_every_flag_and_its_environment_variable() {
             "--sql-max-statement-size",
             "FENCEGATE_SQL_MAX_STATEMENT_SIZE",
         ),
+        ("--tls-cert", "FENCEGATE_TLS_CERT"),
+        ("--tls-key", "FENCEGATE_TLS_KEY"),
+        ("--tls-client-ca", "FENCEGATE_TLS_CLIENT_CA"),
     ] {
         assert!(
             help.contains(flag),

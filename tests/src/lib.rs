@@ -15,13 +15,16 @@
 //! - [`gateway`]: spawns the built `fencegate` binary on a free port and waits for its
 //!   "ready" log line; SIGTERM, SIGKILL, restart, captured logs.
 //! - [`http`]: a small client for the gateway's API.
+//! - [`https`]: the same over TLS, a connection per request, with a client certificate
+//!   if asked.
 //! - [`inprocess`]: the gateway as a task of the test itself, on the embedded store, for
 //!   the API-contract suites (`api_tests!`) and tests under a paused clock.
 //! - [`lease`]: lease timing for tests, and the `invoice-sweeper` example as a process.
 //! - [`prometheus`]: a real Prometheus server on a free port, and its query API.
 //! - [`proxy`]: a loopback TCP proxy whose traffic a test can hold, release and cut.
 //! - [`replay`]: failure scenarios as data, run against real processes.
-//! - [`tls`]: a throwaway certificate authority and server certificate (`openssl`).
+//! - [`tls`]: a throwaway certificate authority, server and client certificates
+//!   (`openssl`).
 //!
 //! Services a test needs are never skipped: if Postgres is unreachable the test fails
 //! with a message that says how to start it.
@@ -34,6 +37,7 @@ pub mod door;
 pub mod fenced;
 pub mod gateway;
 pub mod http;
+pub mod https;
 pub mod inprocess;
 pub mod lease;
 pub mod prometheus;
@@ -60,8 +64,7 @@ where
 /// A loopback port that was free a moment ago, for a server that binds it itself. If
 /// another process takes it in between, that server fails to start and says so.
 pub fn free_port() -> u16 {
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port exists");
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free loopback port exists");
     listener
         .local_addr()
         .expect("a bound socket has an address")

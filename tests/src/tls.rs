@@ -1,13 +1,17 @@
-//! A throwaway certificate authority and server certificate.
+//! A throwaway certificate authority, server certificate and client certificates.
 //!
 //! [`Certs::generate`] runs the `openssl` command line into a fresh temp dir: a CA, and
 //! a certificate for `localhost` and `127.0.0.1` signed by it, both P-256 and valid for
 //! 30 days. Each call makes a new CA, so another call's [`Certs::ca`] is a wrong CA for
-//! this one's certificate. The directory is removed when the value is dropped.
+//! this one's certificate. [`Certs::client`] has the CA sign a client certificate for a
+//! DNS name. The directory is removed when the value is dropped.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Keys are P-256: quick to make, and served by rustls.
+const KEY: &str = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
 
 /// The extensions of the server certificate: what a verifying client checks (the
 /// names, that it is no CA, that it is for a server).
@@ -17,13 +21,19 @@ keyUsage = critical, digitalSignature
 extendedKeyUsage = serverAuth
 ";
 
+/// The extensions of a client certificate: its name, no CA, for a client.
+const CLIENT_EXTENSIONS: &str = "basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = clientAuth
+";
+
 /// PEM files of a CA and a server certificate it signed.
 pub struct Certs {
     /// The CA's certificate: what a client trusts (`sslrootcert`).
     pub ca: PathBuf,
-    /// The server's certificate (`--pg-tls-cert`).
+    /// The server's certificate (`--tls-cert`, `--pg-tls-cert`).
     pub cert: PathBuf,
-    /// The server's private key, PKCS#8 (`--pg-tls-key`).
+    /// The server's private key, PKCS#8 (`--tls-key`, `--pg-tls-key`).
     pub key: PathBuf,
     dir: PathBuf,
 }
@@ -48,30 +58,50 @@ impl Certs {
         };
         std::fs::write(certs.dir.join("server.ext"), SERVER_EXTENSIONS)
             .expect("the extensions file can be written");
-        // Keys are P-256: quick to make, and served by rustls.
-        let key = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
         openssl(
             &certs.dir,
             &format!(
-                "req -x509 -new -days 30 {key} -subj /CN=fencegate-test-CA \
+                "req -x509 -new -days 30 {KEY} -subj /CN=fencegate-test-CA \
                  -addext basicConstraints=critical,CA:TRUE \
                  -addext keyUsage=critical,keyCertSign,cRLSign -keyout ca.key -out ca.crt"
             ),
         );
+        certs.sign("server", "localhost", "server.ext");
+        certs
+    }
+
+    /// A client certificate for the DNS name `name` (subjectAltName), signed by this CA.
+    pub fn client(&self, name: &str) -> ClientCert {
+        let ext = format!("client-{name}.ext");
+        std::fs::write(
+            self.dir.join(&ext),
+            format!("subjectAltName = DNS:{name}\n{CLIENT_EXTENSIONS}"),
+        )
+        .expect("the extensions file can be written");
+        let stem = format!("client-{name}");
+        self.sign(&stem, name, &ext);
+        ClientCert {
+            cert: self.dir.join(format!("{stem}.crt")),
+            key: self.dir.join(format!("{stem}.key")),
+        }
+    }
+
+    /// Makes `<stem>.key` and `<stem>.crt` for `/CN=<common_name>` with the extensions
+    /// of file `ext`, signed by the CA.
+    fn sign(&self, stem: &str, common_name: &str, ext: &str) {
         openssl(
-            &certs.dir,
-            &format!("req -new {key} -subj /CN=localhost -keyout server.key -out server.csr"),
+            &self.dir,
+            &format!("req -new {KEY} -subj /CN={common_name} -keyout {stem}.key -out {stem}.csr"),
         );
         // A random serial: certificates of one issuer must not share one.
         let serial = rand::random::<u64>() >> 1 | 1;
         openssl(
-            &certs.dir,
+            &self.dir,
             &format!(
-                "x509 -req -days 30 -in server.csr -CA ca.crt -CAkey ca.key \
-                 -set_serial {serial} -extfile server.ext -out server.crt"
+                "x509 -req -days 30 -in {stem}.csr -CA ca.crt -CAkey ca.key \
+                 -set_serial {serial} -extfile {ext} -out {stem}.crt"
             ),
         );
-        certs
     }
 }
 
@@ -79,6 +109,13 @@ impl Drop for Certs {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// PEM files of a client certificate and its private key (PKCS#8), in the directory
+/// of the [`Certs`] whose CA signed it (removed with it).
+pub struct ClientCert {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 /// Runs `openssl` in `dir` with `args` (split at whitespace); panics with its output if

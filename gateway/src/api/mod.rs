@@ -40,7 +40,7 @@ use http::{HeaderValue, Method, Request, Response, Version};
 use hyper::body::Incoming;
 use tracing::Instrument;
 
-use crate::auth::{Action, Identity};
+use crate::auth::{Action, ClientCertificate, Identity};
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 
@@ -101,8 +101,8 @@ async fn dispatch(
     request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
     let path = request.head.uri.path();
-    // Authentication comes first: a caller without a key learns nothing, not even
-    // whether its path or resource name is valid.
+    // Authentication comes first: a caller without a key or a known client certificate
+    // learns nothing, not even whether its path or resource name is valid.
     let identity = match coordinator.authenticator() {
         Some(auth) if path != Target::Healthz.path() => Some(
             auth.authenticate(
@@ -111,6 +111,7 @@ async fn dispatch(
                     .headers
                     .get(http::header::AUTHORIZATION)
                     .map(|value| value.as_bytes()),
+                request.head.extensions.get::<ClientCertificate>(),
             )?,
         ),
         _ => None,

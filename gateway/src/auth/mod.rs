@@ -1,10 +1,23 @@
 //! Who may do what: identities, their keys, and their grants (`--auth-file`).
 //!
-//! Every request but `/healthz` names its identity with `Authorization: Bearer <key>`.
-//! The gateway stores no key, only its SHA-256 (keys are 256 random bits, so a fast
-//! hash is as strong as a slow one); `fencegate key new` prints a key and the line to
-//! store. An identity's grants pair resource patterns with actions; a request is
-//! allowed when one grant covers its resource and its action.
+//! Every request but `/healthz` names its identity with `Authorization: Bearer <key>`,
+//! or — over TLS with `--tls-client-ca` — with a client certificate whose DNS name an
+//! identity lists under `certificates`. The gateway stores no key, only its SHA-256
+//! (keys are 256 random bits, so a fast hash is as strong as a slow one); `fencegate
+//! key new` prints a key and the line to store. An identity's grants pair resource
+//! patterns with actions; a request is allowed when one grant covers its resource and
+//! its action.
+//!
+//! # Which credential counts
+//!
+//! A request with an `Authorization` header is decided by it alone: a known key
+//! authenticates, anything else is refused, whatever certificate the connection
+//! presented — a client whose key was retired hears so instead of quietly becoming
+//! another identity. A request without one is authenticated by its connection's
+//! verified client certificate, when one of the certificate's DNS names is listed by
+//! exactly one identity. A name may be listed by one identity only (a file listing it
+//! twice is refused), but one certificate may bear names of two identities: it is then
+//! refused, rather than given either identity's grants.
 //!
 //! The file is read at start and again whenever it changes (checked every second):
 //! keys are added and retired without a restart. A file that no longer parses is
@@ -23,12 +36,16 @@
 //! name = "prometheus"
 //! keys = ["sha256:..."]
 //! grants = [{ resources = [], actions = ["metrics"] }]
+//!
+//! [[identity]]
+//! name = "sweeper-node-b"
+//! certificates = ["node-b.sweeper.internal"]
+//! grants = [{ resources = ["sweeper"], actions = ["read", "write", "advance"] }]
 //! ```
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
 
 use base64::Engine;
 use fencegate_proto::ResourceName;
@@ -144,10 +161,36 @@ pub enum Refusal {
     },
 }
 
-/// The identities in force, by the hash of each of their keys.
+/// The DNS names (subjectAltName) of the client certificate a connection presented.
+///
+/// Made only by the TLS layer, from a certificate that `--tls-client-ca` verified in
+/// the handshake; carried to each of the connection's requests as an extension.
+#[derive(Debug, Clone)]
+pub struct ClientCertificate {
+    /// Lowercase: DNS names compare without regard to case.
+    dns_names: Arc<[String]>,
+}
+
+impl ClientCertificate {
+    pub(crate) fn new<'a>(dns_names: impl IntoIterator<Item = &'a str>) -> ClientCertificate {
+        ClientCertificate {
+            dns_names: dns_names.into_iter().map(str::to_ascii_lowercase).collect(),
+        }
+    }
+
+    /// The certificate's DNS names, lowercase.
+    pub fn dns_names(&self) -> &[String] {
+        &self.dns_names
+    }
+}
+
+/// The identities in force, by the hash of each of their keys and by the certificate
+/// names they list.
 #[derive(Debug, Default)]
 pub struct Identities {
     by_key: HashMap<[u8; 32], Arc<Identity>>,
+    /// Lowercase DNS names; each listed by one identity only.
+    by_certificate: HashMap<String, Arc<Identity>>,
     count: usize,
 }
 
@@ -164,6 +207,8 @@ struct IdentityEntry {
     name: String,
     #[serde(default)]
     keys: Vec<String>,
+    #[serde(default)]
+    certificates: Vec<String>,
     #[serde(default)]
     grants: Vec<GrantEntry>,
 }
@@ -188,6 +233,7 @@ impl Identities {
     pub fn parse(text: &str) -> Result<Identities, String> {
         let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
         let mut by_key = HashMap::new();
+        let mut by_certificate: HashMap<String, Arc<Identity>> = HashMap::new();
         let mut names = std::collections::HashSet::new();
         for entry in &file.identity {
             if entry.name.is_empty() || !names.insert(entry.name.clone()) {
@@ -225,9 +271,21 @@ impl Identities {
                     ));
                 }
             }
+            for name in &entry.certificates {
+                let name = parse_certificate_name(name)
+                    .map_err(|e| format!("identity {:?}: {e}", entry.name))?;
+                if let Some(other) = by_certificate.insert(name.clone(), Arc::clone(&identity)) {
+                    return Err(format!(
+                        "certificate name {name:?} is listed by identity {:?} and by {:?}: \
+                         a name may authenticate one identity only",
+                        other.name, entry.name
+                    ));
+                }
+            }
         }
         Ok(Identities {
             by_key,
+            by_certificate,
             count: file.identity.len(),
         })
     }
@@ -235,6 +293,26 @@ impl Identities {
     /// The identity holding `key`.
     pub fn identify(&self, key: &str) -> Option<Arc<Identity>> {
         self.by_key.get(&hash(key)).cloned()
+    }
+
+    /// The identity whose listed name the certificate bears; `None` if it bears none,
+    /// or names of more than one identity.
+    pub fn identify_certificate(&self, certificate: &ClientCertificate) -> Option<Arc<Identity>> {
+        let mut found: Option<&Arc<Identity>> = None;
+        for name in certificate.dns_names() {
+            if let Some(identity) = self.by_certificate.get(name) {
+                match found {
+                    Some(earlier) if !Arc::ptr_eq(earlier, identity) => return None,
+                    _ => found = Some(identity),
+                }
+            }
+        }
+        found.cloned()
+    }
+
+    /// Whether any identity lists certificate names.
+    pub fn lists_certificates(&self) -> bool {
+        !self.by_certificate.is_empty()
     }
 
     /// How many identities there are.
@@ -259,6 +337,20 @@ fn parse_hash(text: &str) -> Result<[u8; 32], String> {
         *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).expect("checked hex");
     }
     Ok(hash)
+}
+
+/// A name of `certificates`: a DNS name as certificates bear it, lowercase.
+fn parse_certificate_name(text: &str) -> Result<String, String> {
+    let valid = !text.contains('*')
+        && text.parse::<std::net::IpAddr>().is_err()
+        && rustls::pki_types::DnsName::try_from(text).is_ok();
+    if !valid {
+        return Err(format!(
+            "certificate name {text:?} is not a DNS name such as node-a.internal \
+             (wildcards and IP addresses are not matched)"
+        ));
+    }
+    Ok(text.to_ascii_lowercase())
 }
 
 fn hash(key: &str) -> [u8; 32] {
@@ -295,9 +387,6 @@ pub struct AuthFileError {
     reason: String,
 }
 
-/// How often the auth file is checked for changes.
-const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
-
 impl Authenticator {
     /// Loads `path`; fails if it cannot be read or parsed.
     pub fn load(path: &Path) -> Result<Authenticator, AuthFileError> {
@@ -316,53 +405,47 @@ impl Authenticator {
         Arc::clone(&self.current.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// The identity of a request's `Authorization` header value, if it holds a key.
-    pub fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Arc<Identity>, Refusal> {
-        let key = authorization
-            .and_then(|value| std::str::from_utf8(value).ok())
+    /// The identity of a request: by its `Authorization` header value if it has one,
+    /// else by its connection's verified client certificate; see the module doc.
+    pub fn authenticate(
+        &self,
+        authorization: Option<&[u8]>,
+        certificate: Option<&ClientCertificate>,
+    ) -> Result<Arc<Identity>, Refusal> {
+        let identities = self.identities();
+        let Some(authorization) = authorization else {
+            return certificate
+                .and_then(|certificate| identities.identify_certificate(certificate))
+                .ok_or(Refusal::Unauthenticated);
+        };
+        let key = std::str::from_utf8(authorization)
+            .ok()
             .and_then(|value| {
                 let (scheme, key) = value.split_once(' ')?;
                 scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
             })
             .ok_or(Refusal::Unauthenticated)?;
-        self.identities()
-            .identify(key)
-            .ok_or(Refusal::Unauthenticated)
+        identities.identify(key).ok_or(Refusal::Unauthenticated)
     }
 
-    /// Reloads the file whenever its modification time or size changes; runs until the
-    /// process ends.
+    /// Reloads the file whenever it changes; runs until the process ends.
     pub async fn watch(self: Arc<Self>) {
-        let stamp = |path: &Path| {
-            std::fs::metadata(path)
-                .ok()
-                .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
-        };
-        let mut seen = stamp(&self.path);
-        let mut tick = tokio::time::interval(RELOAD_INTERVAL);
-        loop {
-            tick.tick().await;
-            let now = stamp(&self.path);
-            if now == seen {
-                continue;
-            }
-            seen = now;
-            match read(&self.path) {
-                Ok(identities) => {
-                    tracing::info!(
-                        path = %self.path.display(),
-                        identities = identities.len(),
-                        "auth file reloaded"
-                    );
-                    *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(identities);
-                }
-                Err(reason) => tracing::error!(
+        crate::reload::on_change(vec![self.path.clone()], || match read(&self.path) {
+            Ok(identities) => {
+                tracing::info!(
                     path = %self.path.display(),
-                    %reason,
-                    "auth file not reloaded; the identities in force stay"
-                ),
+                    identities = identities.len(),
+                    "auth file reloaded"
+                );
+                *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(identities);
             }
-        }
+            Err(reason) => tracing::error!(
+                path = %self.path.display(),
+                %reason,
+                "auth file not reloaded; the identities in force stay"
+            ),
+        })
+        .await
     }
 }
 
@@ -372,107 +455,4 @@ fn read(path: &Path) -> Result<Identities, String> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn resource(name: &str) -> ResourceName {
-        ResourceName::new(name).unwrap()
-    }
-
-    fn file(key: &str) -> String {
-        format!(
-            r#"
-            [[identity]]
-            name = "node-a"
-            keys = ["{}"]
-            grants = [
-              {{ resources = ["sweeper"], actions = ["read", "write"] }},
-              {{ resources = ["reports.*"], actions = ["read"] }},
-            ]
-
-            [[identity]]
-            name = "prometheus"
-            keys = []
-            grants = [{{ actions = ["metrics"] }}]
-            "#,
-            stored_hash(key)
-        )
-    }
-
-    #[test]
-    fn keys_identify_their_identity_and_grants_decide() {
-        let key = new_key();
-        assert!(key.starts_with(KEY_PREFIX) && key.len() > 40);
-        let identities = Identities::parse(&file(&key)).unwrap();
-        assert_eq!(identities.len(), 2);
-        let node_a = identities.identify(&key).expect("the key is known");
-        assert_eq!(node_a.name, "node-a");
-        assert!(identities.identify(&new_key()).is_none());
-
-        assert!(node_a.may(Action::Write, Some(&resource("sweeper"))));
-        assert!(node_a.may(Action::Read, Some(&resource("reports.daily"))));
-        assert!(!node_a.may(Action::Write, Some(&resource("reports.daily"))));
-        assert!(
-            !node_a.may(Action::Write, Some(&resource("sweeper-x"))),
-            "exact names are exact"
-        );
-        assert!(!node_a.may(Action::Advance, Some(&resource("sweeper"))));
-        assert!(!node_a.may(Action::Metrics, None));
-        assert!(
-            !node_a.may(Action::Read, None),
-            "an action on a resource needs one"
-        );
-    }
-
-    #[test]
-    fn bad_files_are_refused_with_the_reason() {
-        for (text, reason) in [
-            ("[[identity]]\nname = \"a\"\nkeys = [\"fgk_plain\"]", "store hashes"),
-            ("[[identity]]\nname = \"a\"\nkeys = [\"sha256:12\"]", "64 hex"),
-            ("[[identity]]\nname = \"a\"\n[[identity]]\nname = \"a\"", "used twice"),
-            (
-                "[[identity]]\nname = \"a\"\ngrants = [{ resources = [\"a*b*\"], actions = [\"read\"] }]",
-                "resource pattern",
-            ),
-            (
-                "[[identity]]\nname = \"a\"\ngrants = [{ resources = [\"a\"], actions = [\"fly\"] }]",
-                "unknown variant",
-            ),
-            ("[[identity]]\nname = \"a\"\ncolour = \"red\"", "unknown field"),
-        ] {
-            let error = Identities::parse(text).unwrap_err();
-            assert!(error.contains(reason), "{text:?}: {error}");
-        }
-    }
-
-    #[test]
-    fn bearer_headers_are_read_strictly() {
-        let dir = std::env::temp_dir().join(format!("fg-auth-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("auth.toml");
-        let key = new_key();
-        std::fs::write(&path, file(&key)).unwrap();
-        let auth = Authenticator::load(&path).unwrap();
-        let header = format!("Bearer {key}");
-        assert_eq!(
-            auth.authenticate(Some(header.as_bytes())).unwrap().name,
-            "node-a"
-        );
-        let lower = format!("bearer {key}");
-        assert!(auth.authenticate(Some(lower.as_bytes())).is_ok());
-        for bad in [
-            None,
-            Some(key.as_bytes().to_vec()),
-            Some(format!("Basic {key}").into_bytes()),
-            Some(b"Bearer ".to_vec()),
-            Some(format!("Bearer {key}x").into_bytes()),
-        ] {
-            assert_eq!(
-                auth.authenticate(bad.as_deref()).unwrap_err(),
-                Refusal::Unauthenticated,
-                "{bad:?}"
-            );
-        }
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-}
+mod tests;

@@ -135,7 +135,8 @@ impl Cli {
 
 #[derive(Debug, Clone, Args)]
 pub struct Config {
-    /// Address to listen on for HTTP/1.1 and cleartext HTTP/2 (h2c). Use port 0 for any free port.
+    /// Address to listen on for HTTP/1.1 and cleartext HTTP/2 (h2c), or with --tls-cert
+    /// for HTTPS only (HTTP/1.1 and HTTP/2 by ALPN). Use port 0 for any free port.
     #[arg(long, env = "FENCEGATE_LISTEN", default_value = DEFAULT_LISTEN)]
     pub listen: SocketAddr,
 
@@ -256,9 +257,30 @@ pub struct Config {
 
     /// Identities, their keys and grants (TOML; see docs/auth.md): every request but
     /// /healthz must then carry `Authorization: Bearer <key>` of an identity with a
-    /// grant for it. Reloaded when the file changes. `fencegate key new` makes a key.
+    /// grant for it — or come over a connection whose client certificate (verified by
+    /// --tls-client-ca) bears a name the identity lists. Reloaded when the file
+    /// changes. `fencegate key new` makes a key.
     #[arg(long, env = "FENCEGATE_AUTH_FILE")]
     pub auth_file: Option<std::path::PathBuf>,
+
+    /// PEM certificate chain (the server's certificate first) for TLS on --listen, with
+    /// --tls-key: the listener then speaks TLS only, HTTP/1.1 and HTTP/2 by ALPN.
+    /// Checked every second and reloaded when it changes, without a restart; a pair
+    /// that does not load is logged and the one in force stays.
+    #[arg(long, env = "FENCEGATE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+
+    /// PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1); reloaded with it.
+    #[arg(long, env = "FENCEGATE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+
+    /// PEM CA certificates that sign client certificates (needs --tls-cert). Clients
+    /// may then present a certificate: one this CA signed is verified, and its DNS
+    /// names authenticate the identity of --auth-file that lists them under
+    /// `certificates`; any other fails the handshake. Clients without one still
+    /// connect, and need a bearer key. Reloaded when it changes.
+    #[arg(long, env = "FENCEGATE_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<std::path::PathBuf>,
 
     /// Serve HTTP on a non-loopback --listen address without --auth-file: anyone who
     /// can reach the gateway may then write, advance and read any resource.

@@ -127,3 +127,32 @@ fn admin_commands() {
     assert!(Cli::try_parse_from(["fencegate", "protect", "t", "--database-url", "x"]).is_err());
     assert!(Cli::try_parse_from(["fencegate", "check", "--database-url", "x"]).is_ok());
 }
+
+#[test]
+fn tls_files_come_in_pairs_and_the_client_ca_needs_them() {
+    let config = parse(&["--tls-cert", "c.pem", "--tls-key", "k.pem"]).unwrap();
+    assert_eq!(
+        (config.tls_cert.unwrap(), config.tls_key.unwrap()),
+        ("c.pem".into(), "k.pem".into())
+    );
+    let config = parse(&[
+        "--tls-cert",
+        "c.pem",
+        "--tls-key",
+        "k.pem",
+        "--tls-client-ca",
+        "ca.pem",
+    ])
+    .unwrap();
+    assert_eq!(config.tls_client_ca, Some("ca.pem".into()));
+    assert!(config.validate().is_ok());
+    for args in [
+        &["--tls-cert", "c.pem"][..],
+        &["--tls-key", "k.pem"],
+        &["--tls-client-ca", "ca.pem"],
+        &["--tls-client-ca", "ca.pem", "--tls-key", "k.pem"],
+    ] {
+        let err = parse(args).unwrap_err().to_string();
+        assert!(err.contains("required"), "{args:?}: {err}");
+    }
+}

@@ -1,5 +1,5 @@
-//! The accept loop: HTTP/1.1 and cleartext HTTP/2 on one listener, with bounded
-//! connections and graceful shutdown.
+//! The accept loop: HTTP/1.1 and HTTP/2 on one listener — in cleartext (h2c), or over
+//! TLS only ([`tls`]) — with bounded connections and graceful shutdown.
 //!
 //! # Connections
 //!
@@ -12,15 +12,28 @@
 //! Each connection has an idle deadline, a header deadline and a lingering close
 //! ([`conn`]); headers are bounded in size and number.
 //!
+//! # TLS
+//!
+//! With a certificate, each connection's handshake runs in the connection's own task,
+//! never in the accept loop, and must end within the header deadline from the accept.
+//! While it runs the connection holds its place under the cap, but is not idle: it
+//! is not evicted to make room. A handshake that fails or times out closes that
+//! connection alone (logged at debug). After it, [`conn::Watched`] wraps the TLS
+//! stream, so the deadlines and the lingering close read and write through TLS. The
+//! client certificate's names, if one was presented, are added to each request of the
+//! connection ([`crate::auth::ClientCertificate`]).
+//!
 //! # Shutdown
 //!
 //! When the shutdown future completes, the listener is closed (new connections are
 //! refused), idle connections and those with an incomplete request head are closed at
 //! once, requests still receiving their body are answered `503 shutting_down`, and
 //! requests in the backend run to completion — for at most the grace period, after
-//! which the remaining connections are dropped.
+//! which the remaining connections are dropped. TLS handshakes still under way are
+//! broken off, like incomplete heads.
 
 pub mod conn;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -32,13 +45,17 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_rustls::TlsAcceptor;
 
 use crate::api;
+use crate::auth::ClientCertificate;
 use crate::coordinator::Coordinator;
 use conn::{ConnState, Deadlines, Watched};
+use tls::Tls;
 
 /// File descriptors kept free of client connections: database pools, the store's
 /// file, logs, cancel requests.
@@ -127,11 +144,14 @@ impl Registry {
     }
 }
 
+/// Serves HTTP on `listener` — over TLS only if `tls` is given — until `shutdown`
+/// completes; then finishes as the module doc says.
 pub async fn serve(
     listener: TcpListener,
     coordinator: Arc<Coordinator>,
     shutdown: impl Future<Output = ()>,
     limits: Limits,
+    tls: Option<Arc<Tls>>,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -148,13 +168,18 @@ pub async fn serve(
         .keep_alive_interval(limits.http2_keep_alive_interval)
         .keep_alive_timeout(limits.http2_keep_alive_timeout)
         .max_header_list_size(u32::try_from(limits.max_header_size).unwrap_or(u32::MAX));
+    let shared = Arc::new(Shared {
+        builder,
+        coordinator: Arc::clone(&coordinator),
+        registry: Registry::default(),
+        deadlines: limits.deadlines,
+    });
     let graceful = GracefulShutdown::new();
-    let registry = Arc::new(Registry::default());
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let permit = tokio::select! {
-            permit = connection_permit(&permits, &registry) => permit,
+            permit = connection_permit(&permits, &shared.registry) => permit,
             () = &mut shutdown => break,
         };
         let (stream, peer) = tokio::select! {
@@ -171,40 +196,28 @@ pub async fn serve(
         };
         // Small request/response exchanges: do not let Nagle hold them back.
         let _ = stream.set_nodelay(true);
-        let state = ConnState::new(coordinator.shutdown().clone());
-        let id = registry.add(Arc::clone(&state));
-        let service = {
-            let (coordinator, state) = (Arc::clone(&coordinator), Arc::clone(&state));
-            service_fn(move |request| {
-                let coordinator = Arc::clone(&coordinator);
-                let in_flight = state.request();
-                async move {
-                    let response = api::handle(coordinator, request).await;
-                    drop(in_flight);
-                    Ok::<_, Infallible>(response)
-                }
-            })
+        let accepted = Accepted {
+            peer,
+            permit,
+            // Taken here, before the shutdown can begin, so that the shutdown waits for
+            // this connection even while its handshake runs.
+            graceful: graceful.watcher(),
         };
-        let io = Watched::new(stream, state, limits.deadlines);
-        let connection = graceful.watch(
-            builder
-                .serve_connection(TokioIo::new(io), service)
-                .into_owned(),
-        );
-        let registry = Arc::clone(&registry);
-        tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%peer, %error, "connection ended with an error");
+        match &tls {
+            None => {
+                let state = shared.register();
+                tokio::spawn(Arc::clone(&shared).connection(stream, state, None, accepted));
             }
-            registry.remove(id);
-            drop(permit);
-        });
+            Some(tls) => {
+                tokio::spawn(Arc::clone(&shared).handshake(stream, tls.acceptor(), accepted));
+            }
+        }
     }
     drop(listener);
     coordinator.shutting_down();
     // Idle connections, and those with an incomplete head, close now; the others once
     // their request is answered.
-    registry.evict_all();
+    shared.registry.evict_all();
     tracing::info!(
         connections = graceful.count(),
         "shutting down: finishing requests in flight"
@@ -214,6 +227,100 @@ pub async fn serve(
         () = tokio::time::sleep(limits.grace) => {
             tracing::warn!(grace = ?limits.grace, "shutdown grace period elapsed; closing the remaining connections");
         }
+    }
+}
+
+/// What every connection's task uses.
+struct Shared {
+    builder: auto::Builder<TokioExecutor>,
+    coordinator: Arc<Coordinator>,
+    registry: Registry,
+    deadlines: Deadlines,
+}
+
+/// A connection just accepted: what it holds until it closes.
+struct Accepted {
+    peer: std::net::SocketAddr,
+    /// Its place under the connection cap.
+    permit: OwnedSemaphorePermit,
+    graceful: Watcher,
+}
+
+impl Shared {
+    /// A new connection's state, registered for eviction.
+    fn register(&self) -> (Arc<ConnState>, u64) {
+        let state = ConnState::new(self.coordinator.shutdown().clone());
+        let id = self.registry.add(Arc::clone(&state));
+        (state, id)
+    }
+
+    /// Runs the TLS handshake within the header deadline, then serves the connection;
+    /// see the module doc.
+    async fn handshake(
+        self: Arc<Self>,
+        stream: TcpStream,
+        acceptor: TlsAcceptor,
+        accepted: Accepted,
+    ) {
+        let peer = accepted.peer;
+        let shutdown = self.coordinator.shutdown().clone();
+        let handshake = tokio::time::timeout(self.deadlines.header, acceptor.accept(stream));
+        let stream = tokio::select! {
+            result = handshake => match result {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(error)) => {
+                    tracing::debug!(%peer, %error, "tls handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "tls handshake not finished within the header deadline");
+                    return;
+                }
+            },
+            () = shutdown.cancelled() => return,
+        };
+        let certificate = tls::client_certificate(stream.get_ref().1);
+        let state = self.register();
+        self.connection(stream, state, certificate, accepted).await;
+    }
+
+    /// Serves HTTP on an accepted (and, with TLS, handshaken) connection until it
+    /// closes.
+    async fn connection<IO>(
+        self: Arc<Self>,
+        io: IO,
+        (state, id): (Arc<ConnState>, u64),
+        certificate: Option<ClientCertificate>,
+        accepted: Accepted,
+    ) where
+        IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let service = {
+            let (coordinator, state) = (Arc::clone(&self.coordinator), Arc::clone(&state));
+            service_fn(move |mut request| {
+                let coordinator = Arc::clone(&coordinator);
+                let in_flight = state.request();
+                if let Some(certificate) = &certificate {
+                    request.extensions_mut().insert(certificate.clone());
+                }
+                async move {
+                    let response = api::handle(coordinator, request).await;
+                    drop(in_flight);
+                    Ok::<_, Infallible>(response)
+                }
+            })
+        };
+        let io = Watched::new(io, state, self.deadlines);
+        let connection = accepted.graceful.watch(
+            self.builder
+                .serve_connection(TokioIo::new(io), service)
+                .into_owned(),
+        );
+        if let Err(error) = connection.await {
+            tracing::debug!(peer = %accepted.peer, %error, "connection ended with an error");
+        }
+        self.registry.remove(id);
+        drop(accepted.permit);
     }
 }
 
