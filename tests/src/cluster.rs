@@ -306,7 +306,6 @@ fn path(path: &Path) -> &str {
     text
 }
 
-
 /// What a [`psql`] run printed, and whether it succeeded.
 #[derive(Debug)]
 pub struct Psql {

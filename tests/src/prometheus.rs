@@ -329,7 +329,6 @@ fn fresh_dir() -> PathBuf {
     dir
 }
 
-
 /// Metric names with `prefix` (e.g. `fencegate_`) in a PromQL expression.
 pub fn metric_names(expr: &str, prefix: &str) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
