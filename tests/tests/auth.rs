@@ -270,55 +270,59 @@ async fn keys_rotate_without_a_restart_while_writers_keep_writing() {
     dir.write(&[("writer", &[&old], grant)]);
     let file = dir.file().display().to_string();
     let gateway = InProcess::start(&["--auth-file", &file]).await;
-    let client = gateway.client();
-    let mut written = 0u64;
-    let mut write = |key: String| {
-        let client = client.clone();
-        written += 1;
-        let path = kv_path("sweeper", &format!("k{written}"));
-        async move {
-            call(&client, Method::PUT, &path, Some(&key), "1")
-                .await
-                .status
-        }
+    let mut writer = Writer {
+        client: gateway.client(),
+        written: 0,
     };
 
     // Both keys for a while: the new one starts working within a few seconds, and the
     // old one never stops.
     dir.write(&[("writer", &[&old, &new], grant)]);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        assert_eq!(write(old.clone()).await, 201, "the old key keeps working");
-        if write(new.clone()).await == 201 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the new key never took effect"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    writer
+        .until(&old, &new, 201, "the new key takes effect")
+        .await;
 
     // The old key retired: refused within a few seconds, while the new one goes on.
     dir.write(&[("writer", &[&new], grant)]);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        assert_eq!(write(new.clone()).await, 201, "the new key keeps working");
-        if write(old.clone()).await == 401 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the old key was never retired"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    writer
+        .until(&new, &old, 401, "the old key is retired")
+        .await;
 
     // A file that no longer parses changes nothing: the keys in force stay.
     std::fs::write(dir.file(), "[[identity]]\nname = ").unwrap();
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    assert_eq!(write(new.clone()).await, 201);
-    assert_eq!(write(old.clone()).await, 401);
+    assert_eq!(writer.put(&new).await, 201);
+    assert_eq!(writer.put(&old).await, 401);
+}
+
+/// A writer putting one new object after another.
+struct Writer {
+    client: Client,
+    written: u64,
+}
+
+impl Writer {
+    async fn put(&mut self, key: &str) -> u16 {
+        self.written += 1;
+        let path = kv_path("sweeper", &format!("k{}", self.written));
+        call(&self.client, Method::PUT, &path, Some(key), "1")
+            .await
+            .status
+    }
+
+    /// Writes with `steady` (which must keep working) and `changing`, until `changing`
+    /// gets `status`; panics after 10 s.
+    async fn until(&mut self, steady: &str, changing: &str, status: u16, what: &str) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            assert_eq!(self.put(steady).await, 201, "{steady} keeps working");
+            if self.put(changing).await == status {
+                return;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 #[tokio::test]
