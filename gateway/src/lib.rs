@@ -117,6 +117,7 @@ pub async fn run(
                     group_commit_max: config.group_commit_max,
                     lane_lock_timeout: config.write_lock_timeout,
                     group_size: metrics.commit_group_size(),
+                    off_lanes: metrics.writes_off_lanes(),
                 },
             )
             .await?,

@@ -67,6 +67,8 @@ pub struct Metrics {
     fence_cache_entries: IntGauge,
     /// Writes applied per backend transaction; handed to the store at start-up.
     commit_group_size: Histogram,
+    /// Writes of locked resources waiting off the write lanes; handed to the store.
+    writes_off_lanes: IntGauge,
     labels: ResourceLabels,
     pg: DoorMetrics,
 }
@@ -239,6 +241,11 @@ impl Metrics {
             .buckets(GROUP_BUCKETS.to_vec()),
         )
         .unwrap();
+        let writes_off_lanes = IntGauge::new(
+            "fencegate_writes_off_lanes",
+            "Postgres: writes of resources whose fence row is locked, waiting off the write lanes.",
+        )
+        .unwrap();
         let build_info = IntGaugeVec::new(
             Opts::new(
                 "fencegate_build_info",
@@ -274,6 +281,7 @@ impl Metrics {
             Box::new(backend_ready.clone()),
             Box::new(fence_cache_entries.clone()),
             Box::new(commit_group_size.clone()),
+            Box::new(writes_off_lanes.clone()),
             Box::new(build_info),
         ]
         .into_iter()
@@ -295,6 +303,7 @@ impl Metrics {
             backend_ready,
             fence_cache_entries,
             commit_group_size,
+            writes_off_lanes,
             labels: ResourceLabels::new(resource_label_cap),
             pg,
         }
@@ -359,6 +368,11 @@ impl Metrics {
     pub fn set_cache_entries(&self, entries: usize) {
         self.fence_cache_entries
             .set(i64::try_from(entries).unwrap_or(i64::MAX));
+    }
+
+    /// The gauge of writes waiting off the write lanes, for the Postgres backend.
+    pub fn writes_off_lanes(&self) -> IntGauge {
+        self.writes_off_lanes.clone()
     }
 
     /// The histogram a backend observes its group sizes in.

@@ -266,9 +266,10 @@ async fn groups_on_several_resources_never_deadlock() {
 }
 
 /// A resource whose fence row someone else holds locked for long does not hold up the
-/// writes of other resources, even with a single write lane: its writes leave the lane
-/// after `--write-lock-timeout` and wait on their own, in their order, and are applied
-/// once the lock is released.
+/// writes of other resources, even with a single write lane: its first write leaves the
+/// lane after `--write-lock-timeout`, its later ones queue behind it off the lanes
+/// (`fencegate_writes_off_lanes`), and they are applied in their order once the lock is
+/// released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locked_resource_does_not_stall_the_others() {
     let (db, gateway) = on_new_database(&["--write-lanes", "1"]).await;
@@ -277,15 +278,15 @@ async fn a_locked_resource_does_not_stall_the_others() {
     let holder = db.lock_fence("locked").await;
     let mut blocked = JoinSet::new();
     for i in 1..=3u64 {
-        let client = client.clone();
-        blocked.spawn(async move { (i, client.put("locked", "k", 1 + i, format!("v{i}")).await) });
-        // Each write waits in Postgres — on the lane, then off it — before the next is
-        // sent: i sessions wait only once the i-th write has reached the lane, so the
-        // writes arrive in their order however slowly the machine runs.
+        let writer = client.clone();
+        blocked.spawn(async move { (i, writer.put("locked", "k", 1 + i, format!("v{i}")).await) });
+        // Each write has left the lanes — the first after waiting there for the lock,
+        // the next ones behind it — before the next is sent, so the writes arrive in
+        // their order however slowly the machine runs.
         fencegate_tests::eventually(
             Duration::from_secs(10),
-            "each locked write waits for the lock before the next is sent",
-            || async { db.lock_waiters().await >= i as i64 },
+            "each locked write waits off the lanes before the next is sent",
+            || async { client.metric("fencegate_writes_off_lanes").await == Some(i as f64) },
         )
         .await;
     }
@@ -313,6 +314,7 @@ async fn a_locked_resource_does_not_stall_the_others() {
         assert_eq!(reply.json()["version"], 1 + i, "in their order");
     }
     assert_eq!(db.highest("locked").await, Some(4));
+    assert_eq!(client.metric("fencegate_writes_off_lanes").await, Some(0.0));
 }
 
 /// A write that waits for a lock past `--backend-timeout` is cancelled in Postgres

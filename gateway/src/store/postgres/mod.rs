@@ -52,6 +52,8 @@ pub struct PgOptions {
     pub lane_lock_timeout: Duration,
     /// Observes the size of every group applied.
     pub group_size: prometheus::Histogram,
+    /// Counts the writes of locked resources waiting off the write lanes.
+    pub off_lanes: prometheus::IntGauge,
 }
 
 /// Fences and objects in a Postgres database, schema `fencegate`.
@@ -72,6 +74,7 @@ impl PgStore {
             group_commit_max,
             lane_lock_timeout,
             group_size,
+            off_lanes,
         } = options;
         let mut pg_config: tokio_postgres::Config =
             url.parse().map_err(PgStartError::InvalidUrl)?;
@@ -98,6 +101,7 @@ impl PgStore {
                 group_commit_max,
                 timeout,
                 group_size,
+                off_lanes,
             ),
             pool,
             timeout,

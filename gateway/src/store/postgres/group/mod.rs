@@ -38,8 +38,10 @@
 //! a commit, so that only a lock held by something slower sends writes off): a group (or a lone write) that cannot get a fence lock in that
 //! time stops, nothing of it is applied, the writes of the locked resource leave the
 //! lanes — they are applied one by one, in their order, on the shared pool, where they
-//! wait for the lock up to their deadline — and the rest of the group is applied again
-//! at once. The wait costs only the writes of the locked resource.
+//! wait for the lock up to their deadline, and the resource's later writes queue behind
+//! them there instead of trying the lanes, so that none overtakes another — and the rest
+//! of the group is applied again at once. The wait costs only the writes of the locked
+//! resource.
 //!
 //! # Time
 //!
@@ -48,6 +50,7 @@
 //! and bounds the group by its earliest deadline: one timer per group, not per write.
 
 use std::cmp::Ordering;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -56,7 +59,7 @@ use std::time::Duration;
 use deadpool_postgres::{Object, Pool};
 use fencegate_proto::ResourceName;
 use futures_util::future::{maybe_done, MaybeDone};
-use prometheus::Histogram;
+use prometheus::{Histogram, IntGauge};
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio::time::Instant;
 
@@ -80,6 +83,8 @@ struct Lanes {
     pool: Pool,
     /// The shared pool, where writes of a locked resource wait for it.
     slow: Pool,
+    /// The writes of locked resources waiting off the lanes.
+    off_lanes: Arc<OffLanes>,
     receiver: Mutex<mpsc::Receiver<Queued>>,
     max_group: usize,
     group_size: Histogram,
@@ -105,11 +110,16 @@ impl GroupCommit {
         max_group: usize,
         timeout: Duration,
         group_size: Histogram,
+        off_lanes: IntGauge,
     ) -> GroupCommit {
         let (queue, receiver) = mpsc::channel(QUEUE_CAPACITY);
         let shared = Arc::new(Lanes {
             pool,
             slow,
+            off_lanes: Arc::new(OffLanes {
+                queues: std::sync::Mutex::default(),
+                waiting: off_lanes,
+            }),
             receiver: Mutex::new(receiver),
             max_group,
             group_size,
@@ -154,7 +164,9 @@ async fn lane(lanes: Arc<Lanes>) {
 }
 
 async fn apply_group(lanes: &Lanes, group: Vec<Queued>) {
-    let mut group = answer_expired(group, Instant::now());
+    let group = answer_expired(group, Instant::now());
+    // Writes of a resource whose earlier writes wait off the lanes wait behind them.
+    let mut group = lanes.off_lanes.join(group);
     let Some(deadline) = group.iter().map(|queued| queued.deadline).min() else {
         return;
     };
@@ -178,7 +190,7 @@ async fn apply_group(lanes: &Lanes, group: Vec<Queued>) {
                     }
                 }
             }
-            wait_for_locks(&lanes.slow, blocked);
+            lanes.off_lanes.divert(&lanes.slow, blocked);
         }
         Err(error) => {
             for queued in group {
@@ -202,26 +214,88 @@ fn answer_expired(group: Vec<Queued>, now: Instant) -> Vec<Queued> {
     live
 }
 
-/// Applies the writes of locked resources off the lanes, on `pool`: one task per
-/// resource, each applying its writes one by one in their order, each waiting for the
-/// lock up to its own deadline.
-fn wait_for_locks(pool: &Pool, blocked: Vec<Queued>) {
-    for writes in runs_by_resource(blocked) {
-        let pool = pool.clone();
-        tracing::debug!(
-            resource = %writes[0].write.resource,
-            writes = writes.len(),
-            "fence row locked; applying its writes off the lanes"
-        );
-        tokio::spawn(async move {
-            for queued in writes {
-                let answer = with_client_until(&pool, queued.deadline, async |client| {
-                    write_unconditional(client, &queued.write).await
-                })
-                .await;
-                let _ = queued.reply.send(answer);
+/// The writes of locked resources, waiting off the lanes: per resource, a queue in the
+/// order they left the lanes, applied one by one on the shared pool by one task, each
+/// write waiting for the lock up to its own deadline. While a resource has a queue, its
+/// later writes join it instead of trying the lanes, so that they cannot overtake it.
+struct OffLanes {
+    queues: std::sync::Mutex<HashMap<ResourceName, VecDeque<Queued>>>,
+    /// Writes in the queues or being applied from them (`fencegate_writes_off_lanes`).
+    waiting: IntGauge,
+}
+
+impl OffLanes {
+    fn queues(&self) -> std::sync::MutexGuard<'_, HashMap<ResourceName, VecDeque<Queued>>> {
+        self.queues
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Sends `blocked`'s writes off the lanes, behind those of their resource already
+    /// there.
+    fn divert(self: &Arc<Self>, pool: &Pool, blocked: Vec<Queued>) {
+        let mut queues = self.queues();
+        for writes in runs_by_resource(blocked) {
+            let resource = writes[0].write.resource.clone();
+            tracing::debug!(
+                %resource,
+                writes = writes.len(),
+                "fence row locked; applying its writes off the lanes"
+            );
+            self.waiting.add(writes.len() as i64);
+            match queues.get_mut(&resource) {
+                Some(queue) => queue.extend(writes),
+                None => {
+                    queues.insert(resource.clone(), writes.into());
+                    tokio::spawn(Arc::clone(self).drain(pool.clone(), resource));
+                }
             }
-        });
+        }
+    }
+
+    /// Moves the writes of `group` whose resource has writes off the lanes behind them,
+    /// and returns the others.
+    fn join(&self, group: Vec<Queued>) -> Vec<Queued> {
+        let mut queues = self.queues();
+        if queues.is_empty() {
+            return group;
+        }
+        group
+            .into_iter()
+            .filter_map(|queued| match queues.get_mut(&queued.write.resource) {
+                Some(queue) => {
+                    self.waiting.inc();
+                    queue.push_back(queued);
+                    None
+                }
+                None => Some(queued),
+            })
+            .collect()
+    }
+
+    /// Applies `resource`'s queue in order until it is empty, then removes it.
+    async fn drain(self: Arc<Self>, pool: Pool, resource: ResourceName) {
+        loop {
+            let next = {
+                let mut queues = self.queues();
+                let queue = queues
+                    .get_mut(&resource)
+                    .expect("a queue is removed only by its own task");
+                match queue.pop_front() {
+                    Some(queued) => queued,
+                    None => {
+                        queues.remove(&resource);
+                        return;
+                    }
+                }
+            };
+            let answer = with_client_until(&pool, next.deadline, async |client| {
+                write_unconditional(client, &next.write).await
+            })
+            .await;
+            self.waiting.dec();
+            let _ = next.reply.send(answer);
+        }
     }
 }
 
