@@ -24,6 +24,8 @@
 //! - `sql`: fenced SQL transactions (`/v1/sql`) on a writer-only login.
 //! - `pgdoor`: the Postgres door, a session relay for writers that keep their own
 //!   Postgres driver; the fence runs in the database, the door counts its rejections.
+//! - [`pgtls`]: TLS to Postgres, as the `sslmode` of each database URL asks, for every
+//!   upstream connection.
 //! - `metrics`, `stale_log`, [`telemetry`]: Prometheus metrics and logging.
 //!
 //! # Invariants
@@ -48,6 +50,7 @@ pub(crate) mod error;
 pub(crate) mod fence_cache;
 pub(crate) mod metrics;
 pub(crate) mod pgdoor;
+pub mod pgtls;
 pub(crate) mod reload;
 pub(crate) mod server;
 pub(crate) mod sql;

@@ -13,6 +13,9 @@
 //! (`pg_ctl stop -m immediate`) and its directory removed when the value is dropped;
 //! a test process killed outright leaves it running.
 //!
+//! [`ClusterBuilder::tls`] turns on the server's TLS with a certificate of the test's
+//! ([`crate::tls::Certs`]).
+//!
 //! Settings are for speed, not durability: `fsync = off`. A crash of the server
 //! ([`Cluster::kill`]) loses nothing, since the OS keeps what was written; only a crash
 //! of the machine would.
@@ -39,6 +42,15 @@ const PSQL_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct ClusterBuilder {
     hba: Vec<String>,
     settings: Vec<(String, String)>,
+    tls: Option<ServerTls>,
+}
+
+/// The PEM files the server's TLS is made of.
+#[derive(Debug, Clone)]
+struct ServerTls {
+    cert: PathBuf,
+    key: PathBuf,
+    client_ca: Option<PathBuf>,
 }
 
 impl ClusterBuilder {
@@ -56,8 +68,22 @@ impl ClusterBuilder {
         self
     }
 
+    /// Serves TLS (`ssl = on`) with the certificate `cert` and its key `key`, and with
+    /// `client_ca`, asks clients for a certificate it signed (for `cert` lines of
+    /// `pg_hba.conf`). The files are copied into the cluster's directory: Postgres
+    /// must own its key. Whether plain connections are let in is for the `hba` lines
+    /// (`hostssl`, `hostnossl`).
+    pub fn tls(mut self, cert: &Path, key: &Path, client_ca: Option<&Path>) -> Self {
+        self.tls = Some(ServerTls {
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+            client_ca: client_ca.map(Path::to_owned),
+        });
+        self
+    }
+
     /// Creates the cluster and starts it; panics with the server's log if it cannot.
-    pub async fn start(self) -> Cluster {
+    pub async fn start(mut self) -> Cluster {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "fencegate-cluster-{}-{}-{:08x}",
@@ -96,6 +122,20 @@ impl ClusterBuilder {
         hba.extend(self.hba);
         std::fs::write(data.join("pg_hba.conf"), hba.join("\n") + "\n")
             .expect("pg_hba.conf can be written");
+        if let Some(tls) = &self.tls {
+            let files = [
+                ("ssl_cert_file", "server.crt", Some(&tls.cert)),
+                ("ssl_key_file", "server.key", Some(&tls.key)),
+                ("ssl_ca_file", "client-ca.crt", tls.client_ca.as_ref()),
+            ];
+            for (setting, name, from) in files {
+                if let Some(from) = from {
+                    let copy = owned_copy(&cluster.dir, from, &data.join(name));
+                    self.settings.push((setting.to_owned(), copy));
+                }
+            }
+            self.settings.push(("ssl".to_owned(), "on".to_owned()));
+        }
         let mut conf = format!(
             "\nlisten_addresses = '127.0.0.1'\nunix_socket_directories = '{dir}'\nfsync = off\n"
         );
@@ -294,6 +334,20 @@ async fn as_postgres(cwd: &Path, command: &str) -> Result<(), String> {
             String::from_utf8_lossy(&output.stderr)
         ))
     }
+}
+
+/// Copies `from` to `to` for the server: owned by the owner of `dir` (the `postgres`
+/// user), readable by it alone, as Postgres wants its key. Returns the copy's path.
+fn owned_copy(dir: &Path, from: &Path, to: &Path) -> String {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let owner = std::fs::metadata(dir).expect("the cluster's directory exists");
+    std::fs::copy(from, to)
+        .unwrap_or_else(|e| panic!("copying {} for the server: {e}", from.display()));
+    std::os::unix::fs::chown(to, Some(owner.uid()), Some(owner.gid()))
+        .unwrap_or_else(|e| panic!("giving {} to the server's user: {e}", to.display()));
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o600))
+        .unwrap_or_else(|e| panic!("chmod 0600 {}: {e}", to.display()));
+    path(to).to_owned()
 }
 
 /// `path` as text for a command line.

@@ -7,17 +7,18 @@
 
 use std::fmt;
 
-use tokio_postgres::{Client, NoTls};
+use tokio_postgres::Client;
 
 use crate::config::TablesCommand;
+use crate::pgtls::PgUrlError;
 use crate::store::postgres::{error_text, migrate, PgStartError};
 
 /// Why an administrative command failed. Database messages are the operator's own
 /// business and are shown as Postgres wrote them; the connection string never is.
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
-    #[error("the database URL is not valid: {0}")]
-    InvalidUrl(tokio_postgres::Error),
+    #[error("--database-url: {0}")]
+    InvalidUrl(PgUrlError),
     #[error("could not connect to the database: {0}")]
     Connect(String),
     #[error(transparent)]
@@ -63,9 +64,10 @@ pub async fn run(command: TablesCommand) -> Result<bool, AdminError> {
 /// for a role that may not change the schema (a table owner other than the gateway's
 /// login), uses it as the gateway installed it.
 pub async fn connect(url: &str) -> Result<Client, AdminError> {
-    let config: tokio_postgres::Config = url.parse().map_err(AdminError::InvalidUrl)?;
-    let (mut client, connection) = config
-        .connect(NoTls)
+    let url = crate::pgtls::parse(url).map_err(AdminError::InvalidUrl)?;
+    let (mut client, connection) = url
+        .config
+        .connect(url.tls.make_tls_connect())
         .await
         .map_err(|e| AdminError::Connect(error_text(&e)))?;
     tokio::spawn(async move {

@@ -1,6 +1,12 @@
 //! Authentication, relayed: the server asks, the client answers, the door passes both
 //! on — and withdraws SCRAM channel binding, and puts its own cancel key in place of
 //! the server's.
+//!
+//! Withdrawing channel binding has a limit: a client over TLS that supports it, offered
+//! plain SCRAM, says so in its first message (gs2 flag `y`), and a server that itself
+//! runs TLS — the door's upstream with `sslmode` other than `disable` — then refuses
+//! the login as a downgrade. The door refuses it first, saying what to change
+//! (`channel_binding=disable` in the client).
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
@@ -60,7 +66,14 @@ where
                     auth::SASL => {
                         let offered = wire::without_channel_binding(&body).unwrap_or(body);
                         forward(ends.client_write, header, &offered).await?;
-                        relay_response(ends).await?;
+                        let (header, response) = read_response(ends).await?;
+                        if ends.upstream_tls && gs2_flag(&response) == Some(b'y') {
+                            door.metrics().pg_auth_failure();
+                            refuse(ends.client_write, "28000", CHANNEL_BINDING_REFUSED).await?;
+                            return Ok(Login::Refused);
+                        }
+                        forward(ends.upstream_write, header, &response).await?;
+                        ends.upstream_write.flush().await?;
                     }
                     other => {
                         door.metrics().pg_auth_failure();
@@ -103,6 +116,22 @@ where
     }
 }
 
+/// Why a login that would fail as a channel-binding downgrade is refused.
+const CHANNEL_BINDING_REFUSED: &str =
+    "fencegate's Postgres door cannot relay SCRAM channel binding: your client, connected \
+     over TLS, supports it, and the database, which the door reaches over TLS too, would \
+     refuse the login as a downgrade. Set channel_binding=disable in the client's \
+     connection settings";
+
+/// The gs2 flag of a SASLInitialResponse body (mechanism name, then the client's first
+/// message): `n` no channel binding, `y` supported by the client but not offered, `p`
+/// in use.
+fn gs2_flag(body: &[u8]) -> Option<u8> {
+    let end = body.iter().position(|b| *b == 0)?;
+    // The name's NUL, then the length of the data.
+    body.get(end + 5).copied()
+}
+
 /// Waits for the client's answer to an authentication request and passes it on.
 async fn relay_response<CR, CW, UR, UW>(
     ends: &mut Ends<'_, CR, CW, UR, UW>,
@@ -111,6 +140,20 @@ where
     CR: AsyncRead + Unpin,
     CW: AsyncWrite + Unpin,
     UW: AsyncWrite + Unpin,
+{
+    let (header, body) = read_response(ends).await?;
+    forward(ends.upstream_write, header, &body).await?;
+    ends.upstream_write.flush().await?;
+    Ok(())
+}
+
+/// Waits for the client's answer to an authentication request.
+async fn read_response<CR, CW, UR, UW>(
+    ends: &mut Ends<'_, CR, CW, UR, UW>,
+) -> Result<(wire::Header, bytes::Bytes), WireError>
+where
+    CR: AsyncRead + Unpin,
+    CW: AsyncWrite + Unpin,
 {
     ends.client_write.flush().await?;
     let header = wire::read_header(
@@ -124,7 +167,21 @@ where
         return Err(ProtocolError::UnexpectedType(header.tag).into());
     }
     let body = wire::read_body(ends.client_read, header).await?;
-    forward(ends.upstream_write, header, &body).await?;
-    ends.upstream_write.flush().await?;
-    Ok(())
+    Ok((header, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gs2_flag;
+
+    #[test]
+    fn the_gs2_flag_follows_the_mechanism_and_length() {
+        let mut body = b"SCRAM-SHA-256\0".to_vec();
+        let first = b"y,,n=,r=abc";
+        body.extend_from_slice(&(first.len() as i32).to_be_bytes());
+        body.extend_from_slice(first);
+        assert_eq!(gs2_flag(&body), Some(b'y'));
+        assert_eq!(gs2_flag(b"SCRAM-SHA-256\0\0\0\0"), None);
+        assert_eq!(gs2_flag(b"no terminator"), None);
+    }
 }

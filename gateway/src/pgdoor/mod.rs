@@ -17,19 +17,20 @@
 //! - `session`: one session, and the two streaming directions.
 //! - `login`: authentication, relayed.
 //! - `cancel`: the door's cancel keys, mapped to the upstream backends'.
+//! - `upstream`: the connection to the server, with TLS as `--database-url` asks.
 //! - `wire`: framing, with every length checked before it is allocated.
 
 mod cancel;
 mod login;
 mod session;
 mod startup;
+mod upstream;
 mod wire;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -41,6 +42,7 @@ use crate::metrics::Metrics;
 use cancel::CancelKeys;
 pub use startup::TlsConfigError;
 use startup::{ClientStream, Hello};
+use upstream::Upstream;
 
 /// The door's settings, from the command line.
 #[derive(Debug, Clone)]
@@ -55,43 +57,13 @@ pub struct DoorOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum DoorStartError {
     #[error("--database-url: {0}")]
-    Url(#[from] tokio_postgres::Error),
+    Url(#[from] crate::pgtls::PgUrlError),
     #[error("the Postgres door needs a TCP host in --database-url, not a Unix socket directory")]
     UnixSocket,
+    #[error("--database-url: sslnegotiation=direct needs sslmode=require or stronger")]
+    WeakDirect,
     #[error("--pg-tls-cert/--pg-tls-key: {0}")]
     Tls(#[from] TlsConfigError),
-}
-
-/// Where upstream connections go: the host and port of `--database-url`.
-#[derive(Debug, Clone)]
-pub(crate) struct Upstream {
-    host: String,
-    port: u16,
-}
-
-impl Upstream {
-    fn from_url(url: &str) -> Result<Upstream, DoorStartError> {
-        let config: tokio_postgres::Config = url.parse()?;
-        let host = match config.get_hosts().first() {
-            Some(tokio_postgres::config::Host::Tcp(host)) => host.clone(),
-            Some(_) => return Err(DoorStartError::UnixSocket),
-            None => "localhost".to_owned(),
-        };
-        let port = config.get_ports().first().copied().unwrap_or(5432);
-        Ok(Upstream { host, port })
-    }
-
-    async fn connect(&self) -> std::io::Result<TcpStream> {
-        let stream = TcpStream::connect((self.host.as_str(), self.port)).await?;
-        stream.set_nodelay(true)?;
-        Ok(stream)
-    }
-}
-
-impl std::fmt::Display for Upstream {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}:{}", self.host, self.port)
-    }
 }
 
 /// What every session of the door shares.
@@ -208,14 +180,7 @@ impl Door {
 
     /// Sends a cancel request for the upstream backend of `key`.
     async fn cancel_upstream(&self, key: &wire::CancelKey) {
-        let sent = async {
-            let mut upstream = self.upstream.connect().await?;
-            upstream.write_all(&key.cancel_request()).await?;
-            upstream.flush().await?;
-            // The server reads the request and closes; wait for that, briefly.
-            let mut rest = Vec::new();
-            tokio::io::AsyncReadExt::read_to_end(&mut upstream, &mut rest).await
-        };
+        let sent = self.upstream.cancel(key);
         if let Err(error) = tokio::time::timeout(self.startup_timeout, sent)
             .await
             .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))

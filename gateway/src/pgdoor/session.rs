@@ -1,5 +1,6 @@
-//! One client session: its own upstream connection, authentication relayed to Postgres,
-//! then messages streamed both ways.
+//! One client session: its own upstream connection (over TLS if `--database-url` asks,
+//! see [`super::upstream`]), authentication relayed to Postgres, then messages streamed
+//! both ways.
 //!
 //! # Streaming
 //!
@@ -33,6 +34,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::login::{authenticate, Login};
+use super::upstream::UpstreamStream;
 use super::wire::{self, backend, frontend, Header, ProtocolError, StartupPacket, WireError};
 use super::Door;
 use crate::dbfence::{sqlstate, StaleRejection};
@@ -128,7 +130,36 @@ where
             return Ok(Ending::ServerClosed);
         }
     };
-    let (upstream_read, upstream_write) = upstream.into_split();
+    let client = (client_read, client_write);
+    match upstream {
+        // A TCP stream splits into halves without a lock between them.
+        UpstreamStream::Plain(stream) => {
+            let upstream = stream.into_split();
+            attached(door, client, upstream, false, startup, deadline).await
+        }
+        UpstreamStream::Tls(stream) => {
+            let upstream = tokio::io::split(*stream);
+            attached(door, client, upstream, true, startup, deadline).await
+        }
+    }
+}
+
+/// The session once its upstream connection is made (`upstream_tls`: over TLS):
+/// start-up, authentication, then the relay.
+async fn attached<CR, CW, UR, UW>(
+    door: &Door,
+    (client_read, client_write): (&mut BufReader<CR>, &mut BufWriter<CW>),
+    (upstream_read, upstream_write): (UR, UW),
+    upstream_tls: bool,
+    startup: StartupPacket,
+    deadline: Instant,
+) -> Result<Ending, WireError>
+where
+    CR: AsyncRead + Unpin + Send,
+    CW: AsyncWrite + Unpin + Send,
+    UR: AsyncRead + Unpin + Send,
+    UW: AsyncWrite + Unpin + Send,
+{
     let mut upstream_read = BufReader::with_capacity(BUFFER, upstream_read);
     let mut upstream_write = BufWriter::with_capacity(BUFFER, upstream_write);
     upstream_write.write_all(&startup.raw).await?;
@@ -139,6 +170,7 @@ where
         client_write,
         upstream_read: &mut upstream_read,
         upstream_write: &mut upstream_write,
+        upstream_tls,
     };
     let login = tokio::time::timeout_at(deadline, authenticate(door, &mut ends)).await;
     let (key, status) = match login {
@@ -172,6 +204,8 @@ pub(super) struct Ends<'a, CR, CW, UR, UW> {
     pub(super) client_write: &'a mut BufWriter<CW>,
     pub(super) upstream_read: &'a mut BufReader<UR>,
     pub(super) upstream_write: &'a mut BufWriter<UW>,
+    /// The upstream connection is TLS: the server supports SCRAM channel binding.
+    pub(super) upstream_tls: bool,
 }
 
 /// Counts a session's requests and replies, so that shutdown can tell an idle session

@@ -41,15 +41,15 @@ pub mod values;
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, QueueMode, RecyclingMethod, Runtime};
+use deadpool_postgres::RecyclingMethod;
 use fencegate_proto::body::{ErrorBody, SqlResult, SqlStatement};
 use fencegate_proto::{ErrorCode, ResourceName, Token};
-use tokio_postgres::NoTls;
 
 use crate::config::Config;
 use crate::dbfence::StaleRejection;
 use crate::error::ApiError;
-use crate::store::postgres::{describe, error_text, with_client_until, PgStore};
+use crate::pgtls::PgUrlError;
+use crate::store::postgres::{describe, error_text, with_client_until, PgPool, PgStore};
 use crate::store::StoreError;
 
 pub use guard::SqlPolicy;
@@ -65,7 +65,7 @@ pub enum SqlEndpoint {
 
 /// Runs fenced SQL transactions on the writer-only pool.
 pub struct SqlService {
-    pool: Pool,
+    pool: PgPool,
     policy: SqlPolicy,
     checker: checker::Checker,
     timeout: Duration,
@@ -83,8 +83,8 @@ pub struct SqlTransaction {
 /// Why `/v1/sql` could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum SqlStartError {
-    #[error("--sql-database-url is not valid: {0}")]
-    InvalidUrl(tokio_postgres::Error),
+    #[error("--sql-database-url: {0}")]
+    InvalidUrl(PgUrlError),
     #[error("could not connect with --sql-database-url: {0}")]
     Connect(String),
     #[error("could not reach the database: {0}")]
@@ -264,8 +264,10 @@ impl SqlService {
             .sql_database_url
             .as_deref()
             .expect("validated: --sql comes with --sql-database-url");
-        let mut pg_config: tokio_postgres::Config =
-            url.parse().map_err(SqlStartError::InvalidUrl)?;
+        let crate::pgtls::PgUrl {
+            config: mut pg_config,
+            tls,
+        } = crate::pgtls::parse(url).map_err(SqlStartError::InvalidUrl)?;
         if pg_config.get_application_name().is_none() {
             pg_config.application_name("fencegate-sql");
         }
@@ -279,7 +281,7 @@ impl SqlService {
         // One connection of its own for the checks, so that a login that cannot connect
         // says why.
         let (client, connection) = pg_config
-            .connect(NoTls)
+            .connect(tls.make_tls_connect())
             .await
             .map_err(|e| SqlStartError::Connect(error_text(&e)))?;
         let connection = tokio::spawn(connection);
@@ -296,23 +298,16 @@ impl SqlService {
         drop(client);
         let _ = connection.await;
         checked?;
-        tracing::debug!(database = %describe(&pg_config), %login, "writers' SQL runs as this login");
-        let manager = Manager::from_config(
+        tracing::debug!(database = %describe(&pg_config, &tls, None), %login, "writers' SQL runs as this login");
+        // CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; SELECT
+        // pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES — on every checkout.
+        // Prepared statements are kept: writers cannot create any.
+        let pool = PgPool::new(
             pg_config,
-            NoTls,
-            ManagerConfig {
-                // CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *;
-                // SELECT pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES — on
-                // every checkout. Prepared statements are kept: writers cannot create any.
-                recycling_method: RecyclingMethod::Clean,
-            },
+            &tls,
+            config.sql_pool_size,
+            RecyclingMethod::Clean,
         );
-        let pool = Pool::builder(manager)
-            .max_size(config.sql_pool_size)
-            .queue_mode(QueueMode::Lifo)
-            .runtime(Runtime::Tokio1)
-            .build()
-            .expect("a pool with a runtime always builds");
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
         Ok(SqlService {
             pool,

@@ -35,8 +35,8 @@ pub struct Call<'a> {
 
 /// A connection pool configured as the gateway's own.
 pub fn direct_pool(url: &str, size: usize) -> Result<Pool, String> {
-    let config: tokio_postgres::Config = url.parse().map_err(|e| format!("{e}"))?;
-    Ok(fencegate_gateway::store::postgres::new_pool(config, size))
+    let url = fencegate_gateway::pgtls::parse(url).map_err(|e| format!("{e}"))?;
+    Ok(fencegate_gateway::store::postgres::new_pool(url.config, &url.tls, size).into_inner())
 }
 
 pub enum Writer {

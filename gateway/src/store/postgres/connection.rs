@@ -14,20 +14,23 @@
 use std::time::Duration;
 
 use deadpool_postgres::{
-    Manager, ManagerConfig, Object, Pool, QueueMode, RecyclingMethod, Runtime,
+    Manager, ManagerConfig, Object, Pool, PoolError, QueueMode, RecyclingMethod, Runtime,
 };
 use tokio::time::{timeout_at, Instant};
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{CancelToken, NoTls};
+use tokio_postgres::CancelToken;
 
 use super::statements;
+use crate::pgtls::{PgUrlError, UpstreamTls};
 use crate::store::{StoreError, UnavailableReason};
 
 /// Why the backend could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum PgStartError {
-    #[error("the database URL is not valid: {0}")]
-    InvalidUrl(tokio_postgres::Error),
+    #[error("--database-url: {0}")]
+    InvalidUrl(PgUrlError),
+    #[error("could not connect with --database-url: {0}")]
+    Connect(String),
     #[error("could not prepare the fencegate schema: {0}")]
     Migrate(StoreError),
     #[error("the database holds fencegate schema version {found}, newer than this gateway's {supported}; upgrade the gateway")]
@@ -57,24 +60,78 @@ pub(crate) fn server_unavailable(code: &SqlState) -> bool {
     SERVER_UNAVAILABLE.contains(code) || code.code().starts_with("08")
 }
 
+/// A pool of connections to one database, with the TLS they are made with.
+///
+/// A cancel request goes as the pool's sessions do: over TLS, with the same certificate
+/// checks, when their `sslmode` asks for it.
+#[derive(Clone)]
+pub struct PgPool {
+    pool: Pool,
+    tls: UpstreamTls,
+}
+
+impl PgPool {
+    /// At most `size` connections of `config`, each checked by `recycling` when it is
+    /// taken from the pool.
+    pub fn new(
+        config: tokio_postgres::Config,
+        tls: &UpstreamTls,
+        size: usize,
+        recycling: RecyclingMethod,
+    ) -> PgPool {
+        let manager = Manager::from_config(
+            config,
+            tls.make_tls_connect(),
+            ManagerConfig {
+                recycling_method: recycling,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(size)
+            // The most recently used connection first: its Postgres backend is awake and
+            // its caches warm. First-in-first-out would rotate every write through every
+            // idle connection.
+            .queue_mode(QueueMode::Lifo)
+            .runtime(Runtime::Tokio1)
+            .build()
+            .expect("a pool with a runtime always builds");
+        PgPool {
+            pool,
+            tls: tls.clone(),
+        }
+    }
+
+    /// The deadpool pool itself, for callers that need no cancel requests.
+    pub fn into_inner(self) -> Pool {
+        self.pool
+    }
+
+    /// Makes (or takes) one connection now, so that a database the gateway cannot
+    /// reach, log in to or trust says why at start rather than at the first request.
+    pub(crate) async fn check(&self) -> Result<(), String> {
+        match self.pool.get().await {
+            Ok(_) => Ok(()),
+            Err(PoolError::Backend(error)) => Err(error_text(&error)),
+            Err(error) => Err(error.to_string()),
+        }
+    }
+}
+
 /// A pool of at most `size` connections of `config`, as the gateway's writes use.
-pub fn new_pool(config: tokio_postgres::Config, size: usize) -> Pool {
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    Pool::builder(manager)
-        .max_size(size)
-        // The most recently used connection first: its Postgres backend is awake and its
-        // caches warm. First-in-first-out would rotate every write through every idle
-        // connection.
-        .queue_mode(QueueMode::Lifo)
-        .runtime(Runtime::Tokio1)
-        .build()
-        .expect("a pool with a runtime always builds")
+pub fn new_pool(config: tokio_postgres::Config, tls: &UpstreamTls, size: usize) -> PgPool {
+    PgPool::new(config, tls, size, RecyclingMethod::Fast)
+}
+
+/// Whether the session of `client` is encrypted, as the server sees it.
+pub(crate) async fn uses_tls(client: &tokio_postgres::Client) -> Result<bool, StoreError> {
+    let row = client
+        .query_one(
+            "SELECT coalesce((SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), false)",
+            &[],
+        )
+        .await
+        .map_err(|e| classify(e, false))?;
+    Ok(row.get(0))
 }
 
 /// Creates or migrates the `fencegate` schema on `client`, in one transaction,
@@ -115,11 +172,11 @@ const CANCEL_TIMEOUT: Duration = Duration::from_secs(1);
 /// Runs `op` on a connection from `pool`, all before `deadline`; see
 /// [`PgStore::with_client`].
 pub(crate) async fn with_client_until<T>(
-    pool: &Pool,
+    pool: &PgPool,
     deadline: Instant,
     op: impl AsyncFnOnce(&mut Object) -> Result<T, StoreError>,
 ) -> Result<T, StoreError> {
-    let mut client = match timeout_at(deadline, pool.get()).await {
+    let mut client = match timeout_at(deadline, pool.pool.get()).await {
         Ok(Ok(client)) => client,
         Ok(Err(error)) => {
             tracing::warn!(%error, "could not get a database connection");
@@ -139,7 +196,7 @@ pub(crate) async fn with_client_until<T>(
     match timeout_at(deadline, op(&mut client)).await {
         Ok(result) => result,
         Err(_) => {
-            cancel_running(&cancel).await;
+            cancel_running(&cancel, &pool.tls).await;
             drop(Object::take(client));
             Err(StoreError::Unavailable {
                 reason: UnavailableReason::Timeout,
@@ -152,8 +209,9 @@ pub(crate) async fn with_client_until<T>(
 /// Asks Postgres to stop the statement a connection we give up on is running, so that
 /// it releases its locks now rather than when it finishes; bounded by
 /// [`CANCEL_TIMEOUT`]. Closing the connection afterwards rolls back its transaction.
-async fn cancel_running(cancel: &CancelToken) {
-    match tokio::time::timeout(CANCEL_TIMEOUT, cancel.cancel_query(NoTls)).await {
+async fn cancel_running(cancel: &CancelToken, tls: &UpstreamTls) {
+    let cancelled = cancel.cancel_query(tls.make_tls_connect());
+    match tokio::time::timeout(CANCEL_TIMEOUT, cancelled).await {
         Ok(Ok(())) => {}
         Ok(Err(error)) => tracing::warn!(%error, "could not cancel a timed-out statement"),
         Err(_) => tracing::warn!("cancelling a timed-out statement timed out"),
@@ -217,8 +275,13 @@ pub(crate) fn error_text(error: &tokio_postgres::Error) -> String {
     text
 }
 
-/// `host:port/dbname`, without user or password.
-pub(crate) fn describe(config: &tokio_postgres::Config) -> String {
+/// `host:port/dbname` and how TLS is done, without user or password. `used` is what a
+/// connection found, when one was made: with `sslmode=prefer`, the server decides.
+pub(crate) fn describe(
+    config: &tokio_postgres::Config,
+    tls: &UpstreamTls,
+    used: Option<bool>,
+) -> String {
     use tokio_postgres::config::Host;
     let host = match config.get_hosts().first() {
         Some(Host::Tcp(host)) => host.clone(),
@@ -227,8 +290,9 @@ pub(crate) fn describe(config: &tokio_postgres::Config) -> String {
     };
     let port = config.get_ports().first().copied().unwrap_or(5432);
     format!(
-        "postgres at {host}:{port}/{}",
-        config.get_dbname().unwrap_or("(default database)")
+        "postgres at {host}:{port}/{} {}",
+        config.get_dbname().unwrap_or("(default database)"),
+        tls.describe(used)
     )
 }
 

@@ -25,11 +25,11 @@ mod writes;
 pub(crate) use connection::{
     classify, describe, error_text, server_unavailable, with_client_until,
 };
-pub use connection::{migrate, new_pool, PgStartError};
+pub use connection::{migrate, new_pool, PgPool, PgStartError};
 
 use std::time::Duration;
 
-use deadpool_postgres::{Object, Pool};
+use deadpool_postgres::Object;
 use fencegate_proto::headers::Precondition;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
 use tokio::time::Instant;
@@ -58,7 +58,7 @@ pub struct PgOptions {
 
 /// Fences and objects in a Postgres database, schema `fencegate`.
 pub struct PgStore {
-    pool: Pool,
+    pool: PgPool,
     timeout: Duration,
     group: group::GroupCommit,
     description: String,
@@ -76,14 +76,16 @@ impl PgStore {
             group_size,
             off_lanes,
         } = options;
-        let mut pg_config: tokio_postgres::Config =
-            url.parse().map_err(PgStartError::InvalidUrl)?;
+        let crate::pgtls::PgUrl {
+            config: mut pg_config,
+            tls,
+        } = crate::pgtls::parse(url).map_err(PgStartError::InvalidUrl)?;
         if pg_config.get_application_name().is_none() {
             pg_config.application_name("fencegate");
         }
         pg_config.connect_timeout(timeout);
         pg_config.keepalives_idle(Duration::from_secs(30));
-        let description = describe(&pg_config);
+        let place = pg_config.clone();
         // The write lanes' own connections give up on a fence lock after a moment, so
         // that one locked resource cannot hold a lane (see `group`).
         let mut lane_config = pg_config.clone();
@@ -92,10 +94,11 @@ impl PgStore {
             Some(theirs) => format!("{theirs} {lock_timeout}"),
             None => lock_timeout,
         });
-        let pool = new_pool(pg_config, pool_size);
-        let store = PgStore {
+        let pool = new_pool(pg_config, &tls, pool_size);
+        pool.check().await.map_err(PgStartError::Connect)?;
+        let mut store = PgStore {
             group: group::GroupCommit::start(
-                new_pool(lane_config, write_lanes),
+                new_pool(lane_config, &tls, write_lanes),
                 pool.clone(),
                 write_lanes,
                 group_commit_max,
@@ -105,12 +108,17 @@ impl PgStore {
             ),
             pool,
             timeout,
-            description,
+            description: String::new(),
         };
         store
             .with_client(async |client| Ok(migrate(client).await))
             .await
             .map_err(PgStartError::Migrate)??;
+        let used = store
+            .with_client(async |client| connection::uses_tls(client).await)
+            .await
+            .map_err(PgStartError::Migrate)?;
+        store.description = describe(&place, &tls, Some(used));
         Ok(store)
     }
 

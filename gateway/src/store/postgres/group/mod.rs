@@ -56,14 +56,14 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{Object, Pool};
+use deadpool_postgres::Object;
 use fencegate_proto::ResourceName;
 use futures_util::future::{maybe_done, MaybeDone};
 use prometheus::{Histogram, IntGauge};
 use tokio::sync::{mpsc, oneshot, Mutex};
 use tokio::time::Instant;
 
-use crate::store::postgres::connection::{classify, with_client_until};
+use crate::store::postgres::connection::{classify, with_client_until, PgPool};
 use crate::store::postgres::statements;
 use crate::store::postgres::writes::{applied, write_unconditional, Attempt};
 use crate::store::{StoreError, UnavailableReason, Write, WriteOp};
@@ -80,9 +80,9 @@ pub struct GroupCommit {
 /// What every lane shares.
 struct Lanes {
     /// The lanes' connections, with `--write-lock-timeout`.
-    pool: Pool,
+    pool: PgPool,
     /// The shared pool, where writes of a locked resource wait for it.
-    slow: Pool,
+    slow: PgPool,
     /// The writes of locked resources waiting off the lanes.
     off_lanes: Arc<OffLanes>,
     receiver: Mutex<mpsc::Receiver<Queued>>,
@@ -104,8 +104,8 @@ impl GroupCommit {
     /// writes of a locked resource wait on `slow`. They stop when the returned value is
     /// dropped.
     pub fn start(
-        pool: Pool,
-        slow: Pool,
+        pool: PgPool,
+        slow: PgPool,
         lanes: usize,
         max_group: usize,
         timeout: Duration,
@@ -233,7 +233,7 @@ impl OffLanes {
 
     /// Sends `blocked`'s writes off the lanes, behind those of their resource already
     /// there.
-    fn divert(self: &Arc<Self>, pool: &Pool, blocked: Vec<Queued>) {
+    fn divert(self: &Arc<Self>, pool: &PgPool, blocked: Vec<Queued>) {
         let mut queues = self.queues();
         for writes in runs_by_resource(blocked) {
             let resource = writes[0].write.resource.clone();
@@ -274,7 +274,7 @@ impl OffLanes {
     }
 
     /// Applies `resource`'s queue in order until it is empty, then removes it.
-    async fn drain(self: Arc<Self>, pool: Pool, resource: ResourceName) {
+    async fn drain(self: Arc<Self>, pool: PgPool, resource: ResourceName) {
         loop {
             let next = {
                 let mut queues = self.queues();
