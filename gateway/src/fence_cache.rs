@@ -7,6 +7,14 @@
 //! upwards. So a rejection from the cache is always correct, and the cache may only
 //! reject early — the database decides everything else. Losing an entry (eviction,
 //! restart) loses the shortcut, never correctness.
+//!
+//! # Resets
+//!
+//! An administrator's fence reset ([`crate::store::leases`]) lowers a durable fence,
+//! which the invariant above does not foresee. A replica that learns of a reset
+//! [forgets](FenceCache::forget) the resource, and moves the cache to a new
+//! *generation*: a result read before the reset but reported after it carries the old
+//! generation ([`Seen`]) and is ignored, so the forgotten value cannot come back.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -29,7 +37,14 @@ pub struct FenceCache {
     /// Tracks `map.len()` without visiting every shard.
     len: AtomicUsize,
     capacity: usize,
+    /// Moves on at every reset; see the module doc.
+    generation: AtomicU64,
 }
+
+/// The cache generation a backend call started in: its results may raise the cache
+/// only if no reset was learned since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen(u64);
 
 /// The outcome of [`FenceCache::raise`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,6 +59,39 @@ impl FenceCache {
             map: DashMap::new(),
             len: AtomicUsize::new(0),
             capacity: capacity.max(1),
+            generation: AtomicU64::new(0),
+        }
+    }
+
+    /// The generation now: taken before a backend call whose result will raise the cache.
+    pub fn seen(&self) -> Seen {
+        Seen(self.generation.load(Ordering::Acquire))
+    }
+
+    /// Records that `token` was committed for `resource` by a call that started at
+    /// `seen`; ignored if a reset was learned since.
+    pub fn raise_seen(&self, resource: &ResourceName, token: Token, seen: Seen) -> Raised {
+        if self.seen() != seen {
+            return Raised { changed: false };
+        }
+        let raised = self.raise(resource, token);
+        if self.seen() != seen {
+            // A reset was learned while raising: whatever was written goes too.
+            self.remove(resource);
+            return Raised { changed: false };
+        }
+        raised
+    }
+
+    /// Forgets `resource` after a reset of its fence, and starts a new generation.
+    pub fn forget(&self, resource: &ResourceName) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.remove(resource);
+    }
+
+    fn remove(&self, resource: &ResourceName) {
+        if self.map.remove(resource.as_str()).is_some() {
+            self.len.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
@@ -76,9 +124,10 @@ impl FenceCache {
     }
 
     /// Counts a stale rejection for `resource` and returns the count since the entry was
-    /// created. `highest` is the committed token that caused the rejection.
-    pub fn count_rejection(&self, resource: &ResourceName, highest: Token) -> u64 {
-        self.raise(resource, highest);
+    /// created. `highest` is the committed token that caused the rejection, read by a
+    /// call that started at `seen`.
+    pub fn count_rejection(&self, resource: &ResourceName, highest: Token, seen: Seen) -> u64 {
+        self.raise_seen(resource, highest, seen);
         self.count_reported_rejection(resource)
     }
 
@@ -91,6 +140,24 @@ impl FenceCache {
             // Evicted between the two calls; the count restarts.
             None => 1,
         }
+    }
+
+    /// Every resource and its cached token, in batches of at most `batch`.
+    pub fn snapshot(&self, batch: usize) -> Vec<Vec<(ResourceName, Token)>> {
+        let mut batches: Vec<Vec<(ResourceName, Token)>> = Vec::new();
+        for entry in self.map.iter() {
+            let (Ok(resource), Ok(token)) = (
+                ResourceName::new(&**entry.key()),
+                Token::new(entry.highest.load(Ordering::Acquire)),
+            ) else {
+                continue;
+            };
+            match batches.last_mut() {
+                Some(last) if last.len() < batch => last.push((resource, token)),
+                _ => batches.push(vec![(resource, token)]),
+            }
+        }
+        batches
     }
 
     pub fn len(&self) -> usize {
@@ -138,9 +205,26 @@ mod tests {
         assert!(!cache.raise(&res("a"), tok(41)).changed);
         assert!(!cache.raise(&res("a"), tok(42)).changed);
         assert_eq!(cache.highest(&res("a")), Some(tok(42)));
-        assert_eq!(cache.count_rejection(&res("a"), tok(42)), 1);
-        assert_eq!(cache.count_rejection(&res("a"), tok(43)), 2);
+        let seen = cache.seen();
+        assert_eq!(cache.count_rejection(&res("a"), tok(42), seen), 1);
+        assert_eq!(cache.count_rejection(&res("a"), tok(43), seen), 2);
         assert_eq!(cache.highest(&res("a")), Some(tok(43)));
+    }
+
+    #[test]
+    fn a_reset_is_not_undone_by_results_read_before_it() {
+        let cache = FenceCache::new(10);
+        let before = cache.seen();
+        cache.raise_seen(&res("a"), Token::MAX, before);
+        cache.forget(&res("a"));
+        assert_eq!(cache.highest(&res("a")), None);
+        // A write that started before the reset reports late.
+        assert!(!cache.raise_seen(&res("a"), Token::MAX, before).changed);
+        assert_eq!(cache.highest(&res("a")), None);
+        assert_eq!(cache.len(), 0);
+        let after = cache.seen();
+        assert!(cache.raise_seen(&res("a"), tok(9), after).changed);
+        assert_eq!(cache.highest(&res("a")), Some(tok(9)));
     }
 
     #[test]

@@ -48,6 +48,7 @@ pub(crate) mod coordinator;
 pub mod dbfence;
 pub(crate) mod error;
 pub(crate) mod fence_cache;
+pub(crate) mod issuers;
 pub(crate) mod metrics;
 pub(crate) mod pgdoor;
 pub mod pgtls;
@@ -88,6 +89,8 @@ pub enum StartError {
     Auth(#[from] auth::AuthFileError),
     #[error(transparent)]
     Tls(#[from] server::tls::TlsError),
+    #[error("invalid issuer binding: {0}")]
+    Issuers(String),
     #[error("the listener has no local address: {0}")]
     Listener(std::io::Error),
     #[error(transparent)]
@@ -160,7 +163,19 @@ pub async fn run(
         _ => None,
     };
     warn_of_idle_certificate_settings(auth.as_deref(), tls.as_deref());
-    let coordinator = Arc::new(Coordinator::new(&config, store, sql, metrics, auth));
+    let issuers = issuers::Issuers::new(&config.issuers, config.database_url.as_deref())
+        .map_err(StartError::Issuers)?;
+    if let Store::Postgres(pg) = &store {
+        // The in-database fence refuses unissued tokens of the same resources.
+        pg.write_bindings(&config.issuers.bindings)
+            .await
+            .map_err(|error| {
+                StartError::Issuers(format!("could not record the bindings: {error}"))
+            })?;
+    }
+    let coordinator = Arc::new(Coordinator::new(
+        &config, store, sql, metrics, auth, issuers,
+    ));
     let limits = server::Limits {
         max_connections: server::connection_cap(config.max_connections),
         max_header_size: config.max_header_size,
@@ -193,6 +208,8 @@ pub async fn run(
         _ => None,
     };
     tokio::spawn(Arc::clone(&coordinator).summarise_unlogged_rejections());
+    coordinator.start_following_resets().await;
+    tokio::spawn(Arc::clone(&coordinator).follow_resets());
     let addr = listener.local_addr().map_err(StartError::Listener)?;
     let pg_addr = match &door {
         Some((listener, ..)) => Some(listener.local_addr().map_err(StartError::Listener)?),

@@ -12,6 +12,9 @@
 //!   term is live and only for writes that cannot apply twice: those with a version
 //!   precondition (`If-Match: "<n>"`, or "must not exist"). If the first attempt did
 //!   apply, the retry answers `version_mismatch`: the caller reads before deciding.
+//! - `403 token_not_issued` / `token_holder_mismatch` end the term too
+//!   ([`LossReason::TokenRefused`]): no write of it will ever be accepted.
+//! - With [`FencedClient::with_key`], every request carries `Authorization: Bearer`.
 //! - Error answers are decoded into the wire contract's [`ErrorBody`]; branching is on
 //!   [`ErrorCode`], never on message text.
 
@@ -93,6 +96,8 @@ pub struct FencedClient {
     http: hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>>,
     timeout: Duration,
     retries: u32,
+    /// `Authorization: Bearer <key>`, when the gateway authenticates.
+    authorization: Option<HeaderValue>,
 }
 
 impl FencedClient {
@@ -113,7 +118,17 @@ impl FencedClient {
             http,
             timeout: DEFAULT_REQUEST_TIMEOUT,
             retries: DEFAULT_RETRIES,
+            authorization: None,
         })
+    }
+
+    /// Authenticates every request with `key` (the gateway's `--auth-file`).
+    pub fn with_key(mut self, key: &str) -> Result<FencedClient, WriteError> {
+        let mut value = HeaderValue::from_str(&format!("Bearer {key}"))
+            .map_err(|_| WriteError::Protocol("the key is not a valid header value".into()))?;
+        value.set_sensitive(true);
+        self.authorization = Some(value);
+        Ok(self)
     }
 
     /// Sets how long one request may take.
@@ -201,9 +216,10 @@ impl FencedClient {
         resource: &ResourceName,
         key: &ObjectKey,
     ) -> Result<Option<Object>, WriteError> {
-        let request = Request::get(format!("{}{}", self.base, kv_path(resource, key)))
+        let mut request = Request::get(format!("{}{}", self.base, kv_path(resource, key)))
             .body(Full::new(Bytes::new()))
             .expect("a GET request is valid");
+        self.authorize(&mut request);
         let response = self.send(request).await?;
         let (status, headers, body) = response;
         if status == StatusCode::OK {
@@ -262,6 +278,24 @@ impl FencedClient {
                 WriteError::Refused { body, .. } if body.error == ErrorCode::StaleToken => {
                     return Err(stale(term, resource, *body))
                 }
+                WriteError::Refused { ref body, .. }
+                    if matches!(
+                        body.error,
+                        ErrorCode::TokenNotIssued | ErrorCode::TokenHolderMismatch
+                    ) =>
+                {
+                    if term.end(LossReason::TokenRefused) {
+                        tracing::warn!(
+                            lease = term.lease(),
+                            holder = term.holder(),
+                            resource = resource.as_str(),
+                            presented = term.epoch().get(),
+                            code = body.error.as_str(),
+                            "token refused by the resource's issuer: leadership lost"
+                        );
+                    }
+                    return Err(error);
+                }
                 WriteError::Transport(_) if idempotent && attempt < self.retries => {
                     tracing::debug!(%error, attempt, "resending an idempotent write");
                     tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt)).await;
@@ -293,9 +327,35 @@ impl FencedClient {
             Precondition::MustExist => request.header(IF_MATCH, "*"),
             Precondition::Version(version) => request.header(IF_MATCH, etag(version)),
         };
-        request
+        let mut request = request
             .body(Full::new(body))
-            .expect("method, URI and headers were validated")
+            .expect("method, URI and headers were validated");
+        self.authorize(&mut request);
+        request
+    }
+
+    fn authorize(&self, request: &mut Request<Full<Bytes>>) {
+        if let Some(authorization) = &self.authorization {
+            request
+                .headers_mut()
+                .insert(http::header::AUTHORIZATION, authorization.clone());
+        }
+    }
+
+    /// `POST {path}` with a JSON body, authenticated; for the lease store.
+    pub(crate) async fn post_json(
+        &self,
+        path: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<(StatusCode, http::HeaderMap, Bytes), WriteError> {
+        let body = serde_json::to_vec(body)
+            .map_err(|e| WriteError::Protocol(format!("a body that does not encode: {e}")))?;
+        let mut request = Request::post(format!("{}{path}", self.base))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .expect("a POST request is valid");
+        self.authorize(&mut request);
+        self.send(request).await
     }
 
     async fn send(
@@ -362,7 +422,7 @@ fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, WriteError> 
 }
 
 /// Decodes an error answer. `Err` only when it is outside the contract.
-fn refusal(
+pub(crate) fn refusal(
     status: StatusCode,
     headers: &http::HeaderMap,
     body: &[u8],

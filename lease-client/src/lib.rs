@@ -74,6 +74,7 @@ pub use config::{ConfigError, LeaseConfig};
 pub use elector::{Elector, Transition};
 #[cfg(feature = "prometheus")]
 pub use metrics::LeaseMetrics;
+pub use store::gateway::GatewayStore;
 pub use store::postgres::PostgresStore;
 #[cfg(feature = "redis")]
 pub use store::redis::RedisStore;

@@ -17,6 +17,9 @@ pub enum LossReason {
     RenewDeadline,
     /// The gateway rejected a write of this term as stale: a newer term has written.
     StaleRejection,
+    /// The gateway refused a token of this term as not issued by the resource's issuer,
+    /// or issued to another identity: the term cannot write.
+    TokenRefused,
     /// The leading code finished; the lease was handed back.
     Released,
     /// The elector was asked to stop; the lease was handed back.
@@ -24,10 +27,11 @@ pub enum LossReason {
 }
 
 impl LossReason {
-    pub const ALL: [LossReason; 5] = [
+    pub const ALL: [LossReason; 6] = [
         LossReason::Replaced,
         LossReason::RenewDeadline,
         LossReason::StaleRejection,
+        LossReason::TokenRefused,
         LossReason::Released,
         LossReason::Shutdown,
     ];
@@ -37,6 +41,7 @@ impl LossReason {
             LossReason::Replaced => "replaced",
             LossReason::RenewDeadline => "renew_deadline",
             LossReason::StaleRejection => "stale_rejection",
+            LossReason::TokenRefused => "token_refused",
             LossReason::Released => "released",
             LossReason::Shutdown => "shutdown",
         }

@@ -69,6 +69,15 @@ pub struct ErrorBody {
     /// The Postgres SQLSTATE of a failed statement (`sql_error`), e.g. `23505`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sqlstate: Option<String>,
+    /// The holder of the lease (`lease_held`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<String>,
+    /// How long the lease has left, in milliseconds (`lease_held`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_ms: Option<u64>,
+    /// The highest token the resource's issuer has issued (`token_not_issued`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issued: Option<Token>,
 }
 
 impl ErrorBody {
@@ -84,8 +93,68 @@ impl ErrorBody {
             statement: None,
             parameter: None,
             sqlstate: None,
+            holder: None,
+            expires_in_ms: None,
+            issued: None,
         }
     }
+}
+
+/// The body of `POST /v1/leases/{resource}/{acquire|renew|release}`. Acquire takes
+/// `holder` and `ttl_ms`; renew `holder`, `token` and `ttl_ms`; release `holder` and
+/// `token`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LeaseRequest {
+    /// Who holds the lease: a name unique among the running candidates.
+    pub holder: String,
+    /// The token of the term being renewed or released.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<Token>,
+    /// How long the lease lasts from now, on the gateway's clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+}
+
+/// A hosted lease as the gateway sees it: the answer of `GET /v1/leases/{resource}`
+/// and of an acquire, renew or release.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseState {
+    pub resource: ResourceName,
+    /// Whether a holder holds the lease now (it has a holder and has not expired).
+    pub held: bool,
+    /// The latest holder; `null` if the lease was released or never taken.
+    pub holder: Option<String>,
+    /// The authenticated identity that took the lease; `null` without authentication.
+    pub identity: Option<String>,
+    /// The latest token minted for the lease (the fence was raised to it at the same
+    /// time); `null` if the lease was never taken.
+    pub token: Option<Token>,
+    /// How long the lease has left, in milliseconds; `0` once expired or released.
+    pub expires_in_ms: u64,
+}
+
+/// The body of `POST /v1/fences/{resource}/reset`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FenceResetRequest {
+    /// The highest token the resource keeps: at least every token its issuer issued
+    /// (or, for a resource without an issuer, every token its objects were written with).
+    pub to: Token,
+    /// Why: kept in the audit record and the log.
+    pub reason: String,
+}
+
+/// The answer of an applied fence reset.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FenceResetDone {
+    pub resource: ResourceName,
+    /// The highest token before the reset.
+    pub from: Token,
+    pub to: Token,
+    /// The number of the reset in the audit log; replicas forget what they cached of
+    /// the resource once they see it.
+    pub generation: u64,
 }
 
 /// The body of `POST /v1/sql/{resource}`: statements run in order, in one

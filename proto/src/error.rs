@@ -71,11 +71,29 @@ pub enum ErrorCode {
     /// 403: the caller's identity has no grant for this action on this resource; nothing
     /// was done.
     Forbidden,
+    /// 409: the hosted lease is held by another holder and has not expired; the body
+    /// names the holder and how long the lease has left.
+    LeaseHeld,
+    /// 409: renew or release of a hosted lease that this holder no longer holds at this
+    /// token (it expired, or another holder took it): the term is over.
+    LeaseLost,
+    /// 403: the resource is bound to an issuer that never issued the presented token;
+    /// nothing was applied and the fence did not move.
+    TokenNotIssued,
+    /// 403: the presented token was issued to another holder than the caller's identity;
+    /// nothing was applied.
+    TokenHolderMismatch,
+    /// 409: the resource's fence is at the largest token, so no new term can start;
+    /// an administrator must reset the fence.
+    TokensExhausted,
+    /// 409: a fence reset that does not lower the fence, or would lower it below a token
+    /// that was issued or written with; nothing changed.
+    ResetRefused,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and for exhaustive tests.
-    pub const ALL: [ErrorCode; 26] = [
+    pub const ALL: [ErrorCode; 32] = [
         ErrorCode::StaleToken,
         ErrorCode::VersionMismatch,
         ErrorCode::MissingToken,
@@ -102,6 +120,12 @@ impl ErrorCode {
         ErrorCode::ShuttingDown,
         ErrorCode::Unauthenticated,
         ErrorCode::Forbidden,
+        ErrorCode::LeaseHeld,
+        ErrorCode::LeaseLost,
+        ErrorCode::TokenNotIssued,
+        ErrorCode::TokenHolderMismatch,
+        ErrorCode::TokensExhausted,
+        ErrorCode::ResetRefused,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -132,13 +156,23 @@ impl ErrorCode {
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::Unauthenticated => "unauthenticated",
             ErrorCode::Forbidden => "forbidden",
+            ErrorCode::LeaseHeld => "lease_held",
+            ErrorCode::LeaseLost => "lease_lost",
+            ErrorCode::TokenNotIssued => "token_not_issued",
+            ErrorCode::TokenHolderMismatch => "token_holder_mismatch",
+            ErrorCode::TokensExhausted => "tokens_exhausted",
+            ErrorCode::ResetRefused => "reset_refused",
         }
     }
 
     /// The HTTP status this code is always answered with.
     pub const fn status(self) -> u16 {
         match self {
-            ErrorCode::StaleToken => 409,
+            ErrorCode::StaleToken
+            | ErrorCode::LeaseHeld
+            | ErrorCode::LeaseLost
+            | ErrorCode::TokensExhausted
+            | ErrorCode::ResetRefused => 409,
             ErrorCode::VersionMismatch => 412,
             ErrorCode::MissingToken => 428,
             ErrorCode::InvalidToken
@@ -152,7 +186,10 @@ impl ErrorCode {
             | ErrorCode::StatementNotAllowed
             | ErrorCode::UnsupportedType
             | ErrorCode::TooManyStatements => 400,
-            ErrorCode::SqlDisabled | ErrorCode::Forbidden => 403,
+            ErrorCode::SqlDisabled
+            | ErrorCode::Forbidden
+            | ErrorCode::TokenNotIssued
+            | ErrorCode::TokenHolderMismatch => 403,
             ErrorCode::Unauthenticated => 401,
             ErrorCode::BodyTooLarge => 413,
             ErrorCode::NotFound => 404,

@@ -4,7 +4,10 @@
 //! /v1/kv/{resource}/{key}        key: percent-decoded, may contain '/'
 //! /v1/fences/{resource}
 //! /v1/fences/{resource}/advance
+//! /v1/fences/{resource}/reset
 //! /v1/sql/{resource}
+//! /v1/leases/{resource}
+//! /v1/leases/{resource}/{acquire|renew|release}
 //! /metrics  /healthz  /readyz  /v1/openapi.json
 //! ```
 
@@ -26,9 +29,22 @@ pub enum Target {
     FenceAdvance {
         resource: ResourceName,
     },
+    /// An administrator's reset of a fence raised by a token that was never issued.
+    FenceReset {
+        resource: ResourceName,
+    },
     /// A fenced SQL transaction on the resource's fence.
     Sql {
         resource: ResourceName,
+    },
+    /// A lease hosted by the gateway, which fences the resource of the same name.
+    Lease {
+        resource: ResourceName,
+    },
+    /// A step of a hosted lease's life.
+    LeaseStep {
+        resource: ResourceName,
+        step: LeaseStep,
     },
     Metrics,
     Healthz,
@@ -44,11 +60,40 @@ pub enum Family {
     Object,
     Fence,
     FenceAdvance,
+    FenceReset,
     Sql,
+    Lease,
+    LeaseStep,
     Metrics,
     Healthz,
     Readyz,
     OpenApi,
+}
+
+/// What a `POST /v1/leases/{resource}/{step}` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeaseStep {
+    Acquire,
+    Renew,
+    Release,
+}
+
+impl LeaseStep {
+    pub const ALL: [LeaseStep; 3] = [LeaseStep::Acquire, LeaseStep::Renew, LeaseStep::Release];
+
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            LeaseStep::Acquire => "acquire",
+            LeaseStep::Renew => "renew",
+            LeaseStep::Release => "release",
+        }
+    }
+
+    fn parse(segment: &str) -> Option<LeaseStep> {
+        LeaseStep::ALL
+            .into_iter()
+            .find(|step| step.as_str() == segment)
+    }
 }
 
 impl Family {
@@ -65,9 +110,18 @@ impl Family {
             return Some(Family::Object);
         }
         if let Some(rest) = path.strip_prefix(FENCES) {
-            return Some(match rest.ends_with(ADVANCE) {
-                true => Family::FenceAdvance,
-                false => Family::Fence,
+            return Some(if rest.ends_with(ADVANCE) {
+                Family::FenceAdvance
+            } else if rest.ends_with(RESET) {
+                Family::FenceReset
+            } else {
+                Family::Fence
+            });
+        }
+        if let Some(rest) = path.strip_prefix(LEASES) {
+            return Some(match rest.contains('/') {
+                true => Family::LeaseStep,
+                false => Family::Lease,
             });
         }
         path.starts_with(SQL).then_some(Family::Sql)
@@ -77,7 +131,9 @@ impl Family {
 const KV: &str = "/v1/kv/";
 const FENCES: &str = "/v1/fences/";
 const SQL: &str = "/v1/sql/";
+const LEASES: &str = "/v1/leases/";
 const ADVANCE: &str = "/advance";
+const RESET: &str = "/reset";
 
 /// Why a path names nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -96,7 +152,13 @@ impl Target {
             Family::Healthz => return Ok(Target::Healthz),
             Family::Readyz => return Ok(Target::Readyz),
             Family::OpenApi => return Ok(Target::OpenApi),
-            Family::Object | Family::Fence | Family::FenceAdvance | Family::Sql => {}
+            Family::Object
+            | Family::Fence
+            | Family::FenceAdvance
+            | Family::FenceReset
+            | Family::Sql
+            | Family::Lease
+            | Family::LeaseStep => {}
         }
         if let Some(rest) = path.strip_prefix(KV) {
             let (resource, key) = rest.split_once('/').unwrap_or((rest, ""));
@@ -119,7 +181,24 @@ impl Target {
                 Some((resource, "advance")) => Ok(Target::FenceAdvance {
                     resource: resource_segment(resource)?,
                 }),
+                Some((resource, "reset")) => Ok(Target::FenceReset {
+                    resource: resource_segment(resource)?,
+                }),
                 Some(_) => Err(PathError::NotFound),
+            };
+        }
+        if let Some(rest) = path.strip_prefix(LEASES) {
+            return match rest.split_once('/') {
+                None => Ok(Target::Lease {
+                    resource: resource_segment(rest)?,
+                }),
+                Some((resource, step)) => match LeaseStep::parse(step) {
+                    Some(step) => Ok(Target::LeaseStep {
+                        resource: resource_segment(resource)?,
+                        step,
+                    }),
+                    None => Err(PathError::NotFound),
+                },
             };
         }
         if let Some(resource) = path.strip_prefix(SQL) {
@@ -143,7 +222,12 @@ impl Target {
             }
             Target::Fence { resource } => format!("{FENCES}{resource}"),
             Target::FenceAdvance { resource } => format!("{FENCES}{resource}{ADVANCE}"),
+            Target::FenceReset { resource } => format!("{FENCES}{resource}{RESET}"),
             Target::Sql { resource } => format!("{SQL}{resource}"),
+            Target::Lease { resource } => format!("{LEASES}{resource}"),
+            Target::LeaseStep { resource, step } => {
+                format!("{LEASES}{resource}/{}", step.as_str())
+            }
             Target::Metrics => "/metrics".to_owned(),
             Target::Healthz => "/healthz".to_owned(),
             Target::Readyz => "/readyz".to_owned(),
@@ -156,7 +240,10 @@ impl Target {
             Target::Object { .. } => Family::Object,
             Target::Fence { .. } => Family::Fence,
             Target::FenceAdvance { .. } => Family::FenceAdvance,
+            Target::FenceReset { .. } => Family::FenceReset,
             Target::Sql { .. } => Family::Sql,
+            Target::Lease { .. } => Family::Lease,
+            Target::LeaseStep { .. } => Family::LeaseStep,
             Target::Metrics => Family::Metrics,
             Target::Healthz => Family::Healthz,
             Target::Readyz => Family::Readyz,
@@ -266,6 +353,25 @@ mod tests {
                 resource: res("sweeper")
             })
         );
+        assert_eq!(
+            Target::parse("/v1/fences/orders/reset"),
+            Ok(Target::FenceReset {
+                resource: res("orders")
+            })
+        );
+        assert_eq!(
+            Target::parse("/v1/leases/orders"),
+            Ok(Target::Lease {
+                resource: res("orders")
+            })
+        );
+        assert_eq!(
+            Target::parse("/v1/leases/orders/renew"),
+            Ok(Target::LeaseStep {
+                resource: res("orders"),
+                step: LeaseStep::Renew
+            })
+        );
         assert_eq!(Target::parse("/metrics"), Ok(Target::Metrics));
     }
 
@@ -277,6 +383,14 @@ mod tests {
             Err(PathError::NotFound)
         );
         assert_eq!(Target::parse("/v1/sql/a/b"), Err(PathError::NotFound));
+        assert_eq!(
+            Target::parse("/v1/leases/a/steal"),
+            Err(PathError::NotFound)
+        );
+        assert_eq!(
+            Target::parse("/v1/leases/a/acquire/x"),
+            Err(PathError::NotFound)
+        );
         assert!(matches!(
             Target::parse("/v1/sql/"),
             Err(PathError::Invalid(ProtoError::InvalidResource(_)))
@@ -356,6 +470,17 @@ mod tests {
             resource
                 .clone()
                 .prop_map(|resource| Target::FenceAdvance { resource }),
+            resource
+                .clone()
+                .prop_map(|resource| Target::FenceReset { resource }),
+            resource
+                .clone()
+                .prop_map(|resource| Target::Lease { resource }),
+            (
+                resource.clone(),
+                prop::sample::select(LeaseStep::ALL.to_vec())
+            )
+                .prop_map(|(resource, step)| Target::LeaseStep { resource, step }),
             resource.prop_map(|resource| Target::Sql { resource }),
             Just(Target::Metrics),
             Just(Target::Healthz),

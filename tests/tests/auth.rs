@@ -87,6 +87,9 @@ fn routes(resource: &str) -> Vec<(Method, String)> {
         (Method::GET, format!("/v1/fences/{resource}")),
         (Method::POST, format!("/v1/fences/{resource}/advance")),
         (Method::POST, format!("/v1/sql/{resource}")),
+        (Method::GET, format!("/v1/leases/{resource}")),
+        (Method::POST, format!("/v1/leases/{resource}/acquire")),
+        (Method::POST, format!("/v1/fences/{resource}/reset")),
         (Method::GET, "/metrics".to_owned()),
         (Method::GET, "/readyz".to_owned()),
         (Method::GET, "/v1/openapi.json".to_owned()),
@@ -168,6 +171,14 @@ async fn every_route_needs_a_key_and_a_grant_and_refusals_change_nothing() {
             "/v1/fences/sweeper/advance".to_owned(),
         ),
         (&reader, Method::POST, "/v1/sql/sweeper".to_owned()),
+        (
+            &reader,
+            Method::POST,
+            "/v1/leases/sweeper/acquire".to_owned(),
+        ),
+        (&writer, Method::POST, "/v1/leases/sweeper/renew".to_owned()),
+        (&writer, Method::POST, "/v1/fences/sweeper/reset".to_owned()),
+        (&monitor, Method::GET, "/v1/leases/sweeper".to_owned()),
         (&reader, Method::GET, "/metrics".to_owned()),
         (&reader, Method::GET, kv_path("orders", "k")),
         (&writer, Method::PUT, kv_path("sweeper-x", "k")),
@@ -227,6 +238,19 @@ async fn every_route_needs_a_key_and_a_grant_and_refusals_change_nothing() {
     )
     .await;
     assert_eq!(fence.json()["highest"], 5, "{:?}", fence.json());
+    let lease = call(
+        &client,
+        Method::GET,
+        "/v1/leases/sweeper",
+        Some(&reader),
+        "1",
+    )
+    .await;
+    assert_eq!(
+        (lease.json()["held"].clone(), lease.json()["token"].clone()),
+        (serde_json::json!(false), serde_json::Value::Null),
+        "no refused lease step took the lease"
+    );
     assert_eq!(read.header("etag"), Some("\"1\""));
     let again = call(
         &client,

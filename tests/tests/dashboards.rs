@@ -579,11 +579,19 @@ async fn every_query_runs_against_a_live_gateway_and_every_alert_fires() {
             .wait_for_firing("FencegateBackendErrors", None, down)
             .await,
     );
+    // While the gateway cannot reach it, the database loses the commit of token 100
+    // (as a failover to an asynchronous standby would): when the connection comes
+    // back, the gateway finds the fence behind what it saw committed, and restores it.
+    db.execute(&format!(
+        "UPDATE fencegate.fences SET highest = 50 WHERE resource = '{RESOURCE}'"
+    ))
+    .await;
     // Kept until the end: the gateway reaches its database through it.
     let _database = database.restore().await;
     let back = Instant::now();
     loop {
-        let reply = client.put(RESOURCE, "o-2", 100, "after outage").await;
+        // Another resource: a write to RESOURCE would raise its fence itself.
+        let reply = client.put("invoices", "i-3", 2, "after outage").await;
         if reply.status == 201 {
             break;
         }
@@ -593,6 +601,18 @@ async fn every_query_runs_against_a_live_gateway_and_every_alert_fires() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+
+    detections.push(
+        prometheus
+            .wait_for_firing("FencegateFenceRegressed", None, back)
+            .await,
+    );
+    let restored = client.read_highest(RESOURCE).await;
+    assert_eq!(
+        restored,
+        Some(100),
+        "the fence is back at the token seen committed"
+    );
 
     // A flapping leader: seven terms in a row on one resource, each one scraped.
     let first_term = Instant::now();

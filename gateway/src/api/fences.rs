@@ -34,6 +34,9 @@ pub async fn advance(
     let fencing = fencing_of(request, &resource)?;
     coordinator.check_cached(&resource, None, &fencing)?;
     let _in_flight = coordinator.write_permit()?;
+    coordinator
+        .check_issued(&resource, &fencing, request.identity.as_deref())
+        .await?;
     coordinator.advance(&resource, &fencing).await?;
     Ok(json_response(
         StatusCode::OK,

@@ -38,6 +38,9 @@ pub async fn write(
     let precondition = Precondition::from_headers(&request.head.headers)?;
     coordinator.check_cached(&resource, Some(&key), &fencing)?;
     let _in_flight = coordinator.write_permit()?;
+    coordinator
+        .check_issued(&resource, &fencing, request.identity.as_deref())
+        .await?;
     // The body's memory stays counted until the write is done with it.
     let (op, _body) = match change {
         Change::Put => {

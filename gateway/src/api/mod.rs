@@ -21,10 +21,13 @@
 //! - [`kv`]: `GET/PUT/DELETE /v1/kv/{resource}/{key}`
 //! - [`fences`]: `GET /v1/fences/{resource}`, `POST /v1/fences/{resource}/advance`
 //! - [`sql`]: `POST /v1/sql/{resource}`
+//! - [`leases`]: `GET /v1/leases/{resource}`, `POST /v1/leases/{resource}/{step}`,
+//!   `POST /v1/fences/{resource}/reset`
 //! - [`ops`]: `/metrics`, `/healthz`, `/readyz`, `/v1/openapi.json`
 
 mod fences;
 mod kv;
+mod leases;
 mod ops;
 mod request;
 mod response;
@@ -121,6 +124,7 @@ async fn dispatch(
     if let Some(identity) = identity {
         tracing::Span::current().record("identity", identity.name.as_str());
         authorize(&identity, &method, &target)?;
+        request.identity = Some(identity.name.clone());
     }
     match (method, target) {
         (Method::GET, Target::Object { resource, key }) => {
@@ -141,8 +145,18 @@ async fn dispatch(
             fences::advance(coordinator, resource, request).await
         }
         (_, Target::FenceAdvance { .. }) => Err(ApiError::MethodNotAllowed { allow: "POST" }),
+        (Method::POST, Target::FenceReset { resource }) => {
+            leases::reset(coordinator, resource, request).await
+        }
         (Method::POST, Target::Sql { resource }) => sql::post(coordinator, resource, request).await,
-        (_, Target::Sql { .. }) => Err(ApiError::MethodNotAllowed { allow: "POST" }),
+        (Method::GET, Target::Lease { resource }) => leases::get(coordinator, resource).await,
+        (_, Target::Lease { .. }) => Err(ApiError::MethodNotAllowed { allow: "GET" }),
+        (Method::POST, Target::LeaseStep { resource, step }) => {
+            leases::step(coordinator, resource, step, request).await
+        }
+        (_, Target::Sql { .. } | Target::FenceReset { .. } | Target::LeaseStep { .. }) => {
+            Err(ApiError::MethodNotAllowed { allow: "POST" })
+        }
         (Method::GET, Target::Metrics) => Ok(ops::metrics(coordinator)),
         (Method::GET, Target::Healthz) => Ok(ops::healthz()),
         (Method::GET, Target::Readyz) => ops::readyz(coordinator).await,
@@ -157,9 +171,14 @@ async fn dispatch(
 /// does not take need only an identity (they are refused further on).
 fn authorize(identity: &Identity, method: &Method, target: &Target) -> Result<(), ApiError> {
     let (action, resource) = match (method, target) {
-        (&Method::GET, Target::Object { resource, .. } | Target::Fence { resource }) => {
-            (Action::Read, Some(resource))
-        }
+        (
+            &Method::GET,
+            Target::Object { resource, .. }
+            | Target::Fence { resource }
+            | Target::Lease { resource },
+        ) => (Action::Read, Some(resource)),
+        (&Method::POST, Target::LeaseStep { resource, .. }) => (Action::Lease, Some(resource)),
+        (&Method::POST, Target::FenceReset { .. }) => (Action::Admin, None),
         (&Method::PUT | &Method::DELETE, Target::Object { resource, .. }) => {
             (Action::Write, Some(resource))
         }
@@ -190,7 +209,10 @@ fn route_label(method: &Method, path: &str) -> &'static str {
         },
         Some(Family::Fence) => "fence_get",
         Some(Family::FenceAdvance) => "fence_advance",
+        Some(Family::FenceReset) => "fence_reset",
         Some(Family::Sql) => "sql",
+        Some(Family::Lease) => "lease_get",
+        Some(Family::LeaseStep) => "lease_step",
         Some(Family::Metrics) => "metrics",
         Some(Family::Healthz) => "healthz",
         Some(Family::Readyz) => "readyz",
@@ -210,7 +232,10 @@ mod tests {
             Target::Object { .. } => ("/v1/kv/{resource}/{key}", &["get", "put", "delete"]),
             Target::Fence { .. } => ("/v1/fences/{resource}", &["get"]),
             Target::FenceAdvance { .. } => ("/v1/fences/{resource}/advance", &["post"]),
+            Target::FenceReset { .. } => ("/v1/fences/{resource}/reset", &["post"]),
             Target::Sql { .. } => ("/v1/sql/{resource}", &["post"]),
+            Target::Lease { .. } => ("/v1/leases/{resource}", &["get"]),
+            Target::LeaseStep { .. } => ("/v1/leases/{resource}/{step}", &["post"]),
             Target::Metrics => ("/metrics", &["get"]),
             Target::Healthz => ("/healthz", &["get"]),
             Target::Readyz => ("/readyz", &["get"]),
@@ -233,7 +258,10 @@ mod tests {
             "/v1/kv/r/a/b",
             "/v1/fences/r",
             "/v1/fences/r/advance",
+            "/v1/fences/r/reset",
             "/v1/sql/r",
+            "/v1/leases/r",
+            "/v1/leases/r/acquire",
             "/metrics",
             "/healthz",
             "/readyz",
@@ -281,6 +309,9 @@ mod tests {
             (Method::GET, "/v1/fences/a"),
             (Method::POST, "/v1/fences/a/advance"),
             (Method::POST, "/v1/sql/a"),
+            (Method::POST, "/v1/fences/a/reset"),
+            (Method::GET, "/v1/leases/a"),
+            (Method::POST, "/v1/leases/a/renew"),
             (Method::GET, "/metrics"),
             (Method::GET, "/healthz"),
             (Method::GET, "/readyz"),

@@ -24,6 +24,8 @@ pub struct Req {
     body: Option<Incoming>,
     /// The body was read only in part: the connection cannot carry another request.
     broken: bool,
+    /// The authenticated caller's name; `None` when authentication is off.
+    pub identity: Option<String>,
 }
 
 /// A request body in memory, and the room it takes under `--max-body-memory`.
@@ -39,6 +41,7 @@ impl Req {
             head,
             body: Some(body),
             broken: false,
+            identity: None,
         }
     }
 

@@ -32,6 +32,9 @@ pub async fn post(
     let policy = service.policy();
     coordinator.check_cached(&resource, None, &fencing)?;
     let _in_flight = coordinator.write_permit()?;
+    coordinator
+        .check_issued(&resource, &fencing, request.identity.as_deref())
+        .await?;
     let body = read_body(coordinator, request).await?;
     let SqlRequest { statements } = serde_json::from_slice(&body.bytes)
         .map_err(|error| SqlError::InvalidRequest(error.to_string()))?;
@@ -57,11 +60,12 @@ pub async fn post(
         statements,
     };
     let in_task = Arc::clone(coordinator);
+    let seen = coordinator.seen();
     let outcome = coordinator
         .detached(async move {
             let outcome = service.run(&tx).await;
             if outcome.is_ok() {
-                in_task.committed(&tx.resource, tx.token);
+                in_task.committed(&tx.resource, tx.token, seen);
             }
             // Only the backend's own failures count against it; the writer's SQL
             // errors and stale tokens are answers from a healthy database.

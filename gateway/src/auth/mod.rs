@@ -92,13 +92,13 @@ impl Action {
 
 /// A resource pattern of a grant: a name, a prefix ending in `*`, or `*` alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Pattern {
+pub enum Pattern {
     Exact(String),
     Prefix(String),
 }
 
 impl Pattern {
-    fn parse(text: &str) -> Result<Pattern, String> {
+    pub fn parse(text: &str) -> Result<Pattern, String> {
         match text.strip_suffix('*') {
             Some(prefix) if !prefix.contains('*') => Ok(Pattern::Prefix(prefix.to_owned())),
             None if !text.is_empty() && ResourceName::new(text).is_ok() => {
@@ -110,7 +110,15 @@ impl Pattern {
         }
     }
 
-    fn matches(&self, resource: &str) -> bool {
+    /// The name or prefix, and whether it is a prefix.
+    pub fn parts(&self) -> (&str, bool) {
+        match self {
+            Pattern::Exact(name) => (name, false),
+            Pattern::Prefix(prefix) => (prefix, true),
+        }
+    }
+
+    pub fn matches(&self, resource: &str) -> bool {
         match self {
             Pattern::Exact(name) => name == resource,
             Pattern::Prefix(prefix) => resource.starts_with(prefix.as_str()),

@@ -9,10 +9,12 @@ use std::time::Duration;
 use clap::{Args, Parser, ValueEnum};
 
 mod commands;
+mod issuers;
 
 pub use commands::{
     AdminDatabase, CheckArgs, Command, KeyCommand, ProtectArgs, TablesCommand, UnprotectArgs,
 };
+pub use issuers::{Binding, IssuerArgs, IssuerKind};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 pub const DEFAULT_POOL_SIZE: usize = 16;
@@ -125,8 +127,10 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_CACHE_SIZE", default_value_t = DEFAULT_CACHE_SIZE)]
     pub cache_size: usize,
 
-    /// Most distinct values of the `resource` metric label; further resources are counted
-    /// under `resource="_other"` so that metrics cannot grow without bound.
+    /// Most distinct values of the `resource` metric label. Once all are taken, a new
+    /// resource takes the label of one unused for 10 minutes (whose series then go);
+    /// otherwise it is counted under `resource="_other"`. So metrics cannot grow without
+    /// bound, and junk resource names cannot take the labels of resources in use.
     #[arg(long, env = "FENCEGATE_METRICS_RESOURCE_CAP", default_value_t = DEFAULT_METRICS_RESOURCE_CAP)]
     pub metrics_resource_cap: usize,
 
@@ -222,6 +226,9 @@ pub struct Config {
     /// can reach the gateway may then write, advance and read any resource.
     #[arg(long, env = "FENCEGATE_INSECURE_NO_AUTH")]
     pub insecure_no_auth: bool,
+
+    #[command(flatten)]
+    pub issuers: IssuerArgs,
 
     /// Address of the Postgres door, where writers connect with their own Postgres
     /// driver (docs/postgres-door.md); `off` for none. On with the Postgres backend
@@ -399,6 +406,17 @@ impl Config {
                  or say --insecure-no-auth",
                 self.listen
             )));
+        }
+        let leader_lease_bound = self
+            .issuers
+            .bindings
+            .iter()
+            .any(|binding| binding.issuer == IssuerKind::LeaderLease);
+        if leader_lease_bound
+            && self.issuers.leader_lease_url.is_none()
+            && self.database_url.is_none()
+        {
+            return fail("--issued-by leader_lease:... needs the database of the leader_lease table: --leader-lease-url, or --database-url");
         }
         if self.auth_file.is_some() && self.insecure_no_auth {
             return fail("--insecure-no-auth and --auth-file contradict each other");

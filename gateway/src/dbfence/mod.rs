@@ -27,6 +27,9 @@ use fencegate_proto::{ResourceName, Token};
 
 /// Migration 2 of the `fencegate` schema.
 pub const SCHEMA_SQL: &str = include_str!("schema.sql");
+/// Migration 3: hosted leases, fence resets, and issued tokens only
+/// (`fencegate.require_issued()`, asked by `fence_check()` for every new term).
+pub const ISSUED_SQL: &str = include_str!("issued.sql");
 
 /// The SQLSTATEs of the in-database fence: class `ZF`, which no driver or ORM retries
 /// on its own (unlike `40001`), and which says more than the generic `P0001`.
@@ -39,6 +42,8 @@ pub mod sqlstate {
     pub const INVALID_TOKEN: &str = "ZF003";
     /// The resource name is not one the API accepts.
     pub const INVALID_RESOURCE: &str = "ZF004";
+    /// The resource is bound to the gateway's leases, which did not issue the token.
+    pub const NOT_ISSUED: &str = "ZF005";
 }
 
 /// A stale-token rejection read from a Postgres error: `ZF001` with its DETAIL
@@ -109,15 +114,19 @@ mod tests {
     /// The SQL raises the codes this module names, and nothing else in class ZF.
     #[test]
     fn the_sql_raises_the_named_codes() {
-        let raised: std::collections::BTreeSet<&str> = SCHEMA_SQL
-            .match_indices("ERRCODE = '")
-            .map(|(at, prefix)| &SCHEMA_SQL[at + prefix.len()..at + prefix.len() + 5])
+        let raised: std::collections::BTreeSet<&str> = [SCHEMA_SQL, ISSUED_SQL]
+            .into_iter()
+            .flat_map(|sql| {
+                sql.match_indices("ERRCODE = '")
+                    .map(|(at, prefix)| &sql[at + prefix.len()..at + prefix.len() + 5])
+            })
             .collect();
         let named = [
             sqlstate::STALE_TOKEN,
             sqlstate::MISSING_TOKEN,
             sqlstate::INVALID_TOKEN,
             sqlstate::INVALID_RESOURCE,
+            sqlstate::NOT_ISSUED,
         ];
         assert_eq!(raised, named.into_iter().collect());
     }

@@ -14,8 +14,10 @@
 use bytes::Bytes;
 use fencegate_proto::headers::Precondition;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
+use leases::{Claimant, LeaseOp, LeaseOutcome, LeaseRecord, Reset, ResetOutcome, ResetRecord};
 
 pub mod embedded;
+pub mod leases;
 pub mod postgres;
 
 pub use embedded::EmbeddedStore;
@@ -62,6 +64,16 @@ pub enum WriteOutcome {
 pub enum AdvanceOutcome {
     Applied,
     Stale { highest: Token },
+}
+
+/// A fence found below a token this gateway saw committed, and raised back to it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Regression {
+    pub resource: ResourceName,
+    /// The highest token this gateway saw committed.
+    pub seen: Token,
+    /// What the database had instead (`None`: no fence at all).
+    pub found: Option<Token>,
 }
 
 /// A stored object, as read.
@@ -199,6 +211,60 @@ impl Store {
         match self {
             Store::Postgres(store) => store.fence(resource).await,
             Store::Embedded(store) => store.fence(resource).await,
+        }
+    }
+
+    /// Applies one step of a hosted lease; see [`leases`].
+    pub async fn lease(
+        &self,
+        resource: &ResourceName,
+        op: &LeaseOp,
+        claimant: &Claimant,
+    ) -> Result<LeaseOutcome, StoreError> {
+        match self {
+            Store::Postgres(store) => store.lease(resource, op, claimant).await,
+            Store::Embedded(store) => store.lease(resource, op, claimant).await,
+        }
+    }
+
+    /// A hosted lease as it stands.
+    pub async fn read_lease(&self, resource: &ResourceName) -> Result<LeaseRecord, StoreError> {
+        match self {
+            Store::Postgres(store) => store.read_lease(resource).await,
+            Store::Embedded(store) => store.read_lease(resource).await,
+        }
+    }
+
+    /// Lowers a fence, within its floors, and records the reset; see [`leases`].
+    pub async fn reset(&self, reset: &Reset) -> Result<ResetOutcome, StoreError> {
+        match self {
+            Store::Postgres(store) => store.reset(reset).await,
+            Store::Embedded(store) => store.reset(reset).await,
+        }
+    }
+
+    /// The resets recorded after `generation`, in order.
+    pub async fn resets_since(&self, generation: u64) -> Result<Vec<ResetRecord>, StoreError> {
+        match self {
+            Store::Postgres(store) => store.resets_since(generation).await,
+            Store::Embedded(store) => store.resets_since(generation).await,
+        }
+    }
+
+    /// Raises every fence that is below the token this gateway saw committed for it
+    /// (`seen`), and returns those it raised. A fence can only be behind after the
+    /// database lost committed transactions (a failover to an asynchronous standby, a
+    /// restore from backup); restoring it keeps the older terms out. Resources reset
+    /// after `resets_followed` are left as they are. The embedded store has no standby
+    /// and finds nothing.
+    pub async fn restore_fences(
+        &self,
+        seen: &[(ResourceName, Token)],
+        resets_followed: u64,
+    ) -> Result<Vec<Regression>, StoreError> {
+        match self {
+            Store::Postgres(store) => store.restore_fences(seen, resets_followed).await,
+            Store::Embedded(_) => Ok(Vec::new()),
         }
     }
 

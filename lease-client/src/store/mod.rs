@@ -22,9 +22,11 @@
 //! processes under one identity would take the lease from each other (safely fenced,
 //! but neither would get work done).
 //!
+//! - [`gateway`]: leases hosted by the fencegate gateway itself.
 //! - [`postgres`]: the seed's `leader_lease` table.
 //! - [`redis`] (feature `redis`): `SET NX PX` with a counter minted in the same script.
 
+pub mod gateway;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;

@@ -5,7 +5,12 @@ use fencegate_proto::{ResourceName, Token};
 use redb::{Database, ReadableTable, Table};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::store::embedded::{ObjectRow, FENCES, OBJECTS};
+use crate::store::embedded::{
+    lease_record, now_ms, LeaseRow, ObjectRow, ResetRow, FENCES, LEASES, OBJECTS, RESETS,
+};
+use crate::store::leases::{
+    check_reset, decide, next_token, Claimant, Decision, LeaseOp, LeaseOutcome, Reset, ResetOutcome,
+};
 use crate::store::{
     precondition_holds, AdvanceOutcome, StoreError, UnavailableReason, Write, WriteOp, WriteOutcome,
 };
@@ -23,12 +28,24 @@ pub(super) enum Job {
         token: Token,
         reply: Reply<AdvanceOutcome>,
     },
+    Lease {
+        resource: ResourceName,
+        op: LeaseOp,
+        claimant: Claimant,
+        reply: Reply<LeaseOutcome>,
+    },
+    Reset {
+        reset: Reset,
+        reply: Reply<ResetOutcome>,
+    },
 }
 
 /// A job applied inside the batch transaction, waiting for the commit to answer it.
 enum Applied {
     Write(Reply<WriteOutcome>, WriteOutcome),
     Advance(Reply<AdvanceOutcome>, AdvanceOutcome),
+    Lease(Reply<LeaseOutcome>, LeaseOutcome),
+    Reset(Reply<ResetOutcome>, ResetOutcome),
 }
 
 impl Job {
@@ -54,6 +71,25 @@ impl Job {
                     Err(error)
                 }
             },
+            Job::Lease {
+                resource,
+                op,
+                claimant,
+                reply,
+            } => match apply_lease(tables, &resource, &op, &claimant) {
+                Ok(outcome) => Ok(Applied::Lease(reply, outcome)),
+                Err(error) => {
+                    drop(reply.send(Err(storage_failed(Some(false)))));
+                    Err(error)
+                }
+            },
+            Job::Reset { reset, reply } => match apply_reset(tables, &reset) {
+                Ok(outcome) => Ok(Applied::Reset(reply, outcome)),
+                Err(error) => {
+                    drop(reply.send(Err(storage_failed(Some(false)))));
+                    Err(error)
+                }
+            },
         }
     }
 
@@ -63,6 +99,8 @@ impl Job {
         match self {
             Job::Write { reply, .. } => drop(reply.send(Err(error))),
             Job::Advance { reply, .. } => drop(reply.send(Err(error))),
+            Job::Lease { reply, .. } => drop(reply.send(Err(error))),
+            Job::Reset { reply, .. } => drop(reply.send(Err(error))),
         }
     }
 }
@@ -73,6 +111,8 @@ impl Applied {
         match self {
             Applied::Write(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
             Applied::Advance(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
+            Applied::Lease(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
+            Applied::Reset(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
         }
     }
 
@@ -106,6 +146,8 @@ pub(super) fn writer(
 struct Tables<'txn> {
     fences: Table<'txn, &'static str, u64>,
     objects: Table<'txn, (&'static str, &'static str), ObjectRow>,
+    leases: Table<'txn, &'static str, LeaseRow>,
+    resets: Table<'txn, u64, ResetRow>,
 }
 
 /// Applies the jobs in order in one write transaction, commits it, and only then
@@ -157,6 +199,8 @@ fn apply_batch(
         let mut tables = Tables {
             fences: txn.open_table(FENCES)?,
             objects: txn.open_table(OBJECTS)?,
+            leases: txn.open_table(LEASES)?,
+            resets: txn.open_table(RESETS)?,
         };
         for job in jobs {
             applied.push(job.apply(&mut tables)?);
@@ -191,6 +235,107 @@ fn apply_advance(
     }
     tables.fences.insert(resource.as_str(), token.get())?;
     Ok(AdvanceOutcome::Applied)
+}
+
+/// A lease step inside the batch transaction, on the gateway's wall clock.
+fn apply_lease(
+    tables: &mut Tables<'_>,
+    resource: &ResourceName,
+    op: &LeaseOp,
+    claimant: &Claimant,
+) -> Result<LeaseOutcome, redb::Error> {
+    let now = now_ms();
+    let row = tables.leases.get(resource.as_str())?.map(|entry| {
+        let (holder, identity, token, expires) = entry.value();
+        (
+            holder.map(str::to_owned),
+            identity.map(str::to_owned),
+            token,
+            expires,
+        )
+    });
+    let current = row.as_ref().map_or_else(Default::default, |(h, i, t, e)| {
+        lease_record(h.as_deref(), i.as_deref(), *t, *e, now)
+    });
+    let token = row.as_ref().map_or(0, |row| row.2);
+    let (holder, identity) = (Some(claimant.holder.as_str()), claimant.identity.as_deref());
+    let written = match decide(op, claimant, &current) {
+        Decision::RefuseHeld => return Ok(LeaseOutcome::Held(current)),
+        Decision::RefuseLost => return Ok(LeaseOutcome::Lost(current)),
+        Decision::Mint { ttl } => {
+            let highest = tables
+                .fences
+                .get(resource.as_str())?
+                .and_then(|entry| Token::new(entry.value()).ok());
+            let Some(minted) = next_token(current.token, highest) else {
+                return Ok(LeaseOutcome::Exhausted);
+            };
+            tables.fences.insert(resource.as_str(), minted.get())?;
+            (
+                holder,
+                identity,
+                minted.get(),
+                now.saturating_add(millis(ttl)),
+            )
+        }
+        Decision::Extend { ttl } => (holder, identity, token, now.saturating_add(millis(ttl))),
+        Decision::Free => (None, None, token, 0),
+    };
+    tables.leases.insert(resource.as_str(), written)?;
+    let after = lease_record(written.0, written.1, written.2, written.3, now);
+    Ok(match op {
+        LeaseOp::Release { .. } => LeaseOutcome::Released(after),
+        _ => LeaseOutcome::Granted(after),
+    })
+}
+
+fn millis(ttl: std::time::Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// A fence reset inside the batch transaction: checked against its floors, applied,
+/// and recorded.
+fn apply_reset(tables: &mut Tables<'_>, reset: &Reset) -> Result<ResetOutcome, redb::Error> {
+    let resource = reset.resource.as_str();
+    let highest = tables
+        .fences
+        .get(resource)?
+        .and_then(|entry| Token::new(entry.value()).ok());
+    let leased = tables
+        .leases
+        .get(resource)?
+        .and_then(|entry| Token::new(entry.value().2).ok());
+    let mut written = 0;
+    for entry in tables.objects.range((resource, "")..)? {
+        let (key, row) = entry?;
+        if key.value().0 != resource {
+            break;
+        }
+        written = written.max(row.value().0);
+    }
+    let floors = [leased, Token::new(written).ok()];
+    let from = match check_reset(reset, highest, &floors) {
+        Ok(from) => from,
+        Err(refused) => return Ok(refused),
+    };
+    tables.fences.insert(resource, reset.to.get())?;
+    let generation = tables
+        .resets
+        .last()?
+        .map_or(0, |(generation, _)| generation.value())
+        + 1;
+    tables.resets.insert(
+        generation,
+        (
+            resource,
+            from.get(),
+            reset.to.get(),
+            reset.identity.as_deref(),
+            reset.reason.as_str(),
+            now_ms(),
+        ),
+    )?;
+    Ok(ResetOutcome::Applied { from, generation })
 }
 
 /// A write inside the batch transaction. Every check precedes every change, so a

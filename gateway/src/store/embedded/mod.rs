@@ -27,6 +27,9 @@ use redb::{
 };
 use tokio::sync::{mpsc, oneshot};
 
+use crate::store::leases::{
+    Claimant, LeaseOp, LeaseOutcome, LeaseRecord, Reset, ResetOutcome, ResetRecord,
+};
 use crate::store::{
     AdvanceOutcome, StoreError, StoredObject, UnavailableReason, Write, WriteOutcome,
 };
@@ -45,6 +48,22 @@ const FENCES: TableDefinition<&str, u64> = TableDefinition::new("fences");
 type ObjectRow = (u64, u64, u64, Option<&'static [u8]>);
 /// (resource, key) -> object.
 const OBJECTS: TableDefinition<(&str, &str), ObjectRow> = TableDefinition::new("objects");
+/// (holder, identity, last token, expiry in ms since the Unix epoch) of a hosted lease;
+/// a released lease has no holder and expiry 0.
+type LeaseRow = (Option<&'static str>, Option<&'static str>, u64, u64);
+/// resource -> hosted lease.
+const LEASES: TableDefinition<&str, LeaseRow> = TableDefinition::new("leases");
+/// (resource, from, to, identity, reason, at in ms since the Unix epoch) of a reset.
+type ResetRow = (
+    &'static str,
+    u64,
+    u64,
+    Option<&'static str>,
+    &'static str,
+    u64,
+);
+/// generation -> fence reset: the audit log.
+const RESETS: TableDefinition<u64, ResetRow> = TableDefinition::new("fence_resets");
 /// Marks the file as a fencegate store and records its format.
 const META: TableDefinition<&str, u64> = TableDefinition::new("fencegate_meta");
 const FORMAT_KEY: &str = "format_version";
@@ -190,6 +209,63 @@ impl EmbeddedStore {
         .await
     }
 
+    pub async fn lease(
+        &self,
+        resource: &ResourceName,
+        op: &LeaseOp,
+        claimant: &Claimant,
+    ) -> Result<LeaseOutcome, StoreError> {
+        let (resource, op, claimant) = (resource.clone(), op.clone(), claimant.clone());
+        self.submit(|reply| Job::Lease {
+            resource,
+            op,
+            claimant,
+            reply,
+        })
+        .await
+    }
+
+    pub async fn read_lease(&self, resource: &ResourceName) -> Result<LeaseRecord, StoreError> {
+        let resource = resource.clone();
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let leases = txn.open_table(LEASES)?;
+            let Some(entry) = leases.get(resource.as_str())? else {
+                return Ok(LeaseRecord::default());
+            };
+            let (holder, identity, token, expires) = entry.value();
+            Ok(lease_record(holder, identity, token, expires, now_ms()))
+        })
+        .await
+    }
+
+    pub async fn reset(&self, reset: &Reset) -> Result<ResetOutcome, StoreError> {
+        let reset = reset.clone();
+        self.submit(|reply| Job::Reset { reset, reply }).await
+    }
+
+    pub async fn resets_since(&self, generation: u64) -> Result<Vec<ResetRecord>, StoreError> {
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let resets = txn.open_table(RESETS)?;
+            let mut records = Vec::new();
+            for entry in resets.range(generation.saturating_add(1)..)? {
+                let (generation, row) = entry?;
+                let (resource, _, to, _, _, _) = row.value();
+                records.push(ResetRecord {
+                    generation: generation.value(),
+                    resource: ResourceName::new(resource).map_err(|_| {
+                        corrupt(format!("resource of reset {}", generation.value()))
+                    })?,
+                    to: Token::new(to)
+                        .map_err(|_| corrupt(format!("token of reset {}", generation.value())))?,
+                });
+            }
+            Ok(records)
+        })
+        .await
+    }
+
     pub async fn ping(&self) -> Result<(), StoreError> {
         if self.queue.is_closed() {
             return Err(StoreError::Internal(
@@ -270,6 +346,8 @@ fn initialise(db: &Database, path: &Path, existed: bool) -> Result<(), EmbeddedS
         // Create the tables, so that readers never find them missing.
         txn.open_table(FENCES).map_err(|e| open_error(e.into()))?;
         txn.open_table(OBJECTS).map_err(|e| open_error(e.into()))?;
+        txn.open_table(LEASES).map_err(|e| open_error(e.into()))?;
+        txn.open_table(RESETS).map_err(|e| open_error(e.into()))?;
     }
     txn.commit().map_err(|e| open_error(e.into()))
 }
@@ -278,6 +356,31 @@ fn has_foreign_tables(txn: &redb::WriteTransaction) -> bool {
     txn.list_tables()
         .map(|tables| tables.into_iter().any(|table| table.name() != META.name()))
         .unwrap_or(true)
+}
+
+/// The gateway's wall clock, in ms since the Unix epoch: the clock of hosted leases.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
+}
+
+/// A stored lease as seen at `now` (ms since the Unix epoch).
+fn lease_record(
+    holder: Option<&str>,
+    identity: Option<&str>,
+    token: u64,
+    expires: u64,
+    now: u64,
+) -> LeaseRecord {
+    LeaseRecord {
+        holder: holder.map(str::to_owned),
+        identity: identity.map(str::to_owned),
+        token: Token::new(token).ok(),
+        remaining: Duration::from_millis(expires.saturating_sub(now)),
+    }
 }
 
 fn corrupt(what: String) -> StoreError {

@@ -19,6 +19,7 @@
 
 mod connection;
 mod group;
+mod leases;
 pub mod statements;
 mod writes;
 
@@ -36,6 +37,9 @@ use tokio::time::Instant;
 
 use writes::{non_negative, read_fence, token_from_db, write_conditional, Attempt};
 
+use super::leases::{
+    Claimant, LeaseOp, LeaseOutcome, LeaseRecord, Reset, ResetOutcome, ResetRecord,
+};
 use super::{AdvanceOutcome, StoreError, StoredObject, Write, WriteOutcome};
 
 /// How the Postgres backend uses its connections.
@@ -231,6 +235,91 @@ impl PgStore {
 
     pub async fn fence(&self, resource: &ResourceName) -> Result<Option<Token>, StoreError> {
         self.with_client(async |client| read_fence(client, resource).await)
+            .await
+    }
+
+    pub async fn lease(
+        &self,
+        resource: &ResourceName,
+        op: &LeaseOp,
+        claimant: &Claimant,
+    ) -> Result<LeaseOutcome, StoreError> {
+        self.with_client(async |client| leases::step(client, resource, op, claimant).await)
+            .await
+    }
+
+    /// Replaces the `--issued-by` bindings the in-database fence checks
+    /// (`fencegate.issuer_bindings`) with `bindings`, in one transaction.
+    pub async fn write_bindings(
+        &self,
+        bindings: &[crate::config::Binding],
+    ) -> Result<(), StoreError> {
+        self.with_client(async |client| {
+            let tx = client.transaction().await.map_err(|e| classify(e, false))?;
+            tx.execute("DELETE FROM fencegate.issuer_bindings", &[])
+                .await
+                .map_err(|e| classify(e, false))?;
+            for (position, binding) in (0i32..).zip(bindings) {
+                let (pattern, prefix) = binding.pattern.parts();
+                tx.execute(
+                    "INSERT INTO fencegate.issuer_bindings (position, pattern, prefix, issuer)
+                     VALUES ($1, $2, $3, $4)",
+                    &[&position, &pattern, &prefix, &binding.issuer.as_str()],
+                )
+                .await
+                .map_err(|e| classify(e, false))?;
+            }
+            tx.commit().await.map_err(|e| classify(e, true))
+        })
+        .await
+    }
+
+    /// Raises fences that are below tokens seen committed; see [`super::Store::restore_fences`].
+    pub async fn restore_fences(
+        &self,
+        seen: &[(ResourceName, Token)],
+        resets_followed: u64,
+    ) -> Result<Vec<super::Regression>, StoreError> {
+        let resources: Vec<&str> = seen.iter().map(|(r, _)| r.as_str()).collect();
+        let tokens: Vec<i64> = seen.iter().map(|(_, t)| t.as_i64()).collect();
+        let followed = i64::try_from(resets_followed).unwrap_or(i64::MAX);
+        self.with_client(async |client| {
+            let rows = client
+                .query(
+                    statements::FENCES_RESTORE,
+                    &[&resources, &tokens, &followed],
+                )
+                .await
+                .map_err(|e| classify(e, true))?;
+            rows.iter()
+                .map(|row| {
+                    let resource: String = row.get(0);
+                    let found: Option<i64> = row.get(2);
+                    Ok(super::Regression {
+                        resource: ResourceName::new(resource).map_err(|_| {
+                            StoreError::Internal("invalid resource in fencegate.fences".into())
+                        })?,
+                        seen: token_from_db(row.get(1))?,
+                        found: found.map(token_from_db).transpose()?,
+                    })
+                })
+                .collect()
+        })
+        .await
+    }
+
+    pub async fn read_lease(&self, resource: &ResourceName) -> Result<LeaseRecord, StoreError> {
+        self.with_client(async |client| leases::read(client, resource).await)
+            .await
+    }
+
+    pub async fn reset(&self, reset: &Reset) -> Result<ResetOutcome, StoreError> {
+        self.with_client(async |client| leases::reset(client, reset).await)
+            .await
+    }
+
+    pub async fn resets_since(&self, generation: u64) -> Result<Vec<ResetRecord>, StoreError> {
+        self.with_client(async |client| leases::resets_since(client, generation).await)
             .await
     }
 

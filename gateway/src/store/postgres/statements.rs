@@ -38,6 +38,7 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
      );",
     ),
     (2, crate::dbfence::SCHEMA_SQL),
+    (3, crate::dbfence::ISSUED_SQL),
 ];
 
 /// Creates the schema and the migrations table, serialised between gateways that
@@ -132,3 +133,100 @@ pub const GET_OBJECT: &str =
     "SELECT value, version, token FROM fencegate.objects WHERE resource = $1 AND key = $2 AND value IS NOT NULL";
 pub const GET_FENCE: &str = "SELECT highest FROM fencegate.fences WHERE resource = $1";
 pub const PING: &str = "SELECT 1";
+
+/// Creates the lease's row if it has none; `$1` resource.
+pub const LEASE_ENSURE: &str =
+    "INSERT INTO fencegate.leases (resource) VALUES ($1) ON CONFLICT (resource) DO NOTHING";
+
+/// The lease, locked, on the database's clock: holder, identity, last token (0 if
+/// none), milliseconds left (0 once expired). `$1` resource.
+macro_rules! lease_columns {
+    () => {
+        "holder, identity, token,
+         CASE WHEN expires_at > clock_timestamp()
+              THEN ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000)::bigint
+              ELSE 0 END"
+    };
+}
+pub const LEASE_LOCK: &str = concat!(
+    "SELECT ",
+    lease_columns!(),
+    " FROM fencegate.leases WHERE resource = $1 FOR UPDATE"
+);
+pub const LEASE_READ: &str = concat!(
+    "SELECT ",
+    lease_columns!(),
+    " FROM fencegate.leases WHERE resource = $1"
+);
+
+/// Locks the resource's fence row, creating it if missing (the caller raises it in the
+/// same transaction); returns its highest, 0 if the row is new. `$1` resource.
+pub const FENCE_LOCK: &str = "INSERT INTO fencegate.fences AS f (resource, highest) VALUES ($1, 1)
+     ON CONFLICT (resource) DO UPDATE SET highest = f.highest
+     RETURNING CASE WHEN xmax = 0 THEN 0 ELSE highest END";
+
+/// Sets a locked fence row's highest. `$1` resource, `$2` highest.
+pub const FENCE_SET: &str =
+    "UPDATE fencegate.fences SET highest = $2, updated_at = now() WHERE resource = $1";
+
+/// Gives the lease a new term. `$1` resource, `$2` holder, `$3` identity, `$4` token,
+/// `$5` ttl in milliseconds.
+pub const LEASE_MINT: &str = concat!(
+    "UPDATE fencegate.leases SET holder = $2, identity = $3, token = $4,
+         expires_at = clock_timestamp() + $5::bigint * interval '1 millisecond',
+         acquired_at = clock_timestamp()
+     WHERE resource = $1 RETURNING ",
+    lease_columns!()
+);
+/// Extends the lease's term. `$1` resource, `$2` ttl in milliseconds.
+pub const LEASE_EXTEND: &str = concat!(
+    "UPDATE fencegate.leases
+         SET expires_at = clock_timestamp() + $2::bigint * interval '1 millisecond'
+     WHERE resource = $1 RETURNING ",
+    lease_columns!()
+);
+/// Frees the lease, keeping its last token. `$1` resource.
+pub const LEASE_FREE: &str = concat!(
+    "UPDATE fencegate.leases SET holder = NULL, identity = NULL, expires_at = '-infinity'
+     WHERE resource = $1 RETURNING ",
+    lease_columns!()
+);
+
+/// A reset's floors: the lease's last token and the highest token an object of the
+/// resource carries (0 when none). `$1` resource.
+pub const RESET_FLOORS: &str =
+    "SELECT coalesce((SELECT token FROM fencegate.leases WHERE resource = $1), 0),
+            coalesce((SELECT max(token) FROM fencegate.objects WHERE resource = $1), 0)";
+/// The resource's fence, locked. `$1` resource.
+pub const FENCE_FOR_UPDATE: &str =
+    "SELECT highest FROM fencegate.fences WHERE resource = $1 FOR UPDATE";
+/// Records a reset; returns its generation. `$1` resource, `$2` from, `$3` to,
+/// `$4` identity, `$5` reason.
+pub const RESET_RECORD: &str =
+    "INSERT INTO fencegate.fence_resets (resource, from_token, to_token, identity, reason)
+     VALUES ($1, $2, $3, $4, $5) RETURNING generation";
+/// Resets after generation `$1`, in order.
+pub const RESETS_SINCE: &str = "SELECT generation, resource, to_token FROM fencegate.fence_resets
+     WHERE generation > $1 ORDER BY generation";
+
+/// Finds the fences below tokens this gateway saw committed — a database that lost
+/// them, as after a failover to an asynchronous standby — raises them back, and
+/// returns them with what was found (NULL: no row). Resources reset after generation
+/// `$3` are left alone: their fences went down on purpose. `$1` resources, `$2` tokens.
+pub const FENCES_RESTORE: &str = "
+    WITH seen AS (
+        SELECT * FROM unnest($1::text[], $2::bigint[]) AS s(resource, highest)
+    ), behind AS (
+        SELECT s.resource, s.highest AS seen, f.highest AS found
+        FROM seen s LEFT JOIN fencegate.fences f USING (resource)
+        WHERE (f.highest IS NULL OR f.highest < s.highest)
+          AND NOT EXISTS (SELECT 1 FROM fencegate.fence_resets r
+                          WHERE r.resource = s.resource AND r.generation > $3)
+    ), raised AS (
+        INSERT INTO fencegate.fences AS f (resource, highest)
+        SELECT resource, seen FROM behind
+        ON CONFLICT (resource) DO UPDATE SET highest = EXCLUDED.highest, updated_at = now()
+            WHERE f.highest < EXCLUDED.highest
+        RETURNING f.resource
+    )
+    SELECT b.resource, b.seen, b.found FROM behind b JOIN raised USING (resource)";

@@ -2,18 +2,20 @@
 //! rely on them, so rename nothing.
 //!
 //! Label values come from closed sets (route, outcome, error kind), except `resource`,
-//! which is unbounded and therefore admitted only up to a cap ([`ResourceLabels`]);
-//! later resources are folded into `resource="_other"`.
+//! which is unbounded and therefore admitted only up to a cap, with slots that follow
+//! recent use ([`labels`]); resources without a slot are counted under
+//! `resource="_other"`.
 
-use std::sync::Mutex;
-
-use std::collections::HashSet;
+mod labels;
+mod trust;
 
 use fencegate_proto::{ErrorCode, ResourceName, Token};
+use labels::{Label, ResourceLabels};
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
+use trust::TrustMetrics;
 
 /// The label value for resources beyond the cap.
 pub const OTHER_RESOURCE: &str = "_other";
@@ -26,7 +28,10 @@ pub const ROUTES: &[&str] = &[
     "kv_other",
     "fence_get",
     "fence_advance",
+    "fence_reset",
     "sql",
+    "lease_get",
+    "lease_step",
     "metrics",
     "healthz",
     "readyz",
@@ -71,6 +76,7 @@ pub struct Metrics {
     writes_off_lanes: IntGauge,
     labels: ResourceLabels,
     pg: DoorMetrics,
+    trust: TrustMetrics,
 }
 
 /// The Postgres door's own metrics.
@@ -270,6 +276,7 @@ impl Metrics {
         }
 
         let pg = DoorMetrics::new();
+        let trust = TrustMetrics::new();
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(request_duration.clone()),
@@ -286,6 +293,7 @@ impl Metrics {
         ]
         .into_iter()
         .chain(pg.collectors())
+        .chain(trust.collectors())
         {
             registry
                 .register(collector)
@@ -304,9 +312,41 @@ impl Metrics {
             fence_cache_entries,
             commit_group_size,
             writes_off_lanes,
-            labels: ResourceLabels::new(resource_label_cap),
+            labels: ResourceLabels::new(resource_label_cap, labels::IDLE),
             pg,
+            trust,
         }
+    }
+
+    /// Counts a step of a hosted lease.
+    pub fn lease_step(&self, step: &str, outcome: &str) {
+        self.trust
+            .lease_steps
+            .with_label_values(&[step, outcome])
+            .inc();
+    }
+
+    /// Counts a token refused by its resource's issuer (`reason`: see REFUSAL_REASONS).
+    pub fn token_refused(&self, reason: &str) {
+        self.trust.token_refusals.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts a fence found behind a committed token, and restored.
+    pub fn fence_regressed(&self) {
+        self.trust.regressions.inc();
+    }
+
+    /// Counts a fence reset applied through this gateway.
+    pub fn fence_reset(&self) {
+        self.trust.resets.inc();
+    }
+
+    /// Records the latest fence reset applied to the cache, and the fence it left.
+    pub fn reset_followed(&self, generation: u64, resource: &ResourceName, to: Token) {
+        self.trust
+            .reset_generation
+            .set(i64::try_from(generation).unwrap_or(i64::MAX));
+        self.highest_raised(resource, to);
     }
 
     /// Counts a Postgres door connection as open until the guard is dropped.
@@ -392,11 +432,22 @@ impl Metrics {
     /// at zero, when its label is first used — usually by its first accepted write, well
     /// before a stale one — so that increase() sees its first rejection.
     fn label<'a>(&self, resource: &'a ResourceName) -> &'a str {
-        let (label, new) = self.labels.label(resource);
-        if new {
-            self.stale_rejections.with_label_values(&[label]);
+        match self.labels.label(resource.as_str()) {
+            Label::Known => resource.as_str(),
+            Label::New { evicted } => {
+                if let Some(evicted) = evicted {
+                    // Its slot goes to `resource`: its series go, so that the label set
+                    // stays bounded.
+                    let _ = self.stale_rejections.remove_label_values(&[&evicted]);
+                    let _ = self.highest_token.remove_label_values(&[&evicted]);
+                    let _ = self.last_rejected_token.remove_label_values(&[&evicted]);
+                }
+                self.stale_rejections
+                    .with_label_values(&[resource.as_str()]);
+                resource.as_str()
+            }
+            Label::Other => OTHER_RESOURCE,
         }
-        label
     }
 
     /// Records a stale rejection.
@@ -417,37 +468,6 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut out)
             .expect("encoding to a Vec cannot fail");
         out
-    }
-}
-
-/// Admits at most `cap` distinct resource label values; the rest become `_other`.
-///
-/// The first `cap` resources seen keep their own series for the life of the process:
-/// a series that came and went would break `rate()` for anyone watching it.
-struct ResourceLabels {
-    admitted: Mutex<HashSet<Box<str>>>,
-    cap: usize,
-}
-
-impl ResourceLabels {
-    fn new(cap: usize) -> ResourceLabels {
-        ResourceLabels {
-            admitted: Mutex::new(HashSet::new()),
-            cap,
-        }
-    }
-
-    /// The label, and whether it is used for the first time.
-    fn label<'a>(&self, resource: &'a ResourceName) -> (&'a str, bool) {
-        let mut admitted = self.admitted.lock().unwrap_or_else(|e| e.into_inner());
-        if admitted.contains(resource.as_str()) {
-            return (resource.as_str(), false);
-        }
-        if admitted.len() < self.cap {
-            admitted.insert(resource.as_str().into());
-            return (resource.as_str(), true);
-        }
-        (OTHER_RESOURCE, false)
     }
 }
 
@@ -482,6 +502,24 @@ mod tests {
         assert!(!text.contains("resource=\"c\""), "{text}");
         assert!(
             text.contains("fencegate_last_rejected_token{resource=\"a\"} 9"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn an_idle_resource_gives_its_slot_and_its_series_away() {
+        let mut metrics = Metrics::new(1);
+        metrics.labels = ResourceLabels::new(1, std::time::Duration::ZERO);
+        let (a, b) = (
+            ResourceName::new("a").unwrap(),
+            ResourceName::new("b").unwrap(),
+        );
+        metrics.highest_raised(&a, Token::new(3).unwrap());
+        metrics.highest_raised(&b, Token::new(4).unwrap());
+        let text = String::from_utf8(metrics.encode()).unwrap();
+        assert!(!text.contains("resource=\"a\""), "{text}");
+        assert!(
+            text.contains("fencegate_highest_token{resource=\"b\"} 4"),
             "{text}"
         );
     }

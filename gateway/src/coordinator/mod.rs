@@ -15,7 +15,11 @@
 //! - The bounds of the process (writes in flight, request bodies in memory) are handed
 //!   out as permits that the request holds until it is answered.
 
+mod audit;
+mod issued;
+
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +32,8 @@ use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::dbfence::StaleRejection;
 use crate::error::ApiError;
-use crate::fence_cache::FenceCache;
+use crate::fence_cache::{FenceCache, Seen};
+use crate::issuers::Issuers;
 use crate::metrics::Metrics;
 use crate::sql::SqlEndpoint;
 use crate::stale_log::LogBudget;
@@ -53,7 +58,16 @@ pub struct Coordinator {
     /// Cancelled when shutdown begins: requests still receiving their body stop.
     shutdown: CancellationToken,
     stale_log: LogBudget,
+    /// The issuers resources are bound to (`--issued-by`).
+    issuers: Issuers,
+    /// The last fence reset this gateway has applied to its cache.
+    resets_followed: AtomicU64,
+    /// The database connection failed since the last fence audit ([`audit`]).
+    fences_suspect: AtomicBool,
 }
+
+/// How often a gateway looks for fence resets made through other replicas.
+pub const RESET_POLL: Duration = Duration::from_secs(1);
 
 /// Which door a rejected write came through, for the log.
 #[derive(Debug, Clone, Copy)]
@@ -94,6 +108,7 @@ impl Coordinator {
         sql: SqlEndpoint,
         metrics: Metrics,
         auth: Option<Arc<Authenticator>>,
+        issuers: Issuers,
     ) -> Coordinator {
         Coordinator {
             auth,
@@ -107,6 +122,9 @@ impl Coordinator {
             body_bytes: Arc::new(Semaphore::new(config.max_body_memory)),
             shutdown: CancellationToken::new(),
             stale_log: LogBudget::new(config.stale_log_limit),
+            issuers,
+            resets_followed: AtomicU64::new(0),
+            fences_suspect: AtomicBool::new(false),
         }
     }
 
@@ -200,12 +218,18 @@ impl Coordinator {
         key: Option<&ObjectKey>,
         fencing: &Fencing,
     ) -> Result<(), ApiError> {
+        let seen = self.cache.seen();
         match self.cache.highest(resource) {
             Some(highest) if fencing.token < highest => {
-                Err(self.stale(resource, key, fencing, highest))
+                Err(self.stale(resource, key, fencing, highest, seen))
             }
             _ => Ok(()),
         }
+    }
+
+    /// The generation of the fence cache now, for a backend call about to start.
+    pub fn seen(&self) -> Seen {
+        self.cache.seen()
     }
 
     /// Runs a backend call in its own task; see the module doc.
@@ -225,11 +249,12 @@ impl Coordinator {
         fencing: &Fencing,
     ) -> Result<Applied, ApiError> {
         let this = Arc::clone(self);
+        let seen = self.seen();
         let (write, outcome) = self
             .detached(async move {
                 let outcome = this.store.write(&write).await;
                 if let Ok(WriteOutcome::Applied { .. }) = outcome {
-                    this.committed(&write.resource, write.token);
+                    this.committed(&write.resource, write.token, seen);
                 }
                 this.backend_result(&outcome);
                 (write, outcome)
@@ -238,7 +263,7 @@ impl Coordinator {
         match outcome? {
             WriteOutcome::Applied { version, created } => Ok(Applied { version, created }),
             WriteOutcome::Stale { highest } => {
-                Err(self.stale(&write.resource, Some(&write.key), fencing, highest))
+                Err(self.stale(&write.resource, Some(&write.key), fencing, highest, seen))
             }
             WriteOutcome::PreconditionFailed { current } => {
                 Err(ApiError::VersionMismatch { current })
@@ -254,11 +279,12 @@ impl Coordinator {
     ) -> Result<(), ApiError> {
         let this = Arc::clone(self);
         let (task_resource, token) = (resource.clone(), fencing.token);
+        let seen = self.seen();
         let outcome = self
             .detached(async move {
                 let outcome = this.store.advance(&task_resource, token).await;
                 if let Ok(AdvanceOutcome::Applied) = outcome {
-                    this.committed(&task_resource, token);
+                    this.committed(&task_resource, token, seen);
                 }
                 this.backend_result(&outcome);
                 outcome
@@ -266,7 +292,9 @@ impl Coordinator {
             .await?;
         match outcome? {
             AdvanceOutcome::Applied => Ok(()),
-            AdvanceOutcome::Stale { highest } => Err(self.stale(resource, None, fencing, highest)),
+            AdvanceOutcome::Stale { highest } => {
+                Err(self.stale(resource, None, fencing, highest, seen))
+            }
         }
     }
 
@@ -293,11 +321,12 @@ impl Coordinator {
         resource: &ResourceName,
     ) -> Result<Option<Token>, ApiError> {
         let (this, resource) = (Arc::clone(self), resource.clone());
+        let seen = self.seen();
         let result = self
             .detached(async move {
                 let result = this.store.fence(&resource).await;
                 if let Ok(Some(highest)) = result {
-                    this.committed(&resource, highest);
+                    this.committed(&resource, highest, seen);
                 }
                 this.backend_result(&result);
                 result
@@ -319,9 +348,10 @@ impl Coordinator {
         Ok(result?)
     }
 
-    /// Records that `token` is committed for `resource`.
-    pub fn committed(&self, resource: &ResourceName, token: Token) {
-        if self.cache.raise(resource, token).changed {
+    /// Records that `token` is committed for `resource`, by a backend call that started
+    /// at `seen`.
+    pub fn committed(&self, resource: &ResourceName, token: Token, seen: Seen) {
+        if self.cache.raise_seen(resource, token, seen).changed {
             self.metrics.highest_raised(resource, token);
         }
     }
@@ -335,8 +365,9 @@ impl Coordinator {
         key: Option<&ObjectKey>,
         fencing: &Fencing,
         highest: Token,
+        seen: Seen,
     ) -> ApiError {
-        let rejections = self.cache.count_rejection(resource, highest);
+        let rejections = self.cache.count_rejection(resource, highest, seen);
         self.record_stale(resource, key, fencing, highest, Door::Http, rejections);
         ApiError::Stale {
             resource: resource.clone(),
@@ -417,8 +448,11 @@ impl Coordinator {
 
     pub fn backend_failed(&self, error: &StoreError) {
         self.metrics.backend_error(error.kind());
-        if let StoreError::Unavailable { .. } = error {
+        if let StoreError::Unavailable { reason, .. } = error {
             self.metrics.backend_ready(false);
+            if !matches!(reason, crate::store::UnavailableReason::LockTimeout) {
+                self.suspect_fences();
+            }
         } else {
             tracing::error!(%error, "backend error");
         }

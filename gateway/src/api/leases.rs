@@ -1,0 +1,196 @@
+//! `/v1/leases/{resource}`: leases hosted by the gateway ([`crate::store::leases`]),
+//! and `POST /v1/fences/{resource}/reset`, the recovery of a fence raised by a token
+//! that was never issued.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencegate_proto::body::{ErrorBody, FenceResetRequest, LeaseRequest, LeaseState};
+use fencegate_proto::headers::MAX_HOLDER_LEN;
+use fencegate_proto::path::LeaseStep;
+use fencegate_proto::{ErrorCode, ResourceName};
+use http::{Response, StatusCode};
+use serde::de::DeserializeOwned;
+
+use crate::api::request::{read_body, Req};
+use crate::api::response::{json_response, Body};
+use crate::coordinator::Coordinator;
+use crate::error::ApiError;
+use crate::store::leases::{Claimant, LeaseOp, LeaseOutcome, LeaseRecord};
+
+/// The shortest and longest lease a holder may ask for.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// The longest reason a reset may give.
+const MAX_REASON_LEN: usize = 1000;
+
+pub async fn get(
+    coordinator: &Arc<Coordinator>,
+    resource: ResourceName,
+) -> Result<Response<Body>, ApiError> {
+    tracing::Span::current().record("resource", resource.as_str());
+    let lease = coordinator.read_lease(&resource).await?;
+    Ok(json_response(StatusCode::OK, &state(resource, &lease)))
+}
+
+/// Acquire, renew or release. The holder is bound to the caller's identity when
+/// authentication is on.
+pub async fn step(
+    coordinator: &Arc<Coordinator>,
+    resource: ResourceName,
+    step: LeaseStep,
+    request: &mut Req,
+) -> Result<Response<Body>, ApiError> {
+    tracing::Span::current().record("resource", resource.as_str());
+    let _in_flight = coordinator.write_permit()?;
+    let LeaseRequest {
+        holder,
+        token,
+        ttl_ms,
+    } = read_json(coordinator, request).await?;
+    check_holder(&holder)?;
+    let op = match step {
+        LeaseStep::Acquire => {
+            no_field("token", token.is_some())?;
+            LeaseOp::Acquire { ttl: ttl(ttl_ms)? }
+        }
+        LeaseStep::Renew => LeaseOp::Renew {
+            token: needed("token", token)?,
+            ttl: ttl(ttl_ms)?,
+        },
+        LeaseStep::Release => {
+            no_field("ttl_ms", ttl_ms.is_some())?;
+            LeaseOp::Release {
+                token: needed("token", token)?,
+            }
+        }
+    };
+    let claimant = Claimant {
+        holder,
+        identity: request.identity.clone(),
+    };
+    let refusal = |code: ErrorCode, message: String, lease: Option<&LeaseRecord>| {
+        let mut body = ErrorBody::new(code, message);
+        body.resource = Some(resource.clone());
+        if let Some(lease) = lease {
+            body.holder = lease.holder.clone();
+            body.expires_in_ms = Some(millis(lease.remaining));
+        }
+        Err(ApiError::Refused(Box::new(body)))
+    };
+    match coordinator.lease(&resource, op, claimant).await? {
+        LeaseOutcome::Granted(lease) | LeaseOutcome::Released(lease) => {
+            Ok(json_response(StatusCode::OK, &state(resource, &lease)))
+        }
+        LeaseOutcome::Held(lease) => refusal(
+            ErrorCode::LeaseHeld,
+            format!(
+                "lease {resource} is held by {:?} for another {} ms",
+                lease.holder.as_deref().unwrap_or_default(),
+                millis(lease.remaining)
+            ),
+            Some(&lease),
+        ),
+        LeaseOutcome::Lost(lease) => refusal(
+            ErrorCode::LeaseLost,
+            format!(
+                "this holder does not hold lease {resource} at that token (it expired, or another holder took it): the term is over"
+            ),
+            Some(&lease),
+        ),
+        LeaseOutcome::Exhausted => refusal(
+            ErrorCode::TokensExhausted,
+            format!(
+                "the fence of {resource} is at the largest token, so no new term can start; an administrator must reset it"
+            ),
+            None,
+        ),
+    }
+}
+
+/// `POST /v1/fences/{resource}/reset` (action `admin`).
+pub async fn reset(
+    coordinator: &Arc<Coordinator>,
+    resource: ResourceName,
+    request: &mut Req,
+) -> Result<Response<Body>, ApiError> {
+    tracing::Span::current().record("resource", resource.as_str());
+    let _in_flight = coordinator.write_permit()?;
+    let FenceResetRequest { to, reason } = read_json(coordinator, request).await?;
+    let reason = reason.trim().to_owned();
+    if reason.is_empty() || reason.len() > MAX_REASON_LEN || reason.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "`reason` must say why, in 1 to {MAX_REASON_LEN} bytes without control characters"
+        )));
+    }
+    let identity = request.identity.clone();
+    let done = coordinator
+        .reset(&resource, to, reason, identity.as_deref())
+        .await?;
+    Ok(json_response(StatusCode::OK, &done))
+}
+
+async fn read_json<T: DeserializeOwned>(
+    coordinator: &Coordinator,
+    request: &mut Req,
+) -> Result<T, ApiError> {
+    let body = read_body(coordinator, request).await?;
+    serde_json::from_slice(&body.bytes).map_err(|error| invalid(error.to_string()))
+}
+
+fn state(resource: ResourceName, lease: &LeaseRecord) -> LeaseState {
+    LeaseState {
+        resource,
+        held: lease.held(),
+        holder: lease.holder.clone(),
+        identity: lease.identity.clone(),
+        token: lease.token,
+        expires_in_ms: millis(lease.remaining),
+    }
+}
+
+fn check_holder(holder: &str) -> Result<(), ApiError> {
+    if holder.is_empty()
+        || holder.len() > MAX_HOLDER_LEN
+        || !holder.bytes().all(|b| b.is_ascii_graphic() || b == b' ')
+    {
+        return Err(invalid(format!(
+            "`holder` must be 1 to {MAX_HOLDER_LEN} bytes of printable ASCII"
+        )));
+    }
+    Ok(())
+}
+
+fn ttl(ttl_ms: Option<u64>) -> Result<Duration, ApiError> {
+    let ttl = Duration::from_millis(needed("ttl_ms", ttl_ms)?);
+    if !(MIN_TTL..=MAX_TTL).contains(&ttl) {
+        return Err(invalid(format!(
+            "`ttl_ms` must be between {} and {}",
+            MIN_TTL.as_millis(),
+            MAX_TTL.as_millis()
+        )));
+    }
+    Ok(ttl)
+}
+
+fn needed<T>(field: &str, value: Option<T>) -> Result<T, ApiError> {
+    value.ok_or_else(|| invalid(format!("this step needs `{field}`")))
+}
+
+fn no_field(field: &str, present: bool) -> Result<(), ApiError> {
+    match present {
+        true => Err(invalid(format!("this step takes no `{field}`"))),
+        false => Ok(()),
+    }
+}
+
+fn invalid(message: String) -> ApiError {
+    ApiError::Refused(Box::new(ErrorBody::new(
+        ErrorCode::InvalidBody,
+        format!("invalid request body: {message}"),
+    )))
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,72 @@
+//! Fences behind what this gateway saw committed: a database that lost committed
+//! transactions, as after a failover to an asynchronous standby.
+//!
+//! The fence cache holds, per resource, a token this gateway saw committed. A database
+//! whose fence is below it has lost that commit; on it, the writes of older terms
+//! would be accepted again — by every replica that did not see the token, and by this
+//! one after a restart. So the gateway compares its cache with the database after any
+//! connection failure (when a failover shows itself) and every [`AUDIT_INTERVAL`], and
+//! raises every fence that is behind back to the token it saw: older terms stay out.
+//! Each one is counted (`fencegate_fence_regressions_total`) and logged as an error,
+//! since acknowledged writes of that resource may be lost with the commit.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::Coordinator;
+use crate::store::StoreError;
+
+/// How often the cache is compared with the database when nothing failed.
+pub const AUDIT_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Resources per statement of an audit.
+const AUDIT_BATCH: usize = 10_000;
+
+impl Coordinator {
+    /// Marks the fences for an audit: the database connection failed, and what answers
+    /// next may be another server.
+    pub(super) fn suspect_fences(&self) {
+        self.fences_suspect.store(true, Ordering::Release);
+    }
+
+    /// Runs an audit if one is due (after a failure, or every [`AUDIT_INTERVAL`]);
+    /// `last` is when the last one succeeded.
+    pub(super) async fn audit_if_due(&self, last: &mut Instant) {
+        let suspect = self.fences_suspect.load(Ordering::Acquire);
+        if !suspect && last.elapsed() < AUDIT_INTERVAL {
+            return;
+        }
+        // Cleared first: a failure during the audit marks it again.
+        self.fences_suspect.store(false, Ordering::Release);
+        match self.audit_fences().await {
+            Ok(()) => *last = Instant::now(),
+            Err(error) => {
+                self.suspect_fences();
+                tracing::debug!(%error, "fence audit deferred: the database is unavailable");
+            }
+        }
+    }
+
+    /// Compares every cached fence with the database, and restores those behind.
+    async fn audit_fences(&self) -> Result<(), StoreError> {
+        // Taken before the snapshot: a reset learned later is excluded by the store.
+        let followed = self.resets_followed.load(Ordering::Acquire);
+        for batch in self.cache.snapshot(AUDIT_BATCH) {
+            for regression in self.store.restore_fences(&batch, followed).await? {
+                self.metrics.fence_regressed();
+                tracing::error!(
+                    resource = regression.resource.as_str(),
+                    seen = regression.seen.get(),
+                    found = regression.found.map(|token| token.get()),
+                    "fence behind a token this gateway saw committed: the database lost \
+                     committed transactions (failover to an asynchronous standby?); \
+                     acknowledged writes of this resource may be lost. The fence is \
+                     restored, so older terms stay out"
+                );
+            }
+        }
+        Ok(())
+    }
+}

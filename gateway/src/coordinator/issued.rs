@@ -1,0 +1,309 @@
+//! The coordinator's trust steps: hosted leases, the issuer check of a presented token,
+//! and fence resets (applied here, and followed from other replicas).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use fencegate_proto::body::{ErrorBody, FenceResetDone};
+use fencegate_proto::headers::Fencing;
+use fencegate_proto::path::LeaseStep;
+use fencegate_proto::{ErrorCode, ResourceName, Token};
+
+use super::{Coordinator, RESET_POLL};
+use crate::config::IssuerKind;
+use crate::error::ApiError;
+use crate::issuers::{judge, Issued, Verdict};
+use crate::store::leases::{
+    Claimant, LeaseOp, LeaseOutcome, LeaseRecord, Reset, ResetOutcome, ResetRecord,
+};
+
+impl Coordinator {
+    /// Applies one step of a hosted lease. A new term raises the fence cache to its
+    /// token (the store raised the fence in the same transaction) and is remembered as
+    /// the resource's latest issued token.
+    pub async fn lease(
+        self: &Arc<Self>,
+        resource: &ResourceName,
+        op: LeaseOp,
+        claimant: Claimant,
+    ) -> Result<LeaseOutcome, ApiError> {
+        let step = match op {
+            LeaseOp::Acquire { .. } => LeaseStep::Acquire,
+            LeaseOp::Renew { .. } => LeaseStep::Renew,
+            LeaseOp::Release { .. } => LeaseStep::Release,
+        };
+        let (this, task_resource) = (Arc::clone(self), resource.clone());
+        let seen = self.seen();
+        let outcome = self
+            .detached(async move {
+                let outcome = this.store.lease(&task_resource, &op, &claimant).await;
+                this.backend_result(&outcome);
+                if let (Ok(LeaseOutcome::Granted(lease)), LeaseOp::Acquire { .. }) = (&outcome, &op)
+                {
+                    if let Some(token) = lease.token {
+                        this.committed(&task_resource, token, seen);
+                        this.issuers.learn(
+                            &task_resource,
+                            Issued {
+                                token,
+                                holder: lease.identity.as_deref().map(Arc::from),
+                            },
+                        );
+                    }
+                }
+                outcome
+            })
+            .await??;
+        let label = match &outcome {
+            LeaseOutcome::Granted(_) => "granted",
+            LeaseOutcome::Released(_) => "released",
+            LeaseOutcome::Held(_) => "held",
+            LeaseOutcome::Lost(_) => "lost",
+            LeaseOutcome::Exhausted => "exhausted",
+        };
+        self.metrics.lease_step(step.as_str(), label);
+        Ok(outcome)
+    }
+
+    /// A hosted lease as it stands.
+    pub async fn read_lease(
+        self: &Arc<Self>,
+        resource: &ResourceName,
+    ) -> Result<LeaseRecord, ApiError> {
+        let (this, resource) = (Arc::clone(self), resource.clone());
+        let result = self
+            .detached(async move {
+                let result = this.store.read_lease(&resource).await;
+                this.backend_result(&result);
+                result
+            })
+            .await?;
+        Ok(result?)
+    }
+
+    /// Refuses a token that `resource`'s issuer did not issue, or issued to another
+    /// identity than `identity` ([`crate::issuers`]). Asks the issuer only when the
+    /// token is above the latest one this gateway knows it issued.
+    pub async fn check_issued(
+        self: &Arc<Self>,
+        resource: &ResourceName,
+        fencing: &Fencing,
+        identity: Option<&str>,
+    ) -> Result<(), ApiError> {
+        let Some(issuer) = self.issuers.issuer_of(resource) else {
+            return Ok(());
+        };
+        let issued = match self.issuers.known(resource) {
+            Some(known) if fencing.token <= known.token => Some(known),
+            _ => {
+                let (this, task_resource) = (Arc::clone(self), resource.clone());
+                let asked = self
+                    .detached(async move {
+                        let asked = this.issuers.ask(issuer, &this.store, &task_resource).await;
+                        this.backend_result(&asked);
+                        asked
+                    })
+                    .await?;
+                asked?
+            }
+        };
+        let verdict = judge(fencing.token, identity, issued.as_ref());
+        let (reason, mut body) = match &verdict {
+            Verdict::Issued => return Ok(()),
+            Verdict::NotIssued { issued } => {
+                let message = match issued {
+                    Some(issued) => format!(
+                        "token {} was not issued for resource {resource}: its issuer ({}) has issued up to {issued}; nothing was applied",
+                        fencing.token,
+                        issuer.as_str()
+                    ),
+                    None => format!(
+                        "token {} was not issued for resource {resource}: its issuer ({}) has issued none; nothing was applied",
+                        fencing.token,
+                        issuer.as_str()
+                    ),
+                };
+                let mut body = ErrorBody::new(ErrorCode::TokenNotIssued, message);
+                body.issued = *issued;
+                ("not_issued", body)
+            }
+            Verdict::HolderMismatch { .. } => (
+                "holder_mismatch",
+                ErrorBody::new(
+                    ErrorCode::TokenHolderMismatch,
+                    format!(
+                        "token {} of resource {resource} was issued to another holder than identity {:?}; nothing was applied",
+                        fencing.token,
+                        identity.unwrap_or_default()
+                    ),
+                ),
+            ),
+        };
+        self.metrics.token_refused(reason);
+        if self.stale_log.admit().is_some() {
+            let holder = match &verdict {
+                Verdict::HolderMismatch { holder } => Some(&**holder),
+                _ => None,
+            };
+            tracing::warn!(
+                resource = resource.as_str(),
+                presented = fencing.token.get(),
+                issued = issued.as_ref().map(|issued| issued.token.get()),
+                issuer = issuer.as_str(),
+                identity,
+                issued_to = holder,
+                outcome = reason,
+                "token refused by its issuer"
+            );
+        }
+        body.resource = Some(resource.clone());
+        body.presented = Some(fencing.token);
+        Err(ApiError::Refused(Box::new(body)))
+    }
+
+    /// Lowers a fence that a token nobody issued raised, within its floors (see
+    /// [`crate::store::leases`]); audited, and applied to this gateway's cache at once
+    /// and to the other replicas' within [`RESET_POLL`].
+    pub async fn reset(
+        self: &Arc<Self>,
+        resource: &ResourceName,
+        to: Token,
+        reason: String,
+        identity: Option<&str>,
+    ) -> Result<FenceResetDone, ApiError> {
+        // The leader_lease table is outside the store: its latest epoch is a floor the
+        // store cannot see for itself.
+        let floor = match self.issuers.issuer_of(resource) {
+            Some(issuer @ IssuerKind::LeaderLease) => {
+                let (this, task_resource) = (Arc::clone(self), resource.clone());
+                self.detached(
+                    async move { this.issuers.ask(issuer, &this.store, &task_resource).await },
+                )
+                .await??
+                .map(|issued| issued.token)
+            }
+            _ => None,
+        };
+        let reset = Reset {
+            resource: resource.clone(),
+            to,
+            floor,
+            identity: identity.map(str::to_owned),
+            reason,
+        };
+        let this = Arc::clone(self);
+        let task_reset = reset.clone();
+        let outcome = self
+            .detached(async move {
+                let outcome = this.store.reset(&task_reset).await;
+                this.backend_result(&outcome);
+                outcome
+            })
+            .await??;
+        let refused = |message: String| {
+            Err(ApiError::Refused(Box::new(reset_refused(
+                resource, message,
+            ))))
+        };
+        match outcome {
+            ResetOutcome::Applied { from, generation } => {
+                self.metrics.fence_reset();
+                tracing::warn!(
+                    resource = resource.as_str(),
+                    from = from.get(),
+                    to = to.get(),
+                    generation,
+                    identity,
+                    reason = reset.reason.as_str(),
+                    "fence reset"
+                );
+                self.forget_reset(&ResetRecord {
+                    generation,
+                    resource: resource.clone(),
+                    to,
+                });
+                Ok(FenceResetDone {
+                    resource: resource.clone(),
+                    from,
+                    to,
+                    generation,
+                })
+            }
+            ResetOutcome::NotLower { highest: None } => refused(format!(
+                "resource {resource} has no fence to reset; nothing changed"
+            )),
+            ResetOutcome::NotLower {
+                highest: Some(highest),
+            } => refused(format!(
+                "the fence of {resource} is at {highest}, not above {to}: a reset only lowers a fence; nothing changed"
+            )),
+            ResetOutcome::BelowFloor { floor } => refused(format!(
+                "token {floor} of {resource} was issued or written with: the fence cannot go below it, or that term's older writes could land; nothing changed"
+            )),
+        }
+    }
+
+    /// Starts following the reset log from its end: what the cache holds is newer.
+    pub async fn start_following_resets(&self) {
+        match self.store.resets_since(0).await {
+            Ok(resets) => {
+                if let Some(last) = resets.last() {
+                    self.resets_followed
+                        .store(last.generation, Ordering::Release);
+                }
+            }
+            Err(error) => tracing::warn!(%error, "could not read the fence reset log"),
+        }
+    }
+
+    /// Applies fence resets made through other replicas to this gateway's cache, every
+    /// [`RESET_POLL`], and audits the cached fences when due ([`super::audit`]), until
+    /// shutdown.
+    pub async fn follow_resets(self: Arc<Self>) {
+        let mut last_audit = tokio::time::Instant::now();
+        let mut tick = tokio::time::interval(RESET_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = self.shutdown.cancelled() => return,
+            }
+            let since = self.resets_followed.load(Ordering::Acquire);
+            match self.store.resets_since(since).await {
+                Ok(resets) => {
+                    for reset in &resets {
+                        self.forget_reset(reset);
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "could not read the fence reset log");
+                    continue;
+                }
+            }
+            self.audit_if_due(&mut last_audit).await;
+        }
+    }
+
+    fn forget_reset(&self, reset: &ResetRecord) {
+        self.cache.forget(&reset.resource);
+        let previous = self
+            .resets_followed
+            .fetch_max(reset.generation, Ordering::AcqRel);
+        if previous < reset.generation {
+            self.metrics
+                .reset_followed(reset.generation, &reset.resource, reset.to);
+            tracing::info!(
+                resource = reset.resource.as_str(),
+                to = reset.to.get(),
+                generation = reset.generation,
+                "fence reset applied to the cache"
+            );
+        }
+    }
+}
+
+fn reset_refused(resource: &ResourceName, message: String) -> ErrorBody {
+    let mut body = ErrorBody::new(ErrorCode::ResetRefused, message);
+    body.resource = Some(resource.clone());
+    body
+}

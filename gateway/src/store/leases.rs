@@ -1,0 +1,316 @@
+//! Leases hosted by the gateway, and fence resets: the rules both backends apply.
+//!
+//! # Leases
+//!
+//! A lease is named like the resource it fences. Each backend decides every step in
+//! one transaction, on its own clock (the database's `clock_timestamp()` for
+//! Postgres, which every replica shares; the gateway's wall clock for the embedded
+//! store), with [`decide`]:
+//!
+//! - **acquire** takes the lease if it is free, expired, or already held by the same
+//!   holder under the same identity, and mints a new token: one above both the last
+//!   token of the lease and the resource's highest fence. The fence is raised to it in
+//!   the same transaction, so writes still in flight from every older term are
+//!   rejected from the moment the new holder learns its token.
+//! - **renew** extends the lease if the same holder, under the same identity, still
+//!   holds it at the token it names and it has not expired; the token stays.
+//! - **release** frees the lease if the same holder holds it at that token.
+//!
+//! A lease taken under an authenticated identity can only be renewed or released by
+//! that identity, and no other identity can take it before it expires.
+//!
+//! # Fence resets
+//!
+//! A reset lowers a fence that a token nobody issued raised. It never goes below its
+//! floor — every token the resource's issuer issued and every token an object of the
+//! resource was written with — so that no older term's write gets in afterwards. Each
+//! reset is recorded (who, why, from, to) with a generation number that replicas
+//! watch to forget what they cached of the resource.
+
+use std::time::Duration;
+
+use fencegate_proto::{ResourceName, Token};
+
+/// What a caller asks of a lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseOp {
+    Acquire { ttl: Duration },
+    Renew { token: Token, ttl: Duration },
+    Release { token: Token },
+}
+
+/// Who asks: the holder named in the request, and the authenticated identity
+/// (`None` when authentication is off).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claimant {
+    pub holder: String,
+    pub identity: Option<String>,
+}
+
+/// A lease as stored, read on the store's clock.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LeaseRecord {
+    pub holder: Option<String>,
+    pub identity: Option<String>,
+    /// The last token minted for the lease; `None` if never taken.
+    pub token: Option<Token>,
+    /// Time left before expiry; zero once expired or released.
+    pub remaining: Duration,
+}
+
+impl LeaseRecord {
+    /// Held now: by someone, and not expired.
+    pub fn held(&self) -> bool {
+        self.holder.is_some() && !self.remaining.is_zero()
+    }
+
+    fn is_held_by(&self, claimant: &Claimant) -> bool {
+        self.holder.as_deref() == Some(claimant.holder.as_str())
+            && self.identity == claimant.identity
+    }
+}
+
+/// The outcome of a lease step, with the lease as it is after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeaseOutcome {
+    /// Acquired (with a new token) or renewed.
+    Granted(LeaseRecord),
+    /// Released.
+    Released(LeaseRecord),
+    /// Acquire refused: another holder holds the lease.
+    Held(LeaseRecord),
+    /// Renew or release refused: the claimant does not hold the lease at that token.
+    Lost(LeaseRecord),
+    /// Acquire refused: the fence or the lease is at the largest token.
+    Exhausted,
+}
+
+/// What the store must do for a step, decided from the lease as it stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Mint a new token and raise the fence to it; hold the lease for `ttl`.
+    Mint { ttl: Duration },
+    /// Keep the token; hold the lease for `ttl` from now.
+    Extend { ttl: Duration },
+    /// Free the lease; keep its last token.
+    Free,
+    /// Change nothing: someone else holds the lease.
+    RefuseHeld,
+    /// Change nothing: the claimant's term is over.
+    RefuseLost,
+}
+
+/// The rule of every lease step; see the module doc.
+pub fn decide(op: &LeaseOp, claimant: &Claimant, current: &LeaseRecord) -> Decision {
+    match *op {
+        LeaseOp::Acquire { ttl } => {
+            if current.held() && !current.is_held_by(claimant) {
+                Decision::RefuseHeld
+            } else {
+                Decision::Mint { ttl }
+            }
+        }
+        LeaseOp::Renew { token, ttl } => {
+            if current.held() && current.is_held_by(claimant) && current.token == Some(token) {
+                Decision::Extend { ttl }
+            } else {
+                Decision::RefuseLost
+            }
+        }
+        LeaseOp::Release { token } => {
+            // An expired lease may still be released by its holder: that changes
+            // nothing anybody relies on, and spares the holder a pointless error.
+            if current.is_held_by(claimant) && current.token == Some(token) {
+                Decision::Free
+            } else {
+                Decision::RefuseLost
+            }
+        }
+    }
+}
+
+/// The token a new term gets: above the lease's last token and the fence. `None` when
+/// that would pass the largest token.
+pub fn next_token(lease_token: Option<Token>, highest: Option<Token>) -> Option<Token> {
+    let above = lease_token.max(highest).map_or(0, Token::get);
+    Token::new(above.checked_add(1)?).ok()
+}
+
+/// An administrator's request to lower a fence.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reset {
+    pub resource: ResourceName,
+    pub to: Token,
+    /// The lowest `to` may go, from issuers outside the store (the `leader_lease`
+    /// table); the store adds its own (its leases, its objects).
+    pub floor: Option<Token>,
+    pub identity: Option<String>,
+    pub reason: String,
+}
+
+/// What a reset did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResetOutcome {
+    Applied {
+        from: Token,
+        generation: u64,
+    },
+    /// Nothing to lower: the fence is at or below `to`, or the resource has none.
+    NotLower {
+        highest: Option<Token>,
+    },
+    /// `to` is below a token that was issued or written with.
+    BelowFloor {
+        floor: Token,
+    },
+}
+
+/// Checks a reset against the fence and the floors; `Ok(from)` if it may be applied.
+pub fn check_reset(
+    reset: &Reset,
+    highest: Option<Token>,
+    floors: &[Option<Token>],
+) -> Result<Token, ResetOutcome> {
+    let from = match highest {
+        Some(from) if from > reset.to => from,
+        other => return Err(ResetOutcome::NotLower { highest: other }),
+    };
+    let floor = floors.iter().copied().chain([reset.floor]).flatten().max();
+    match floor {
+        Some(floor) if floor > reset.to => Err(ResetOutcome::BelowFloor { floor }),
+        _ => Ok(from),
+    }
+}
+
+/// A reset as recorded, for replicas that follow the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResetRecord {
+    pub generation: u64,
+    pub resource: ResourceName,
+    pub to: Token,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tok(value: u64) -> Token {
+        Token::new(value).unwrap()
+    }
+
+    fn claimant(holder: &str, identity: Option<&str>) -> Claimant {
+        Claimant {
+            holder: holder.into(),
+            identity: identity.map(Into::into),
+        }
+    }
+
+    fn live(holder: &str, identity: Option<&str>, token: u64) -> LeaseRecord {
+        LeaseRecord {
+            holder: Some(holder.into()),
+            identity: identity.map(Into::into),
+            token: Some(tok(token)),
+            remaining: Duration::from_secs(5),
+        }
+    }
+
+    const TTL: Duration = Duration::from_secs(15);
+
+    #[test]
+    fn acquire() {
+        let acquire = LeaseOp::Acquire { ttl: TTL };
+        let a = claimant("a", None);
+        let mint = Decision::Mint { ttl: TTL };
+        assert_eq!(decide(&acquire, &a, &LeaseRecord::default()), mint);
+        assert_eq!(decide(&acquire, &a, &live("a", None, 3)), mint);
+        assert_eq!(
+            decide(&acquire, &a, &live("b", None, 3)),
+            Decision::RefuseHeld
+        );
+        let expired = LeaseRecord {
+            remaining: Duration::ZERO,
+            ..live("b", None, 3)
+        };
+        assert_eq!(decide(&acquire, &a, &expired), mint);
+        // The same holder name under another identity does not take a live lease.
+        assert_eq!(
+            decide(
+                &acquire,
+                &claimant("a", Some("x")),
+                &live("a", Some("y"), 3)
+            ),
+            Decision::RefuseHeld
+        );
+    }
+
+    #[test]
+    fn renew_and_release() {
+        let a = claimant("a", Some("x"));
+        let lease = live("a", Some("x"), 3);
+        let renew = |token| LeaseOp::Renew {
+            token: tok(token),
+            ttl: TTL,
+        };
+        assert_eq!(decide(&renew(3), &a, &lease), Decision::Extend { ttl: TTL });
+        assert_eq!(decide(&renew(2), &a, &lease), Decision::RefuseLost);
+        assert_eq!(
+            decide(&renew(3), &claimant("a", Some("y")), &lease),
+            Decision::RefuseLost
+        );
+        let expired = LeaseRecord {
+            remaining: Duration::ZERO,
+            ..lease.clone()
+        };
+        assert_eq!(decide(&renew(3), &a, &expired), Decision::RefuseLost);
+        let release = |token| LeaseOp::Release { token: tok(token) };
+        assert_eq!(decide(&release(3), &a, &lease), Decision::Free);
+        assert_eq!(decide(&release(3), &a, &expired), Decision::Free);
+        assert_eq!(decide(&release(4), &a, &lease), Decision::RefuseLost);
+        assert_eq!(
+            decide(&release(3), &claimant("b", Some("x")), &lease),
+            Decision::RefuseLost
+        );
+    }
+
+    #[test]
+    fn tokens_rise_above_lease_and_fence() {
+        assert_eq!(next_token(None, None), Some(tok(1)));
+        assert_eq!(next_token(Some(tok(4)), Some(tok(9))), Some(tok(10)));
+        assert_eq!(next_token(Some(tok(9)), Some(tok(4))), Some(tok(10)));
+        assert_eq!(next_token(None, Some(Token::MAX)), None);
+    }
+
+    #[test]
+    fn resets_stay_above_their_floors() {
+        let reset = Reset {
+            resource: ResourceName::new("r").unwrap(),
+            to: tok(10),
+            floor: None,
+            identity: None,
+            reason: "forged".into(),
+        };
+        assert_eq!(check_reset(&reset, Some(Token::MAX), &[]), Ok(Token::MAX));
+        assert_eq!(
+            check_reset(&reset, Some(tok(10)), &[]),
+            Err(ResetOutcome::NotLower {
+                highest: Some(tok(10))
+            })
+        );
+        assert_eq!(
+            check_reset(&reset, None, &[]),
+            Err(ResetOutcome::NotLower { highest: None })
+        );
+        assert_eq!(
+            check_reset(&reset, Some(Token::MAX), &[Some(tok(11)), None]),
+            Err(ResetOutcome::BelowFloor { floor: tok(11) })
+        );
+        let floored = Reset {
+            floor: Some(tok(12)),
+            ..reset
+        };
+        assert_eq!(
+            check_reset(&floored, Some(Token::MAX), &[Some(tok(3))]),
+            Err(ResetOutcome::BelowFloor { floor: tok(12) })
+        );
+    }
+}

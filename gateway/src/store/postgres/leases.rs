@@ -1,0 +1,186 @@
+//! Hosted leases and fence resets on Postgres, each in one transaction.
+//!
+//! Lock order: a lease step locks the lease row, then the fence row; writes lock only
+//! fence rows. So a lease step waits for the writes of its resource in flight, and
+//! nothing waits in a cycle.
+
+use std::time::Duration;
+
+use deadpool_postgres::Object;
+use fencegate_proto::{ResourceName, Token};
+use tokio_postgres::Row;
+
+use super::connection::classify;
+use super::statements;
+use super::writes::token_from_db;
+use crate::store::leases::{
+    check_reset, decide, next_token, Claimant, Decision, LeaseOp, LeaseOutcome, LeaseRecord, Reset,
+    ResetOutcome, ResetRecord,
+};
+use crate::store::StoreError;
+
+/// Applies one lease step.
+pub(super) async fn step(
+    client: &mut Object,
+    resource: &ResourceName,
+    op: &LeaseOp,
+    claimant: &Claimant,
+) -> Result<LeaseOutcome, StoreError> {
+    let resource = resource.as_str();
+    let tx = client.transaction().await.map_err(|e| classify(e, false))?;
+    tx.execute(statements::LEASE_ENSURE, &[&resource])
+        .await
+        .map_err(|e| classify(e, false))?;
+    let current = record(
+        &tx.query_one(statements::LEASE_LOCK, &[&resource])
+            .await
+            .map_err(|e| classify(e, false))?,
+    )?;
+    let row = match decide(op, claimant, &current) {
+        Decision::RefuseHeld => return Ok(LeaseOutcome::Held(current)),
+        Decision::RefuseLost => return Ok(LeaseOutcome::Lost(current)),
+        Decision::Mint { ttl } => {
+            let highest: i64 = tx
+                .query_one(statements::FENCE_LOCK, &[&resource])
+                .await
+                .map_err(|e| classify(e, false))?
+                .get(0);
+            let highest = (highest > 0).then(|| token_from_db(highest)).transpose()?;
+            let Some(token) = next_token(current.token, highest) else {
+                return Ok(LeaseOutcome::Exhausted);
+            };
+            tx.execute(statements::FENCE_SET, &[&resource, &token.as_i64()])
+                .await
+                .map_err(|e| classify(e, false))?;
+            tx.query_one(
+                statements::LEASE_MINT,
+                &[
+                    &resource,
+                    &claimant.holder,
+                    &claimant.identity,
+                    &token.as_i64(),
+                    &millis(ttl),
+                ],
+            )
+            .await
+        }
+        Decision::Extend { ttl } => {
+            tx.query_one(statements::LEASE_EXTEND, &[&resource, &millis(ttl)])
+                .await
+        }
+        Decision::Free => tx.query_one(statements::LEASE_FREE, &[&resource]).await,
+    }
+    .map_err(|e| classify(e, false))?;
+    let after = record(&row)?;
+    tx.commit().await.map_err(|e| classify(e, true))?;
+    Ok(match op {
+        LeaseOp::Release { .. } => LeaseOutcome::Released(after),
+        _ => LeaseOutcome::Granted(after),
+    })
+}
+
+/// The lease as it stands; the default record if it was never taken.
+pub(super) async fn read(
+    client: &Object,
+    resource: &ResourceName,
+) -> Result<LeaseRecord, StoreError> {
+    let statement = client
+        .prepare_cached(statements::LEASE_READ)
+        .await
+        .map_err(|e| classify(e, false))?;
+    client
+        .query_opt(&statement, &[&resource.as_str()])
+        .await
+        .map_err(|e| classify(e, false))?
+        .map_or(Ok(LeaseRecord::default()), |row| record(&row))
+}
+
+/// Lowers a fence and records the reset, in one transaction.
+pub(super) async fn reset(client: &mut Object, reset: &Reset) -> Result<ResetOutcome, StoreError> {
+    let resource = reset.resource.as_str();
+    let tx = client.transaction().await.map_err(|e| classify(e, false))?;
+    let highest = tx
+        .query_opt(statements::FENCE_FOR_UPDATE, &[&resource])
+        .await
+        .map_err(|e| classify(e, false))?
+        .map(|row| token_from_db(row.get(0)))
+        .transpose()?;
+    let floors = tx
+        .query_one(statements::RESET_FLOORS, &[&resource])
+        .await
+        .map_err(|e| classify(e, false))?;
+    let floors = [positive(floors.get(0))?, positive(floors.get(1))?];
+    let from = match check_reset(reset, highest, &floors) {
+        Ok(from) => from,
+        Err(refused) => return Ok(refused),
+    };
+    tx.execute(statements::FENCE_SET, &[&resource, &reset.to.as_i64()])
+        .await
+        .map_err(|e| classify(e, false))?;
+    let generation: i64 = tx
+        .query_one(
+            statements::RESET_RECORD,
+            &[
+                &resource,
+                &from.as_i64(),
+                &reset.to.as_i64(),
+                &reset.identity,
+                &reset.reason,
+            ],
+        )
+        .await
+        .map_err(|e| classify(e, false))?
+        .get(0);
+    tx.commit().await.map_err(|e| classify(e, true))?;
+    Ok(ResetOutcome::Applied {
+        from,
+        generation: generation as u64,
+    })
+}
+
+/// The resets recorded after `generation`, in order.
+pub(super) async fn resets_since(
+    client: &Object,
+    generation: u64,
+) -> Result<Vec<ResetRecord>, StoreError> {
+    let statement = client
+        .prepare_cached(statements::RESETS_SINCE)
+        .await
+        .map_err(|e| classify(e, false))?;
+    let since = i64::try_from(generation).unwrap_or(i64::MAX);
+    client
+        .query(&statement, &[&since])
+        .await
+        .map_err(|e| classify(e, false))?
+        .iter()
+        .map(|row| {
+            let resource: String = row.get(1);
+            Ok(ResetRecord {
+                generation: row.get::<_, i64>(0) as u64,
+                resource: ResourceName::new(resource).map_err(|_| {
+                    StoreError::Internal("invalid resource in fencegate.fence_resets".into())
+                })?,
+                to: token_from_db(row.get(2))?,
+            })
+        })
+        .collect()
+}
+
+fn record(row: &Row) -> Result<LeaseRecord, StoreError> {
+    let remaining: i64 = row.get(3);
+    Ok(LeaseRecord {
+        holder: row.get(0),
+        identity: row.get(1),
+        token: positive(row.get(2))?,
+        remaining: Duration::from_millis(u64::try_from(remaining).unwrap_or(0)),
+    })
+}
+
+/// A token column where 0 means "none".
+fn positive(value: i64) -> Result<Option<Token>, StoreError> {
+    (value != 0).then(|| token_from_db(value)).transpose()
+}
+
+fn millis(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
+}
