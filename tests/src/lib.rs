@@ -14,6 +14,8 @@
 //!   Postgres.
 //! - [`gateway`]: spawns the built `fencegate` binary on a free port and waits for its
 //!   "ready" log line; SIGTERM, SIGKILL, restart, captured logs.
+//! - [`history`]: histories of runs, and the linearizability checker that judges them
+//!   against a model of a fenced register.
 //! - [`http`]: a small client for the gateway's API.
 //! - [`https`]: the same over TLS, a connection per request, with a client certificate
 //!   if asked.
@@ -36,6 +38,7 @@ pub mod deployment;
 pub mod door;
 pub mod fenced;
 pub mod gateway;
+pub mod history;
 pub mod http;
 pub mod https;
 pub mod inprocess;
