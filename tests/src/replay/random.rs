@@ -8,6 +8,9 @@
 //! 2. The durable highest equals the maximum accepted token.
 //! 3. Every object's version counts its accepted writes, and its token and value are
 //!    those of the accepted write that got that version.
+//! 4. The run's history — every write and advance with its invocation, answer and
+//!    outcome, and a read of every key after the last answer — is linearizable
+//!    against the model of a fenced register ([`crate::history`]).
 //!
 //! A run is a pure function of its seed (the timeline; the interleaving of released
 //! writes is the real one), so a failing seed can be replayed.
@@ -19,6 +22,7 @@ use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::history::{self, Entry, Op};
 use crate::replay::target::Target;
 use crate::replay::wire::{self, Reply, Request};
 
@@ -29,11 +33,15 @@ const KEYS: usize = 2;
 struct Attempt {
     /// The proxy label of a write.
     label: Option<String>,
+    /// The writer, for the history.
+    client: u32,
     token: u64,
     key: Option<String>,
     value: String,
     sent: Instant,
-    answer: JoinHandle<(Result<Reply, String>, Instant)>,
+    /// The wall-clock instant of the send, for the history.
+    invoked: u64,
+    answer: JoinHandle<(Result<Reply, String>, Instant, u64)>,
 }
 
 /// Counts of one run, for the summary.
@@ -72,7 +80,7 @@ pub async fn run_one(target: &Target, seed: u64) -> Result<Stats, String> {
                     body: String::new(),
                 };
                 let addr = target.replicas[rng.random_range(0..replicas)].hop.addr();
-                attempts.push(send(addr, request, token, None, String::new()));
+                attempts.push(send(addr, request, writer, token, None, String::new()));
             }
         } else if roll < 80 {
             let token = tokens[writer].unwrap_or(1);
@@ -87,7 +95,7 @@ pub async fn run_one(target: &Target, seed: u64) -> Result<Stats, String> {
             if hold {
                 hop.hold_request(&label);
             }
-            attempts.push(send(hop.addr(), request, token, Some(key), value));
+            attempts.push(send(hop.addr(), request, writer, token, Some(key), value));
             if hold {
                 if !hop.wait_held(&label, 0, wire::PATIENCE).await {
                     return Err(format!("seed {seed}: a held write did not reach the proxy"));
@@ -145,6 +153,7 @@ async fn quiesce(attempts: &[Attempt], held: &[(String, usize)]) -> Result<(), S
 fn send(
     addr: std::net::SocketAddr,
     request: Request,
+    writer: usize,
     token: u64,
     key: Option<String>,
     value: String,
@@ -155,16 +164,19 @@ fn send(
         .find(|(name, _)| name == crate::proxy::LABEL_HEADER)
         .map(|(_, value)| value.clone());
     let sent = Instant::now();
+    let invoked = history::now();
     let answer = tokio::spawn(async move {
         let reply = wire::send_one(addr, &request).await;
-        (reply, Instant::now())
+        (reply, Instant::now(), history::now())
     });
     Attempt {
         label,
+        client: writer as u32,
         token,
         key,
         value,
         sent,
+        invoked,
         answer,
     }
 }
@@ -189,12 +201,33 @@ async fn check(
 ) -> Result<Stats, String> {
     let fail = |what: String| Err(format!("seed {seed} (resource {resource}): {what}"));
     let mut done = Vec::new();
+    let mut entries = Vec::new();
     for attempt in attempts {
-        let (reply, answered) = attempt.answer.await.map_err(|e| e.to_string())?;
+        let (reply, answered, completed) = attempt.answer.await.map_err(|e| e.to_string())?;
         let reply = match reply {
             Ok(reply) => reply,
             Err(e) => return fail(format!("a request got no answer: {e}")),
         };
+        let op = match &attempt.key {
+            Some(key) => Op::Write {
+                key: key.clone(),
+                token: attempt.token,
+                value: attempt.value.clone(),
+                if_version: None,
+            },
+            None => Op::Advance {
+                token: attempt.token,
+            },
+        };
+        let outcome = history::outcome_of(&op, reply.status, &reply.body, None);
+        entries.push(Entry {
+            client: attempt.client,
+            resource: resource.to_owned(),
+            op,
+            invoked: attempt.invoked,
+            completed,
+            outcome: outcome.map_err(|e| format!("seed {seed} (resource {resource}): {e}"))?,
+        });
         let accepted = matches!(reply.status, 200 | 201);
         if !accepted && reply.status != 409 {
             return fail(format!("unexpected answer {} {}", reply.status, reply.body));
@@ -211,6 +244,17 @@ async fn check(
             accepted,
             version: reply.field("version"),
         });
+    }
+    // 4. The history, with a read of every key, is linearizable.
+    for key in 0..KEYS {
+        entries.push(
+            read(target, resource, &format!("k{key}"))
+                .await
+                .map_err(|e| format!("seed {seed} (resource {resource}): {e}"))?,
+        );
+    }
+    if let Some(violation) = history::check(&entries).first() {
+        return fail(format!("the history is not linearizable: {violation}"));
     }
     // 1. Never accepted after a higher token's acceptance was answered.
     if let Err(what) = no_acceptance_after_a_higher_token(&done) {
@@ -288,6 +332,30 @@ async fn check(
         }
     }
     Ok(stats)
+}
+
+/// A read of `key` through the first gateway, as a history entry of a client of its
+/// own.
+async fn read(target: &Target, resource: &str, key: &str) -> Result<Entry, String> {
+    let op = Op::Read {
+        key: key.to_owned(),
+    };
+    let invoked = history::now();
+    let reply = wire::send_one(
+        target.replicas[0].addr,
+        &Request::get(&crate::http::kv_path(resource, key)),
+    )
+    .await?;
+    let completed = history::now();
+    let outcome = history::outcome_of(&op, reply.status, &reply.body, reply.etag.as_deref())?;
+    Ok(Entry {
+        client: WRITERS as u32,
+        resource: resource.to_owned(),
+        op,
+        invoked,
+        completed,
+        outcome,
+    })
 }
 
 /// Invariant 1 on a history: no write was accepted if it was sent after an answer that
