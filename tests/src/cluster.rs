@@ -263,6 +263,68 @@ impl Cluster {
         }
     }
 
+    /// A streaming standby of this server, started: a base backup taken through
+    /// `upstream` (this server's address, or a proxy in front of it), which stays the
+    /// address the standby streams from — so a test can cut replication there. This
+    /// server's `pg_hba.conf` must let `postgres` in for replication from 127.0.0.1
+    /// without a password (`host replication postgres 127.0.0.1/32 trust`).
+    pub async fn standby(&self, upstream: SocketAddr) -> Cluster {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "fencegate-standby-{}-{}-{:08x}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            rand::random::<u32>()
+        ));
+        let mut standby = Cluster {
+            dir,
+            port: 0,
+            password: self.password.clone(),
+            running: false,
+        };
+        let dir = path(&standby.dir);
+        as_postgres(&standby.dir, &format!("mkdir -m 0700 {dir}"))
+            .await
+            .unwrap_or_else(|e| panic!("creating {dir}: {e}"));
+        let backup = format!(
+            "{BIN}/pg_basebackup -h {} -p {} -U postgres -D {dir}/data -R -X stream \
+             --checkpoint=fast --no-sync",
+            upstream.ip(),
+            upstream.port()
+        );
+        as_postgres(&standby.dir, &backup)
+            .await
+            .unwrap_or_else(|e| panic!("pg_basebackup failed: {e}\nprimary log:\n{}", self.log()));
+        let conf = format!("\nunix_socket_directories = '{dir}'\n");
+        let mut file = std::fs::OpenOptions::new()
+            .append(true)
+            .open(standby.dir.join("data/postgresql.conf"))
+            .expect("the standby's postgresql.conf can be opened");
+        std::io::Write::write_all(&mut file, conf.as_bytes())
+            .expect("the standby's postgresql.conf can be written");
+        for attempt in 1..=3 {
+            standby.port = crate::free_port();
+            match standby.pg_ctl_start().await {
+                Ok(()) => return standby,
+                Err(error) if attempt < 3 && error.contains("Address already in use") => {}
+                Err(error) => panic!("the standby did not start: {error}"),
+            }
+        }
+        unreachable!("the last attempt panics")
+    }
+
+    /// Promotes a standby to a primary (`pg_ctl promote`), waiting until it accepts
+    /// writes.
+    pub async fn promote(&self) {
+        let promote = format!(
+            "{BIN}/pg_ctl promote -w -t {PG_CTL_TIMEOUT_SECS} -D {}/data",
+            path(&self.dir)
+        );
+        as_postgres(&self.dir, &promote)
+            .await
+            .unwrap_or_else(|e| panic!("pg_ctl promote: {e}\nserver log:\n{}", self.log()));
+    }
+
     /// `pg_ctl start`, waiting until the server accepts connections; the error holds
     /// the server's log.
     async fn pg_ctl_start(&mut self) -> Result<(), String> {

@@ -619,4 +619,16 @@ async fn the_database_refuses_unissued_tokens_too() {
         .await
         .unwrap();
     assert_eq!(caller.fence("sweeper").await, json!(token));
+    // The door counted and logged both refusals it relayed.
+    assert_eq!(
+        gateway
+            .client()
+            .metric(r#"fencegate_token_refusals_total{reason="not_issued"}"#)
+            .await,
+        Some(2.0)
+    );
+    let logged = gateway.events("token refused by its issuer");
+    assert_eq!(logged.len(), 2, "{logged:?}");
+    assert_eq!(logged[0]["fields"]["door"], "pg");
+    assert_eq!(logged[0]["fields"]["presented"], MAX);
 }

@@ -4,8 +4,9 @@
 //! The fence cache holds, per resource, a token this gateway saw committed. A database
 //! whose fence is below it has lost that commit; on it, the writes of older terms
 //! would be accepted again — by every replica that did not see the token, and by this
-//! one after a restart. So the gateway compares its cache with the database after any
-//! connection failure (when a failover shows itself) and every [`AUDIT_INTERVAL`], and
+//! one after a restart. So the gateway compares its cache with the database when its
+//! connections reach another server than before (a failover, a restart), after any
+//! connection failure, and every [`AUDIT_INTERVAL`], and
 //! raises every fence that is behind back to the token it saw: older terms stay out.
 //! Each one is counted (`fencegate_fence_regressions_total`) and logged as an error,
 //! since acknowledged writes of that resource may be lost with the commit.
@@ -34,6 +35,9 @@ impl Coordinator {
     /// Runs an audit if one is due (after a failure, or every [`AUDIT_INTERVAL`]);
     /// `last` is when the last one succeeded.
     pub(super) async fn audit_if_due(&self, last: &mut Instant) {
+        if self.store.server_changed() {
+            self.suspect_fences();
+        }
         let suspect = self.fences_suspect.load(Ordering::Acquire);
         if !suspect && last.elapsed() < AUDIT_INTERVAL {
             return;

@@ -9,7 +9,7 @@ use fencegate_proto::headers::Fencing;
 use fencegate_proto::path::LeaseStep;
 use fencegate_proto::{ErrorCode, ResourceName, Token};
 
-use super::{Coordinator, RESET_POLL};
+use super::{Coordinator, Door, RESET_POLL};
 use crate::config::IssuerKind;
 use crate::error::ApiError;
 use crate::issuers::{judge, Issued, Verdict};
@@ -159,6 +159,30 @@ impl Coordinator {
         body.resource = Some(resource.clone());
         body.presented = Some(fencing.token);
         Err(ApiError::Refused(Box::new(body)))
+    }
+
+    /// Counts and logs a token the in-database fence refused as not issued (SQLSTATE
+    /// ZF005, DETAIL `resource=<r> presented=<n> issued=<n>`), relayed to a client of
+    /// the Postgres door.
+    pub fn not_issued_in_database(&self, detail: Option<&str>, door: Door) {
+        self.metrics.token_refused("not_issued");
+        if self.stale_log.admit().is_none() {
+            return;
+        }
+        let field = |name: &str| {
+            detail?
+                .split(' ')
+                .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
+        };
+        tracing::warn!(
+            resource = field("resource"),
+            presented = field("presented"),
+            issued = field("issued"),
+            issuer = IssuerKind::Gateway.as_str(),
+            door = door.as_str(),
+            outcome = "not_issued",
+            "token refused by its issuer"
+        );
     }
 
     /// Lowers a fence that a token nobody issued raised, within its floors (see

@@ -77,7 +77,7 @@ pub enum Door {
 }
 
 impl Door {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Door::Http => "http",
             Door::Postgres => "pg",

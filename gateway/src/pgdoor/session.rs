@@ -408,14 +408,22 @@ async fn tell_protocol_error<W: AsyncWrite + Unpin>(
     Ok(Ending::ProtocolError)
 }
 
-/// Counts and logs a fencegate stale rejection that the server sent, from its fields.
+/// Counts and logs a fencegate rejection that the server sent (a stale token, or one
+/// its issuer never issued), from its fields.
 fn count_rejection(door: &Door, body: &[u8]) {
-    if error_code(body) != Some(sqlstate::STALE_TOKEN.as_bytes()) {
+    let code = error_code(body);
+    let stale = code == Some(sqlstate::STALE_TOKEN.as_bytes());
+    if !stale && code != Some(sqlstate::NOT_ISSUED.as_bytes()) {
         return;
     }
     let detail = wire::error_fields(body)
         .find(|(field, _)| *field == b'D')
         .and_then(|(_, value)| std::str::from_utf8(value).ok());
+    if !stale {
+        door.coordinator
+            .not_issued_in_database(detail, crate::coordinator::Door::Postgres);
+        return;
+    }
     match detail.and_then(StaleRejection::from_detail) {
         Some(rejection) => {
             door.coordinator.stale_in_database(

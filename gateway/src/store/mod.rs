@@ -268,6 +268,15 @@ impl Store {
         }
     }
 
+    /// Whether the database server changed since the last call (a failover or a
+    /// restart): time to audit the fences. Never for the embedded store.
+    pub fn server_changed(&self) -> bool {
+        match self {
+            Store::Postgres(store) => store.server_changed(),
+            Store::Embedded(_) => false,
+        }
+    }
+
     /// Succeeds if the backend can serve requests now.
     pub async fn ping(&self) -> Result<(), StoreError> {
         match self {

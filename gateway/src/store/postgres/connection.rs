@@ -11,10 +11,12 @@
 //!   away or aborting a statement is "unavailable", with what is known of the write;
 //!   anything else from the server is a bug or a schema changed under the gateway.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use deadpool_postgres::{
-    Manager, ManagerConfig, Object, Pool, PoolError, QueueMode, RecyclingMethod, Runtime,
+    Hook, Manager, ManagerConfig, Object, Pool, PoolError, QueueMode, RecyclingMethod, Runtime,
 };
 use tokio::time::{timeout_at, Instant};
 use tokio_postgres::error::SqlState;
@@ -79,6 +81,26 @@ impl PgPool {
         size: usize,
         recycling: RecyclingMethod,
     ) -> PgPool {
+        PgPool::build(config, tls, size, recycling, None)
+    }
+
+    /// As [`PgPool::new`], telling `watch` which server each new connection reaches.
+    pub fn watched(
+        config: tokio_postgres::Config,
+        tls: &UpstreamTls,
+        size: usize,
+        watch: Arc<ServerWatch>,
+    ) -> PgPool {
+        PgPool::build(config, tls, size, RecyclingMethod::Fast, Some(watch))
+    }
+
+    fn build(
+        config: tokio_postgres::Config,
+        tls: &UpstreamTls,
+        size: usize,
+        recycling: RecyclingMethod,
+        watch: Option<Arc<ServerWatch>>,
+    ) -> PgPool {
         let manager = Manager::from_config(
             config,
             tls.make_tls_connect(),
@@ -86,13 +108,26 @@ impl PgPool {
                 recycling_method: recycling,
             },
         );
-        let pool = Pool::builder(manager)
+        let mut builder = Pool::builder(manager)
             .max_size(size)
             // The most recently used connection first: its Postgres backend is awake and
             // its caches warm. First-in-first-out would rotate every write through every
             // idle connection.
             .queue_mode(QueueMode::Lifo)
-            .runtime(Runtime::Tokio1)
+            .runtime(Runtime::Tokio1);
+        if let Some(watch) = watch {
+            builder = builder.post_create(Hook::async_fn(move |client, _| {
+                let watch = Arc::clone(&watch);
+                Box::pin(async move {
+                    // Unknown is not a change: the next connection tells.
+                    if let Ok(row) = client.query_one(statements::SERVER_IDENTITY, &[]).await {
+                        watch.observe(row.get(0));
+                    }
+                    Ok(())
+                })
+            }));
+        }
+        let pool = builder
             .build()
             .expect("a pool with a runtime always builds");
         PgPool {
@@ -114,6 +149,31 @@ impl PgPool {
             Err(PoolError::Backend(error)) => Err(error_text(&error)),
             Err(error) => Err(error.to_string()),
         }
+    }
+}
+
+/// Which server a pool's new connections reach (its postmaster's start time and its
+/// address), and whether that changed: a failover, or a restart, which may have lost
+/// committed transactions (see the coordinator's fence audit).
+#[derive(Debug, Default)]
+pub struct ServerWatch {
+    seen: Mutex<Option<String>>,
+    changed: AtomicBool,
+}
+
+impl ServerWatch {
+    fn observe(&self, server: String) {
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.as_ref().is_some_and(|before| *before != server) {
+            tracing::info!(server, "the database server changed (failover or restart)");
+            self.changed.store(true, Ordering::Release);
+        }
+        *seen = Some(server);
+    }
+
+    /// Whether the server changed since the last call.
+    pub fn take_changed(&self) -> bool {
+        self.changed.swap(false, Ordering::AcqRel)
     }
 }
 

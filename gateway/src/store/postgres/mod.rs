@@ -26,8 +26,9 @@ mod writes;
 pub(crate) use connection::{
     classify, describe, error_text, server_unavailable, with_client_until,
 };
-pub use connection::{migrate, new_pool, PgPool, PgStartError};
+pub use connection::{migrate, new_pool, PgPool, PgStartError, ServerWatch};
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Object;
@@ -66,6 +67,8 @@ pub struct PgStore {
     timeout: Duration,
     group: group::GroupCommit,
     description: String,
+    /// Which server the pools reach, for the fence audit after a failover.
+    watch: Arc<ServerWatch>,
 }
 
 impl PgStore {
@@ -98,11 +101,12 @@ impl PgStore {
             Some(theirs) => format!("{theirs} {lock_timeout}"),
             None => lock_timeout,
         });
-        let pool = new_pool(pg_config, &tls, pool_size);
+        let watch = Arc::new(ServerWatch::default());
+        let pool = PgPool::watched(pg_config, &tls, pool_size, Arc::clone(&watch));
         pool.check().await.map_err(PgStartError::Connect)?;
         let mut store = PgStore {
             group: group::GroupCommit::start(
-                new_pool(lane_config, &tls, write_lanes),
+                PgPool::watched(lane_config, &tls, write_lanes, Arc::clone(&watch)),
                 pool.clone(),
                 write_lanes,
                 group_commit_max,
@@ -113,6 +117,7 @@ impl PgStore {
             pool,
             timeout,
             description: String::new(),
+            watch,
         };
         store
             .with_client(async |client| Ok(migrate(client).await))
@@ -306,6 +311,11 @@ impl PgStore {
                 .collect()
         })
         .await
+    }
+
+    /// Whether the database server changed since the last call (failover, restart).
+    pub fn server_changed(&self) -> bool {
+        self.watch.take_changed()
     }
 
     pub async fn read_lease(&self, resource: &ResourceName) -> Result<LeaseRecord, StoreError> {

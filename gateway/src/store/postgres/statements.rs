@@ -133,6 +133,9 @@ pub const GET_OBJECT: &str =
     "SELECT value, version, token FROM fencegate.objects WHERE resource = $1 AND key = $2 AND value IS NOT NULL";
 pub const GET_FENCE: &str = "SELECT highest FROM fencegate.fences WHERE resource = $1";
 pub const PING: &str = "SELECT 1";
+/// Which server this is: its postmaster's start time and its address.
+pub const SERVER_IDENTITY: &str = "SELECT pg_postmaster_start_time()::text || ' '
+     || coalesce(host(inet_server_addr()), 'local') || ':' || coalesce(inet_server_port(), 0)";
 
 /// Creates the lease's row if it has none; `$1` resource.
 pub const LEASE_ENSURE: &str =
