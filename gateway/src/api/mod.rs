@@ -224,6 +224,7 @@ fn route_label(method: &Method, path: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fencegate_proto::path::LeaseStep;
 
     /// The document's path and methods for each kind of target the router knows. A new
     /// target does not compile until it is documented here — and in openapi.json.
@@ -235,7 +236,11 @@ mod tests {
             Target::FenceReset { .. } => ("/v1/fences/{resource}/reset", &["post"]),
             Target::Sql { .. } => ("/v1/sql/{resource}", &["post"]),
             Target::Lease { .. } => ("/v1/leases/{resource}", &["get"]),
-            Target::LeaseStep { .. } => ("/v1/leases/{resource}/{step}", &["post"]),
+            Target::LeaseStep { step, .. } => match step {
+                LeaseStep::Acquire => ("/v1/leases/{resource}/acquire", &["post"]),
+                LeaseStep::Renew => ("/v1/leases/{resource}/renew", &["post"]),
+                LeaseStep::Release => ("/v1/leases/{resource}/release", &["post"]),
+            },
             Target::Metrics => ("/metrics", &["get"]),
             Target::Healthz => ("/healthz", &["get"]),
             Target::Readyz => ("/readyz", &["get"]),
@@ -262,6 +267,8 @@ mod tests {
             "/v1/sql/r",
             "/v1/leases/r",
             "/v1/leases/r/acquire",
+            "/v1/leases/r/renew",
+            "/v1/leases/r/release",
             "/metrics",
             "/healthz",
             "/readyz",

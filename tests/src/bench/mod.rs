@@ -149,6 +149,9 @@ pub enum Command {
         #[arg(long)]
         listen: SocketAddr,
     },
+    /// Print the gateway's fenced write (FENCED_PUT) as a pgbench script: resource
+    /// `r<:r>`, key `k<:k>`, token 1, value `:value` (set them with \set and -D).
+    PgbenchScript,
 }
 
 /// The workloads, as named in the table.
@@ -183,8 +186,15 @@ impl Kind {
 
 /// Runs the benchmark (or the bare server) as `args` say.
 pub async fn main(mut args: Args) -> Result<(), String> {
-    if let Some(Command::BareHttp { listen }) = args.command {
-        return servers::serve_bare(listen).await.map_err(|e| e.to_string());
+    match args.command {
+        Some(Command::BareHttp { listen }) => {
+            return servers::serve_bare(listen).await.map_err(|e| e.to_string())
+        }
+        Some(Command::PgbenchScript) => {
+            println!("{}", pgbench_statement());
+            return Ok(());
+        }
+        None => {}
     }
     if args.smoke {
         args.duration = Duration::from_millis(200);
@@ -448,4 +458,17 @@ async fn memory(bin: &std::path::Path, url: &str, count: usize) -> Result<Memory
         key_text,
         fill_seconds,
     ))
+}
+
+/// The gateway's own fenced write with pgbench variables for its parameters, on one
+/// line (pgbench reads a statement per line).
+fn pgbench_statement() -> String {
+    fencegate_gateway::store::postgres::statements::FENCED_PUT
+        .replace("$1", "('r' || :r)")
+        .replace("$2", "1")
+        .replace("$3", "('k' || :k)")
+        .replace("$4", ":value")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
 }
