@@ -14,6 +14,9 @@
 //!   Postgres.
 //! - [`gateway`]: spawns the built `fencegate` binary on a free port and waits for its
 //!   "ready" log line; SIGTERM, SIGKILL, restart, captured logs.
+//! - [`faults`]: fault runs — lease-holding writer processes, and the faults injected
+//!   under them (pauses, kill -9 of gateways and of Postgres, partitions, clock skew)
+//!   — each run's history checked.
 //! - [`history`]: histories of runs, and the linearizability checker that judges them
 //!   against a model of a fenced register.
 //! - [`http`]: a small client for the gateway's API.
@@ -36,6 +39,7 @@ pub mod cluster;
 pub mod db;
 pub mod deployment;
 pub mod door;
+pub mod faults;
 pub mod fenced;
 pub mod gateway;
 pub mod history;

@@ -1,0 +1,426 @@
+//! A lease-holding writer as a process of its own (`fencegate-faults writer`), so that
+//! a fault run can freeze it with SIGSTOP the way a GC pause freezes a leader.
+//!
+//! # Behavior
+//!
+//! The writer competes for the lease named after its resource in the seed's
+//! `leader_lease` table ([`PostgresStore`]). Holding it at epoch `t`, it first raises
+//! the resource's fence to `t` through the gateway, then loops: check that it still
+//! leads (on its own clock), renew when due, think for [`THINK`], then send `lanes`
+//! operations at once — writes with token `t`, now and then a read — so that several
+//! of a term's writes commit together. Requests go to the gateways in turn. A stale
+//! rejection, a renewal the store refuses, or its renew deadline passing ends the term;
+//! it then competes again.
+//!
+//! A pause while thinking is the interesting case: the write was decided under the
+//! old term and goes out when the process wakes, after a rival has taken over.
+//!
+//! # Its clock
+//!
+//! Every duration the writer measures or waits for runs through [`Clock`] at `rate`
+//! times real speed. A slow clock (`rate < 1`) renews late and believes it leads long
+//! after its lease expired: a writer whose timer lies. A fast one steps down early.
+//! The machine's clock is never touched.
+//!
+//! # Its output
+//!
+//! One JSON line per operation on stdout before the request is sent (its outcome
+//! indeterminate), and one when its answer is known, both with the operation's
+//! sequence number: a writer that dies in between leaves an indeterminate operation
+//! in the history, never a missing one. It stops when its stdin closes, after the
+//! operation in flight.
+//!
+//! # Fencing off
+//!
+//! With `--unfenced` (the control run), the writer records its term's token in the
+//! history but presents token 1 to the gateway and never advances the fence: the
+//! gateway then applies whatever arrives, as a database without a fence would.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fencegate_lease::{LeaseStore, PostgresStore};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::history::{self, Entry, Op, Outcome};
+use crate::replay::wire::{self, Request};
+
+/// The lease table, in the lease database.
+pub const LEASE_TABLE: &str = "leader_lease";
+
+/// The work a writer does between deciding to write and sending the write.
+pub const THINK: Duration = Duration::from_millis(20);
+
+/// How long a writer waits for any one answer before it counts as indeterminate.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// One in this many operations is a read.
+const READ_EVERY: u32 = 8;
+
+/// A writer process's settings (`fencegate-faults writer --help`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct WriterArgs {
+    /// Gateway addresses (`host:port`), used in turn.
+    #[arg(long = "gateway", value_delimiter = ',', required = true)]
+    pub gateways: Vec<SocketAddr>,
+    /// Postgres with the `leader_lease` table; the lease's row must exist.
+    #[arg(long)]
+    pub lease_database_url: String,
+    /// The resource written, and the name of its lease.
+    #[arg(long)]
+    pub resource: String,
+    /// This writer's lease holder identity.
+    #[arg(long)]
+    pub holder: String,
+    /// This writer's client number in the history.
+    #[arg(long)]
+    pub client: u32,
+    /// The lease's duration; renewed every third of it, given up after two thirds.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub ttl: Duration,
+    /// How fast this writer's clock runs against the real one.
+    #[arg(long, default_value_t = 1.0)]
+    pub clock_rate: f64,
+    /// Keys written, `k0`, `k1`, ...
+    #[arg(long, default_value_t = 2)]
+    pub keys: usize,
+    /// Operations sent at once.
+    #[arg(long, default_value_t = 1)]
+    pub lanes: usize,
+    /// Present token 1 instead of the term's token, and never advance the fence.
+    #[arg(long)]
+    pub unfenced: bool,
+}
+
+impl WriterArgs {
+    fn to_args(&self) -> Vec<String> {
+        let gateways: Vec<String> = self.gateways.iter().map(ToString::to_string).collect();
+        let mut args = vec![
+            "writer".to_owned(),
+            "--gateway".to_owned(),
+            gateways.join(","),
+            "--lease-database-url".to_owned(),
+            self.lease_database_url.clone(),
+            "--resource".to_owned(),
+            self.resource.clone(),
+            "--holder".to_owned(),
+            self.holder.clone(),
+            "--client".to_owned(),
+            self.client.to_string(),
+            "--ttl".to_owned(),
+            format!("{}ms", self.ttl.as_millis()),
+            "--clock-rate".to_owned(),
+            self.clock_rate.to_string(),
+            "--keys".to_owned(),
+            self.keys.to_string(),
+            "--lanes".to_owned(),
+            self.lanes.to_string(),
+        ];
+        if self.unfenced {
+            args.push("--unfenced".to_owned());
+        }
+        args
+    }
+}
+
+/// A writer's clock, `rate` times real speed.
+#[derive(Debug, Clone, Copy)]
+struct Clock {
+    rate: f64,
+}
+
+impl Clock {
+    /// Time since `since`, as this clock tells it.
+    fn elapsed(self, since: Instant) -> Duration {
+        since.elapsed().mul_f64(self.rate)
+    }
+
+    /// Waits until this clock has counted `duration`.
+    async fn sleep(self, duration: Duration) {
+        tokio::time::sleep(duration.div_f64(self.rate)).await;
+    }
+}
+
+/// One line of a writer's output.
+#[derive(Serialize, Deserialize)]
+struct Line {
+    seq: u64,
+    entry: Entry,
+}
+
+/// The writer process's main loop; returns when stdin closes.
+pub async fn run(args: WriterArgs) -> Result<(), String> {
+    let store = PostgresStore::new(&args.lease_database_url, LEASE_TABLE, false)
+        .map_err(|e| e.to_string())?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    // Blocks a thread of its own until stdin closes.
+    tokio::task::spawn_blocking(move || {
+        let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
+        flag.store(true, Ordering::SeqCst);
+    });
+    let mut writer = Writer {
+        clock: Clock {
+            rate: args.clock_rate,
+        },
+        args,
+        seq: 0,
+        next_gateway: 0,
+        stop,
+    };
+    while !writer.stopped() {
+        let sent = Instant::now();
+        match store
+            .acquire(&writer.args.resource, &writer.args.holder, writer.args.ttl)
+            .await
+        {
+            Ok(Some(token)) => writer.lead(&store, token.get(), sent).await,
+            Ok(None) | Err(_) => writer.clock.sleep(writer.args.ttl / 4).await,
+        }
+    }
+    Ok(())
+}
+
+struct Writer {
+    args: WriterArgs,
+    clock: Clock,
+    seq: u64,
+    next_gateway: usize,
+    stop: Arc<AtomicBool>,
+}
+
+impl Writer {
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Leads the term of `token`, whose lease was granted by a call sent at `renewed`.
+    async fn lead(&mut self, store: &PostgresStore, token: u64, mut renewed: Instant) {
+        let (renew_every, deadline) = (self.args.ttl / 3, self.args.ttl * 2 / 3);
+        if !self.args.unfenced
+            && !matches!(
+                self.op(Op::Advance { token }).await,
+                Outcome::Applied { .. }
+            )
+        {
+            return;
+        }
+        let mut last_renewal = renewed;
+        // Operations until the next read.
+        let mut until_read = READ_EVERY;
+        while !self.stopped() {
+            if self.clock.elapsed(renewed) >= deadline {
+                return;
+            }
+            if self.clock.elapsed(last_renewal) >= renew_every {
+                let sent = Instant::now();
+                last_renewal = sent;
+                let lease = (&self.args.resource, &self.args.holder);
+                let epoch = token.try_into().expect("the store's epochs are tokens");
+                match store.renew(lease.0, lease.1, epoch, self.args.ttl).await {
+                    Ok(true) => renewed = sent,
+                    Ok(false) => return,
+                    Err(_) => {}
+                }
+                continue;
+            }
+            tokio::time::sleep(THINK).await;
+            let mut batch = Vec::new();
+            for _ in 0..self.args.lanes.max(1) {
+                until_read -= 1;
+                let key = format!("k{}", rand::rng().random_range(0..self.args.keys));
+                let op = if until_read == 0 {
+                    until_read = READ_EVERY;
+                    Op::Read { key }
+                } else {
+                    let value = format!("{}-t{token}-{}", self.args.holder, self.seq);
+                    Op::Write {
+                        key,
+                        token,
+                        value,
+                        if_version: None,
+                    }
+                };
+                batch.push(self.prepare(op));
+            }
+            let outcomes = futures_util::future::join_all(batch.into_iter().map(exchange)).await;
+            if outcomes
+                .iter()
+                .any(|outcome| matches!(outcome, Outcome::Stale { .. }))
+            {
+                return;
+            }
+        }
+    }
+
+    /// Sends one operation to the next gateway, recording it before and after.
+    async fn op(&mut self, op: Op) -> Outcome {
+        exchange(self.prepare(op)).await
+    }
+
+    /// Records one operation as invoked, and picks its gateway.
+    fn prepare(&mut self, op: Op) -> Prepared {
+        let resource = &self.args.resource;
+        let entry = Entry {
+            client: self.args.client,
+            resource: resource.clone(),
+            op,
+            invoked: history::now(),
+            completed: 0,
+            outcome: Outcome::Indeterminate,
+        };
+        let seq = self.seq;
+        self.seq += 1;
+        emit(seq, &entry);
+        let presented = |token: u64| if self.args.unfenced { 1 } else { token };
+        let request = match &entry.op {
+            Op::Write {
+                key, token, value, ..
+            } => Request::put(
+                &crate::http::kv_path(resource, key),
+                presented(*token),
+                &self.args.holder,
+                &format!("{}-{seq}", self.args.holder),
+                value,
+            ),
+            Op::Read { key } => Request::get(&crate::http::kv_path(resource, key)),
+            Op::Advance { token } => Request {
+                method: "POST".into(),
+                path: crate::http::advance_path(resource),
+                headers: vec![("fencing-token".into(), presented(*token).to_string())],
+                body: String::new(),
+            },
+            Op::Delete { .. } => unreachable!("the writer does not delete"),
+        };
+        let addr = self.args.gateways[self.next_gateway % self.args.gateways.len()];
+        self.next_gateway += 1;
+        Prepared {
+            seq,
+            entry,
+            addr,
+            request,
+        }
+    }
+}
+
+/// An operation recorded as invoked, about to be sent.
+struct Prepared {
+    seq: u64,
+    entry: Entry,
+    addr: SocketAddr,
+    request: Request,
+}
+
+/// Sends a prepared operation and records its outcome.
+async fn exchange(prepared: Prepared) -> Outcome {
+    let Prepared {
+        seq,
+        mut entry,
+        addr,
+        request,
+    } = prepared;
+    let answer = tokio::time::timeout(REQUEST_TIMEOUT, wire::send_one(addr, &request)).await;
+    entry.completed = history::now();
+    entry.outcome = match answer {
+        Ok(Ok(reply)) => {
+            history::outcome_of(&entry.op, reply.status, &reply.body, reply.etag.as_deref())
+                .unwrap_or_else(|unexpected| {
+                    eprintln!("writer of {}: {unexpected}", entry.resource);
+                    Outcome::Indeterminate
+                })
+        }
+        // Refused before anything was sent: certainly not applied.
+        Ok(Err(error)) if error.starts_with("connect ") => Outcome::NotApplied,
+        Ok(Err(_)) | Err(_) => match entry.op {
+            Op::Read { .. } => Outcome::NotApplied,
+            _ => Outcome::Indeterminate,
+        },
+    };
+    emit(seq, &entry);
+    entry.outcome
+}
+
+fn emit(seq: u64, entry: &Entry) {
+    use std::io::Write;
+    let line = serde_json::to_string(&Line {
+        seq,
+        entry: entry.clone(),
+    })
+    .expect("entries serialise");
+    let mut stdout = std::io::stdout().lock();
+    // A parent that stopped reading has stopped the run.
+    let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
+}
+
+/// The parent's handle on a writer process.
+pub struct WriterProcess {
+    pub holder: String,
+    child: Child,
+    /// The latest line of each operation, by sequence number.
+    entries: Arc<Mutex<BTreeMap<u64, Entry>>>,
+    reader: JoinHandle<()>,
+}
+
+impl WriterProcess {
+    /// Starts `binary writer <args>`.
+    pub fn spawn(binary: &Path, args: &WriterArgs) -> Result<WriterProcess, String> {
+        let mut child = Command::new(binary)
+            .args(args.to_args())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start the writer {}: {e}", binary.display()))?;
+        let mut lines = BufReader::new(child.stdout.take().expect("stdout is piped")).lines();
+        let entries = Arc::new(Mutex::new(BTreeMap::new()));
+        let sink = Arc::clone(&entries);
+        let reader = tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Ok(Line { seq, entry }) = serde_json::from_str(&line) {
+                    sink.lock().unwrap().insert(seq, entry);
+                }
+            }
+        });
+        Ok(WriterProcess {
+            holder: args.holder.clone(),
+            child,
+            entries,
+            reader,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+
+    pub fn signal(&self, name: &str) {
+        crate::gateway::signal(self.pid(), name);
+    }
+
+    /// Closes its stdin, waits for it to finish its operation in flight and exit, and
+    /// returns its history.
+    pub async fn stop(mut self) -> Result<Vec<Entry>, String> {
+        drop(self.child.stdin.take());
+        let status = tokio::time::timeout(wire::PATIENCE, self.child.wait())
+            .await
+            .map_err(|_| format!("writer {} did not stop", self.holder))?
+            .map_err(|e| e.to_string())?;
+        let _ = self.reader.await;
+        if !status.success() {
+            return Err(format!("writer {} exited with {status}", self.holder));
+        }
+        let entries = self.entries.lock().unwrap();
+        Ok(entries.values().cloned().collect())
+    }
+}
