@@ -4,7 +4,9 @@
 //! # kill -9 of the postmaster
 //!
 //! [`crash_postmaster`] finds the postmaster of a throwaway cluster by its port in
-//! `/proc`, sends it SIGKILL, waits until the backends it leaves behind have noticed
+//! `/proc`, sends it SIGKILL — alone, or with every backend at once, as when the whole
+//! server dies: killed alone, the postmaster lets each backend finish the statement it
+//! is running, so only the second way leaves commits without their answers — waits until the backends it leaves behind have noticed
 //! and exited (Postgres refuses to start while they hold its shared memory), removes
 //! its stale lock file, and starts it again with `pg_ctl` on the same data directory and port: the start
 //! recovers from the WAL, as after a crash.
@@ -77,12 +79,20 @@ fn alive(pid: u32) -> bool {
     stat(pid).is_some_and(|(state, _)| state != 'Z' && state != 'X')
 }
 
-/// Sends SIGKILL to the postmaster of the cluster on `port`, waits for its backends to
-/// exit and starts it again.
-pub async fn crash_postmaster(port: u16) -> Result<(), String> {
+/// Sends SIGKILL to the postmaster of the cluster on `port` (and with `backends`, to
+/// every process it started), waits for its backends to exit and starts it again.
+pub async fn crash_postmaster(port: u16, backends: bool) -> Result<(), String> {
     let (pid, data) = postmaster(port).ok_or(format!("no postmaster listens on port {port}"))?;
     let orphans = children(pid);
     crate::gateway::signal(pid, "KILL");
+    if backends {
+        for &orphan in &orphans {
+            // One may have exited already.
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", &orphan.to_string()])
+                .output();
+        }
+    }
     let deadline = tokio::time::Instant::now() + ORPHANS_PATIENCE;
     while alive(pid) || orphans.iter().any(|&orphan| alive(orphan)) {
         if tokio::time::Instant::now() > deadline {

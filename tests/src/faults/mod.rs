@@ -44,7 +44,8 @@ pub enum Fault {
     /// kill -9 a gateway replica (in turn), and start it again on its address.
     GatewayKill,
     /// kill -9 the postmaster of the gateways' throwaway Postgres cluster while writes
-    /// commit, and start it again (crash recovery from the WAL).
+    /// commit — alone, and in turn with all its backends — and start it again (crash
+    /// recovery from the WAL).
     PostgresKill,
     /// Blackhole the link between one gateway (in a network namespace) and Postgres,
     /// then heal it.
@@ -294,7 +295,7 @@ pub async fn run(fault: Fault, settings: &Settings, leases: &Leases) -> Result<R
         leases.prepare(&resource).await?;
         for w in 0..writers_per_resource {
             let clock_rate = match (fault, w) {
-                (Fault::Clock, 0) => 0.3,
+                (Fault::Clock, 0) => 0.2,
                 (Fault::Clock, 1) => 3.0,
                 _ => 1.0,
             };
@@ -406,7 +407,8 @@ async fn inject(
                     .cluster
                     .as_ref()
                     .expect("a cluster of the run's own");
-                inject::crash_postmaster(cluster.port()).await?;
+                // In turn the postmaster alone, and the whole server.
+                inject::crash_postmaster(cluster.port(), injected % 2 == 1).await?;
                 injected += 1;
                 tokio::time::sleep(ttl * 2).await;
             }

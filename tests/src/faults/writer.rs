@@ -10,7 +10,9 @@
 //! operations at once — writes with token `t`, now and then a read — so that several
 //! of a term's writes commit together. Requests go to the gateways in turn. A stale
 //! rejection, a renewal the store refuses, or its renew deadline passing ends the term;
-//! it then competes again.
+//! it then competes again. After [`TERM_LIMIT`] leases of leading, it hands the lease
+//! back and waits a lease before competing again, so that leadership keeps changing
+//! hands.
 //!
 //! A pause while thinking is the interesting case: the write was decided under the
 //! old term and goes out when the process wakes, after a rival has taken over.
@@ -60,6 +62,9 @@ pub const LEASE_TABLE: &str = "leader_lease";
 
 /// The work a writer does between deciding to write and sending the write.
 pub const THINK: Duration = Duration::from_millis(20);
+
+/// How many lease durations (on its own clock) a writer leads before handing over.
+pub const TERM_LIMIT: u32 = 4;
 
 /// How long a writer waits for any one answer before it counts as indeterminate.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
@@ -216,10 +221,18 @@ impl Writer {
             return;
         }
         let mut last_renewal = renewed;
+        let began = renewed;
         // Operations until the next read.
         let mut until_read = READ_EVERY;
         while !self.stopped() {
             if self.clock.elapsed(renewed) >= deadline {
+                return;
+            }
+            if self.clock.elapsed(began) >= self.args.ttl * TERM_LIMIT {
+                let (lease, holder) = (&self.args.resource, &self.args.holder);
+                let epoch = token.try_into().expect("the store's epochs are tokens");
+                let _ = store.release(lease, holder, epoch).await;
+                self.clock.sleep(self.args.ttl).await;
                 return;
             }
             if self.clock.elapsed(last_renewal) >= renew_every {
