@@ -23,8 +23,9 @@
 # connection). Each gateway cell gets a fresh gateway (release build, --log warn,
 # --pg-listen off, otherwise default flags) on a fresh database, as pgbench's does.
 # CPU per request is utime+stime (/proc/PID/stat, all threads) of the gateway, and of
-# every Postgres server process, over the run, divided by the requests counted; one
-# clock tick (10 ms) per run is its resolution. Results: the median of the rounds.
+# every Postgres server process (with the backends that exited, as their postmaster
+# reaped them), over the run, divided by the requests counted; one clock tick (10 ms)
+# per run is its resolution. Results: the median of the rounds.
 set -euo pipefail
 [ -z "${LOG:-}" ] || LOG=$(realpath -m "$LOG")
 cd "$(dirname "$0")/../.."
@@ -84,12 +85,14 @@ start_gateway() {
 
 stop_gateway() { kill "$GATEWAY_PID"; wait "$GATEWAY_PID" 2>/dev/null || true; GATEWAY_PID=; }
 
-# utime+stime in clock ticks of a process (all threads), or of all Postgres servers.
+# utime+stime in clock ticks of a process (all threads).
 ticks_of() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
+# The same for every Postgres server process, plus what the postmaster has reaped of
+# its children (cutime+cstime): a backend that exits during a run still counts.
 postgres_ticks() {
   local total=0 pid
-  for pid in $(pgrep -x postgres || true; pgrep -f '^postgres: ' || true); do
-    total=$((total + $(ticks_of "$pid")))
+  for pid in $(pgrep -x postgres || true); do
+    total=$((total + $(awk '{print $14 + $15 + $16 + $17}' "/proc/$pid/stat" 2>/dev/null || echo 0)))
   done
   echo "$total"
 }
