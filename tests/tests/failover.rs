@@ -40,6 +40,15 @@ fn url(primary: &Cluster, standby: &Cluster) -> String {
     )
 }
 
+/// A gateway on whichever of the two servers is writable.
+async fn gateway_on(primary: &Cluster, standby: &Cluster) -> Gateway {
+    Gateway::builder()
+        .database(&url(primary, standby))
+        .args(&["--pg-listen", "off", "--backend-timeout", "2s"])
+        .spawn()
+        .await
+}
+
 async fn fence_on(cluster: &Cluster, resource: &str) -> Option<i64> {
     cluster
         .client()
@@ -68,11 +77,7 @@ async fn replicated(standby: &Cluster, resource: &str, token: i64) {
 #[tokio::test]
 async fn after_an_asynchronous_failover_the_lost_fence_is_restored() {
     let (mut primary, replication, standby) = primary_and_standby(false).await;
-    let gateway = Gateway::builder()
-        .database(&url(&primary, &standby))
-        .args(&["--pg-listen", "off", "--backend-timeout", "2s"])
-        .spawn()
-        .await;
+    let gateway = gateway_on(&primary, &standby).await;
     let client = gateway.client();
     assert_eq!(client.put("orders", "o-1", 5, "term 5").await.status, 201);
     replicated(&standby, "orders", 5).await;
@@ -117,11 +122,7 @@ async fn after_an_asynchronous_failover_the_lost_fence_is_restored() {
 
     // A gateway that never saw term 7 now refuses the terms before it, as the first
     // one does; term 7 writes again.
-    let fresh = Gateway::builder()
-        .database(&url(&primary, &standby))
-        .args(&["--pg-listen", "off"])
-        .spawn()
-        .await;
+    let fresh = gateway_on(&primary, &standby).await;
     let late = fresh.client().put("orders", "o-1", 6, "term 6").await;
     assert_eq!(
         (late.status, late.error_code().as_str()),
@@ -141,11 +142,7 @@ async fn after_an_asynchronous_failover_the_lost_fence_is_restored() {
 #[tokio::test]
 async fn after_a_synchronous_failover_nothing_acknowledged_is_lost() {
     let (mut primary, replication, standby) = primary_and_standby(true).await;
-    let gateway = Gateway::builder()
-        .database(&url(&primary, &standby))
-        .args(&["--pg-listen", "off", "--backend-timeout", "2s"])
-        .spawn()
-        .await;
+    let gateway = gateway_on(&primary, &standby).await;
     let client = gateway.client();
     for (token, key) in [(5, "a"), (6, "b"), (7, "c")] {
         let reply = client.put("orders", key, token, "acknowledged").await;
