@@ -34,6 +34,9 @@
 #   connections run `SET fencegate.token = 1` first (connect_query): the same session
 #   token on the same kind of connection.
 # - Neither relay logs connections (gateway --log warn, pgbouncer log_connections = 0).
+# - Both relays speak plain TCP to Postgres: pgbouncer's server_tls_sslmode is `disable`
+#   by default, and the door is given `sslmode=disable` (its default, `prefer`, would
+#   encrypt the server leg wherever Postgres offers TLS).
 # - The order of the three targets rotates from round to round.
 #
 # CPU per transaction is the relay process's utime+stime (/proc/PID/stat, all threads)
@@ -100,6 +103,7 @@ fi
 pg_isready -q -h "$HOST" -p "$PGPORT" -U postgres || die "no Postgres accepting connections on $HOST:$PGPORT"
 ADMIN_URL="postgres://postgres@$HOST:$PGPORT/postgres"
 URL="postgres://postgres@$HOST:$PGPORT/$DB"
+DOOR_URL="$URL?sslmode=disable"
 TICK_US=$(( 1000000 / $(getconf CLK_TCK) ))
 
 # --- Clean-up on any exit -----------------------------------------------------------
@@ -238,7 +242,7 @@ wait_ready "$BOUNCER_PORT" "$BOUNCER_RUNNER_PID" pgbouncer
 BOUNCER_PID=$(cat "$WORK/pgbouncer.pid")
 
 DOOR_PORT=$(free_port)
-"$FENCEGATE_BIN" --database-url "$URL" --listen 127.0.0.1:0 --pg-listen "$HOST:$DOOR_PORT" --log warn \
+"$FENCEGATE_BIN" --database-url "$DOOR_URL" --listen 127.0.0.1:0 --pg-listen "$HOST:$DOOR_PORT" --log warn \
   >"$WORK/door.log" 2>&1 &
 DOOR_PID=$!
 wait_ready "$DOOR_PORT" "$DOOR_PID" "the gateway"
