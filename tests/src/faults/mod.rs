@@ -162,6 +162,18 @@ impl Leases {
         store.ensure_lease(lease).await.map_err(|e| e.to_string())
     }
 
+    /// Waits until `holder` holds `lease` (10 s at most).
+    async fn wait_for_holder(&self, lease: &str, holder: &str) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.holder(lease).await.as_deref() != Some(holder) {
+            if Instant::now() > deadline {
+                return Err(format!("{holder} never took lease {lease}"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Ok(())
+    }
+
     /// The lease's holder if it has not expired.
     async fn holder(&self, lease: &str) -> Option<String> {
         let sql =
@@ -312,7 +324,14 @@ pub async fn run(fault: Fault, settings: &Settings, leases: &Leases) -> Result<R
                 lanes: settings.lanes,
                 unfenced: fault == Fault::Control,
             };
+            let holder = args.holder.clone();
             writers.push(WriterProcess::spawn(&settings.binary, &args)?);
+            if fault == Fault::Clock && w == 0 {
+                // The slow-clock writer leads first, before its rivals compete: its
+                // term then outlives its lease, a rival takes over, and its writes
+                // meet the rival's fence — every run, not only when it wins a race.
+                leases.wait_for_holder(&resource, &holder).await?;
+            }
         }
         resources.push(resource);
     }
