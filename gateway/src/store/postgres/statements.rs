@@ -119,6 +119,56 @@ pub const FENCED_DELETE: &str = concat!(
     object_delete!("FROM fence")
 );
 
+/// A group's first statement: locks the fence rows of its resources (`$1`, distinct,
+/// in byte order — the order every group takes its locks in), creating missing rows at
+/// 1, the lowest token, which the group's [`GROUP_APPLY`] then raises. No fence moves.
+pub const GROUP_LOCK: &str = "
+    INSERT INTO fencegate.fences AS f (resource, highest)
+    SELECT resource, 1 FROM unnest($1::text[]) WITH ORDINALITY AS u(resource, n) ORDER BY n
+    ON CONFLICT (resource) DO UPDATE SET highest = f.highest";
+
+/// Applies a run of a group's writes in one statement, after [`GROUP_LOCK`] in the same
+/// transaction: `$1` resources, `$2` tokens, `$3` keys, `$4` values (NULL: a delete),
+/// one element per write, in the group's order; no (resource, key) twice.
+///
+/// A write is accepted iff its token is at least its resource's fence and every earlier
+/// token of the run on that resource. That is the fence the writes before it left:
+/// an accepted write raised the fence to its token, and a stale one was below a fence
+/// already counted. Each resource's fence is then raised once, to its highest accepted
+/// token, and each accepted write's object is written as [`FENCED_PUT`] or
+/// [`FENCED_DELETE`] would. Returns, in order, each write's new version and born
+/// version, NULL for a stale write.
+pub const GROUP_APPLY: &str = "
+    WITH w AS (
+        SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bytea[])
+            WITH ORDINALITY AS w(resource, token, key, value, n)
+    ), judged AS (
+        SELECT w.*, w.token >= greatest(f.highest, max(w.token) OVER earlier) AS accepted
+        FROM w JOIN fencegate.fences f USING (resource)
+        WINDOW earlier AS (PARTITION BY w.resource ORDER BY w.n
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+    ), raised AS (
+        UPDATE fencegate.fences f SET highest = top.token, updated_at = now()
+        FROM (SELECT resource, max(token) AS token FROM judged WHERE accepted
+              GROUP BY resource) top
+        WHERE f.resource = top.resource
+    ), written AS (
+        INSERT INTO fencegate.objects AS o (resource, key, value, token, version, born)
+        SELECT resource, key, value, token, (value IS NOT NULL)::int, (value IS NOT NULL)::int
+        FROM judged WHERE accepted ORDER BY n
+        ON CONFLICT (resource, key) DO UPDATE SET
+            value = EXCLUDED.value, token = EXCLUDED.token,
+            version = CASE WHEN EXCLUDED.value IS NULL AND o.value IS NULL
+                           THEN o.version ELSE o.version + 1 END,
+            born = CASE WHEN EXCLUDED.value IS NOT NULL AND o.value IS NULL
+                        THEN o.version + 1 ELSE o.born END,
+            updated_at = now()
+        RETURNING o.resource, o.key, o.version, o.born
+    )
+    SELECT o.version, o.born
+    FROM judged j LEFT JOIN written o ON o.resource = j.resource AND o.key = j.key
+    ORDER BY j.n";
+
 /// The fence step alone: an advance, or the first statement of a conditional write.
 pub const FENCE_RAISE: &str = fence_raise!();
 /// The object steps alone, run inside a transaction that already holds the fence lock.

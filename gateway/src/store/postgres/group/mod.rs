@@ -2,30 +2,36 @@
 //!
 //! Concurrent writes queue here, and a few *lanes* take them in groups: each lane takes
 //! every write queued when it becomes free (up to `--group-commit-max`), and applies the
-//! group in ONE transaction on one pooled connection — `BEGIN`, one [`statements::FENCED_PUT`]
-//! or [`statements::FENCED_DELETE`] per write, `COMMIT`, all sent at once (one round trip).
+//! group in ONE transaction on one pooled connection, sent at once (one round trip):
+//! `BEGIN`, [`statements::GROUP_LOCK`] (the fence rows of the group's resources),
+//! [`statements::GROUP_APPLY`] (every write, its parameters as arrays), `COMMIT`.
 //! A write never waits for a group to fill: a lane that is free takes what is queued,
-//! even a single write, which then runs as one autocommitted statement as before.
-//! Groups form only while every lane is busy, which is when they help: one commit, one
-//! WAL flush and one wake of a Postgres backend for many writes, and on a contended
-//! resource one hold of its fence lock instead of one per write.
+//! even a single write, which then runs as one autocommitted [`statements::FENCED_PUT`]
+//! or [`statements::FENCED_DELETE`]. Groups form only while every lane is busy, which is
+//! when they help: one commit, one WAL flush and one wake of a Postgres backend for many
+//! writes, two statements for the whole group instead of one per write, and on a
+//! contended resource one hold of its fence lock instead of one per write.
 //!
 //! # Why this is still one fence check per write
 //!
-//! Every statement of a group is the same single-statement fenced write as before, run in
-//! order inside the group's transaction, so each sees the fence as the writes before it
-//! left it: a write with token 4 after one with token 5 on the same resource is stale.
-//! The transaction commits all or nothing, and the answers are sent only after COMMIT
+//! `GROUP_APPLY` checks each write against the fence as the writes before it left it:
+//! its token must be at least the fence and every earlier token of its resource in the
+//! group (an accepted write raised the fence to its token; a stale one was below a fence
+//! already counted), so a write with token 4 after one with token 5 on the same resource
+//! is stale. One statement cannot write a row twice, so a group that writes an object
+//! twice is cut into runs without repeats, one `GROUP_APPLY` each, in order. The
+//! transaction commits all or nothing, and the answers are sent only after COMMIT
 //! succeeded. If any statement fails, Postgres aborts the transaction and turns the COMMIT
 //! into a ROLLBACK; nothing of the group remains, and each write is then retried on its
-//! own, so one bad write cannot fail its neighbours.
+//! own, so one bad write cannot fail its neighbours. A test applies random groups both
+//! ways, set-based and one statement per write, and compares answers and tables.
 //!
 //! # Lock order
 //!
 //! A group locks the fence rows of several resources and holds them to COMMIT. Two groups
 //! locking two resources in opposite orders would deadlock, so each group is sorted by
-//! resource (stably: writes to one resource keep their arrival order) and takes its locks
-//! in that order. Every other writer — a conditional write, an advance, a SQL
+//! resource (stably: writes to one resource keep their arrival order; byte order, as
+//! `COLLATE "C"` would sort) and takes its locks in that order. Every other writer — a conditional write, an advance, a SQL
 //! transaction — locks a single fence row, so no cycle can form.
 //!
 //! # Locked resources
@@ -34,14 +40,17 @@
 //! transaction of that resource, a conditional write waiting on it, a writer of fenced
 //! tables. A lane that waited for it would hold up every other resource's writes
 //! queued behind it. So lanes run on connections of their own whose `lock_timeout` is
-//! `--write-lock-timeout` (200 ms by default: far above the time a group holds its locks,
-//! a commit, so that only a lock held by something slower sends writes off): a group (or a lone write) that cannot get a fence lock in that
-//! time stops, nothing of it is applied, the writes of the locked resource leave the
-//! lanes — they are applied one by one, in their order, on the shared pool, where they
-//! wait for the lock up to their deadline, and the resource's later writes queue behind
-//! them there instead of trying the lanes, so that none overtakes another — and the rest
-//! of the group is applied again at once. The wait costs only the writes of the locked
-//! resource.
+//! `--write-lock-timeout` (200 ms by default: far above the time a group holds its
+//! locks, a commit, so that only a lock held by something slower sends writes off): a
+//! group (or a lone write) that cannot get a fence lock in that time stops, and nothing
+//! of it is applied. `GROUP_LOCK` does not say whose lock it was, so the group is tried
+//! again as one statement per write, whose refused statement names the resource (one
+//! more wait of the lock timeout, once per locked resource: its later writes no longer
+//! reach the lanes). The writes of the locked resource leave the lanes — they are
+//! applied one by one, in their order, on the shared pool, where they wait for the lock
+//! up to their deadline, and the resource's later writes queue behind them there instead
+//! of trying the lanes, so that none overtakes another — and the rest of the group is
+//! applied again at once. The wait costs only the writes of the locked resource.
 //!
 //! # Time
 //!
@@ -326,7 +335,13 @@ async fn apply_on(client: &Object, writes: &[&Write]) -> Vec<Answer> {
     if let [write] = writes {
         return vec![write_unconditional(client, write).await];
     }
-    match group_transaction(client, writes).await {
+    let result = match set_transaction(client, writes).await {
+        Some(result) => result,
+        // A fence lock timed out, but a set-based statement does not say whose: the
+        // statement-per-write transaction finds it.
+        None => each_transaction(client, writes).await,
+    };
+    match result {
         GroupResult::Committed(answers) => answers,
         GroupResult::Failed(error) => vec![Err(error); writes.len()],
         GroupResult::Blocked(resource) => {
@@ -382,7 +397,159 @@ enum GroupResult {
 
 type Pipelined<'a, T> = Pin<Box<dyn Future<Output = Result<T, tokio_postgres::Error>> + Send + 'a>>;
 
-async fn group_transaction(client: &Object, writes: &[&Write]) -> GroupResult {
+/// The group as `BEGIN`, [`statements::GROUP_LOCK`], one [`statements::GROUP_APPLY`] per
+/// run of writes without a repeated object, `COMMIT`, sent at once. `None` if a fence
+/// lock timed out (nothing was applied, and the statement does not say whose lock).
+async fn set_transaction(client: &Object, writes: &[&Write]) -> Option<GroupResult> {
+    let statements = tokio::try_join!(
+        client.prepare_cached(statements::GROUP_LOCK),
+        client.prepare_cached(statements::GROUP_APPLY)
+    );
+    let (lock, apply) = match statements {
+        Ok(statements) => statements,
+        Err(error) => return Some(GroupResult::Failed(classify(error, false))),
+    };
+    let (lock, apply) = (&lock, &apply);
+    let mut resources: Vec<&str> = writes.iter().map(|write| write.resource.as_str()).collect();
+    resources.dedup(); // sorted: the locks are taken in this order
+    let runs: Vec<RunParams<'_>> = runs_without_repeats(writes)
+        .into_iter()
+        .map(RunParams::new)
+        .collect();
+    let mut statements: Vec<Pipelined<'_, Vec<tokio_postgres::Row>>> =
+        Vec::with_capacity(1 + runs.len());
+    let resources = &resources;
+    statements.push(Box::pin(
+        async move { client.query(lock, &[resources]).await },
+    ));
+    for run in &runs {
+        statements.push(Box::pin(async move {
+            client
+                .query(
+                    apply,
+                    &[&run.resources, &run.tokens, &run.keys, &run.values],
+                )
+                .await
+        }));
+    }
+    let (begun, results, committed) = pipeline(
+        client.batch_execute("BEGIN"),
+        statements,
+        client.batch_execute("COMMIT"),
+    )
+    .await;
+    if let Err(error) = begun {
+        return Some(GroupResult::Failed(unknown_outcome(error)));
+    }
+    if let Some(refused) = results
+        .iter()
+        .find_map(|result| result.as_ref().err()?.code())
+    {
+        // Postgres aborted the transaction at that statement: the COMMIT rolled back.
+        if let Err(error) = committed {
+            return Some(GroupResult::Failed(classify(error, false)));
+        }
+        if *refused == tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE {
+            return None;
+        }
+        tracing::warn!(
+            code = refused.code(),
+            writes = writes.len(),
+            "write group rolled back; applying its writes one by one"
+        );
+        return Some(GroupResult::RolledBack);
+    }
+    if let Err(error) = committed {
+        return Some(GroupResult::Failed(classify(error, true)));
+    }
+    let mut answers = Vec::with_capacity(writes.len());
+    for (run, result) in runs.iter().zip(results.into_iter().skip(1)) {
+        let rows = match result {
+            Ok(rows) if rows.len() == run.writes.len() => rows,
+            Ok(rows) => {
+                let error = StoreError::Internal(format!(
+                    "a group statement answered {} rows for {} writes",
+                    rows.len(),
+                    run.writes.len()
+                ));
+                return Some(GroupResult::Failed(error));
+            }
+            // A lost connection fails the COMMIT too, handled above.
+            Err(error) => return Some(GroupResult::Failed(classify(error, true))),
+        };
+        for (write, row) in run.writes.iter().zip(rows) {
+            answers.push(match (row.get(0), row.get(1)) {
+                (Some(version), Some(born)) => applied(&write.op, version, born),
+                _ => Ok(Attempt::Stale),
+            });
+        }
+    }
+    Some(GroupResult::Committed(answers))
+}
+
+/// The parameters of one [`statements::GROUP_APPLY`]: its writes' columns.
+struct RunParams<'a> {
+    writes: &'a [&'a Write],
+    resources: Vec<&'a str>,
+    tokens: Vec<i64>,
+    keys: Vec<&'a str>,
+    /// `None` for a delete.
+    values: Vec<Option<&'a [u8]>>,
+}
+
+impl<'a> RunParams<'a> {
+    fn new(writes: &'a [&'a Write]) -> RunParams<'a> {
+        RunParams {
+            writes,
+            resources: writes.iter().map(|w| w.resource.as_str()).collect(),
+            tokens: writes.iter().map(|w| w.token.as_i64()).collect(),
+            keys: writes.iter().map(|w| w.key.as_str()).collect(),
+            values: writes
+                .iter()
+                .map(|w| match &w.op {
+                    WriteOp::Put(value) => Some(value.as_ref()),
+                    WriteOp::Delete => None,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// `writes` cut into consecutive runs in which no object (resource and key) appears
+/// twice: one statement cannot write a row twice. Each write stays after every write
+/// that came before it, so each run sees the fences the runs before it left.
+fn runs_without_repeats<'a>(writes: &'a [&'a Write]) -> Vec<&'a [&'a Write]> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    let mut seen = std::collections::HashSet::new();
+    for (index, write) in writes.iter().enumerate() {
+        if !seen.insert((write.resource.as_str(), write.key.as_str())) {
+            runs.push(&writes[start..index]);
+            start = index;
+            seen.clear();
+            seen.insert((write.resource.as_str(), write.key.as_str()));
+        }
+    }
+    runs.push(&writes[start..]);
+    runs
+}
+
+/// A failed `BEGIN` while the connection lives: the statements after it ran on their
+/// own, so what was applied is unknown.
+fn unknown_outcome(error: tokio_postgres::Error) -> StoreError {
+    match classify(error, false) {
+        StoreError::Unavailable { reason, .. } => StoreError::Unavailable {
+            reason,
+            applied: None,
+        },
+        other => other,
+    }
+}
+
+/// The group as `BEGIN`, one [`statements::FENCED_PUT`] or [`statements::FENCED_DELETE`]
+/// per write, `COMMIT`, sent at once: a refused statement names the write, and so the
+/// resource whose lock timed out.
+async fn each_transaction(client: &Object, writes: &[&Write]) -> GroupResult {
     let statements = tokio::try_join!(
         client.prepare_cached(statements::FENCED_PUT),
         client.prepare_cached(statements::FENCED_DELETE)
@@ -420,15 +587,7 @@ async fn group_transaction(client: &Object, writes: &[&Write]) -> GroupResult {
     )
     .await;
     if let Err(error) = begun {
-        // Should BEGIN ever fail while the connection lives, the statements after it ran
-        // on their own: what was applied is unknown.
-        return GroupResult::Failed(match classify(error, false) {
-            StoreError::Unavailable { reason, .. } => StoreError::Unavailable {
-                reason,
-                applied: None,
-            },
-            other => other,
-        });
+        return GroupResult::Failed(unknown_outcome(error));
     }
     let first_refused = rows
         .iter()
@@ -501,5 +660,7 @@ async fn pipeline<'a, A, B, C>(
     )
 }
 
+#[cfg(test)]
+mod set_tests;
 #[cfg(test)]
 mod tests;

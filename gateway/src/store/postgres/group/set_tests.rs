@@ -1,0 +1,188 @@
+//! The set-based group statements against a real Postgres (`FENCEGATE_TEST_PG`, by
+//! default postgres://postgres@127.0.0.1:5432; the tests fail if it cannot be reached):
+//! a group applied by [`set_transaction`] must answer, and leave the tables, exactly as
+//! the same writes applied one statement each, in the same order.
+
+use bytes::Bytes;
+use deadpool_postgres::Object;
+use fencegate_proto::headers::Precondition;
+use fencegate_proto::{ObjectKey, ResourceName, Token};
+use rand::Rng;
+
+use super::{by_resource, runs_without_repeats, set_transaction, GroupResult};
+use crate::store::postgres::writes::write_unconditional;
+use crate::store::postgres::{migrate, new_pool, PgPool};
+use crate::store::{Write, WriteOp};
+
+fn server_url() -> String {
+    std::env::var("FENCEGATE_TEST_PG")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".to_owned())
+}
+
+/// A new database with the `fencegate` schema, dropped when the value is.
+struct Scratch {
+    name: String,
+    pool: PgPool,
+}
+
+impl Scratch {
+    async fn create() -> Scratch {
+        let name = format!("fg_group_{:016x}", rand::random::<u64>());
+        admin(&format!("CREATE DATABASE {name}")).await;
+        let url = format!("{}/{name}?sslmode=disable", server_url());
+        let crate::pgtls::PgUrl { config, tls } = crate::pgtls::parse(&url).unwrap();
+        let (mut client, connection) = config.connect(tokio_postgres::NoTls).await.unwrap();
+        tokio::spawn(connection);
+        migrate(&mut client).await.unwrap();
+        Scratch {
+            name,
+            pool: new_pool(config, &tls, 2),
+        }
+    }
+
+    async fn client(&self) -> Object {
+        self.pool.clone().into_inner().get().await.unwrap()
+    }
+
+    /// Every fence and object, in order.
+    async fn contents(&self) -> Vec<String> {
+        let client = self.client().await;
+        let rows = client
+            .query(
+                "SELECT format('fence %s %s', resource, highest) FROM fencegate.fences
+                 UNION ALL
+                 SELECT format('object %s/%s %s token %s version %s born %s',
+                               resource, key, encode(value, 'escape'), token, version, born)
+                 FROM fencegate.objects
+                 ORDER BY 1",
+                &[],
+            )
+            .await
+            .unwrap();
+        rows.iter().map(|row| row.get(0)).collect()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // Best effort, on a thread of its own: the test's runtime may be shutting down.
+        let _ = std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(admin(&format!(
+                    "DROP DATABASE IF EXISTS {name} WITH (FORCE)"
+                )))
+        })
+        .join();
+    }
+}
+
+async fn admin(sql: &str) {
+    let url = format!("{}/postgres?sslmode=disable", server_url());
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("the test Postgres server {url} cannot be reached: {e:?}"));
+    tokio::spawn(connection);
+    client
+        .batch_execute(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
+}
+
+fn write(resource: &str, key: &str, token: u64, value: Option<String>) -> Write {
+    Write {
+        resource: ResourceName::new(resource).unwrap(),
+        key: ObjectKey::new(key).unwrap(),
+        token: Token::new(token).unwrap(),
+        precondition: Precondition::None,
+        op: match value {
+            Some(value) => WriteOp::Put(Bytes::from(value)),
+            None => WriteOp::Delete,
+        },
+    }
+}
+
+/// A random group, sorted as a lane sorts it: few resources and keys, so that tokens
+/// cross, objects repeat, and deletes meet live objects, tombstones and new keys.
+fn random_group(rng: &mut impl Rng, round: usize) -> Vec<Write> {
+    let mut group: Vec<Write> = (0..rng.random_range(2..=24))
+        .map(|i| {
+            let resource = format!("r{}", rng.random_range(0..3));
+            let key = format!("k{}", rng.random_range(0..4));
+            let value = rng
+                .random_bool(0.75)
+                .then(|| format!("{resource}/{key}#{round}.{i}"));
+            write(&resource, &key, rng.random_range(1..=10), value)
+        })
+        .collect();
+    group.sort_by(by_resource);
+    group
+}
+
+#[tokio::test]
+async fn a_group_in_one_statement_answers_and_writes_as_one_statement_per_write() {
+    let (grouped, one_by_one) = (Scratch::create().await, Scratch::create().await);
+    let (group_client, each_client) = (grouped.client().await, one_by_one.client().await);
+    let mut rng = rand::rng();
+    let (mut stale, mut created, mut runs) = (0, 0, 0);
+    for round in 0..60 {
+        let group = random_group(&mut rng, round);
+        let writes: Vec<&Write> = group.iter().collect();
+        runs += runs_without_repeats(&writes).len();
+
+        let answers = match set_transaction(&group_client, &writes).await {
+            Some(GroupResult::Committed(answers)) => answers,
+            Some(GroupResult::Failed(error)) => panic!("round {round}: {error:?}"),
+            Some(GroupResult::RolledBack) => panic!("round {round}: rolled back"),
+            Some(GroupResult::Blocked(resource)) => panic!("round {round}: {resource} locked"),
+            None => panic!("round {round}: a lock timed out"),
+        };
+        let mut expected = Vec::new();
+        for write in &writes {
+            expected.push(write_unconditional(&each_client, write).await);
+        }
+
+        for (index, (got, want)) in answers.iter().zip(&expected).enumerate() {
+            let want = want.as_ref().expect("a single statement succeeds");
+            assert_eq!(
+                got.as_ref().ok(),
+                Some(want),
+                "round {round}, write {index} of {writes:#?}"
+            );
+            stale += usize::from(*want == super::Attempt::Stale);
+            created += usize::from(matches!(
+                want,
+                super::Attempt::Applied { created: true, .. }
+            ));
+        }
+        assert_eq!(answers.len(), writes.len());
+        assert_eq!(
+            grouped.contents().await,
+            one_by_one.contents().await,
+            "after round {round}"
+        );
+    }
+    // The rounds covered what they are for.
+    assert!(stale > 0 && created > 0, "stale {stale}, created {created}");
+    assert!(runs > 60, "no group repeated an object");
+}
+
+#[tokio::test]
+async fn objects_written_twice_in_a_group_are_split_into_runs_in_order() {
+    let group = [
+        write("a", "k1", 1, Some("1".into())),
+        write("a", "k2", 1, Some("2".into())),
+        write("a", "k1", 2, None),
+        write("b", "k1", 1, Some("3".into())),
+        write("b", "k1", 1, Some("4".into())),
+    ];
+    let writes: Vec<&Write> = group.iter().collect();
+    let runs: Vec<usize> = runs_without_repeats(&writes)
+        .iter()
+        .map(|run| run.len())
+        .collect();
+    assert_eq!(runs, [2, 2, 1]);
+}
