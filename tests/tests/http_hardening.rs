@@ -171,6 +171,46 @@ async fn expect_continue_lets_a_stale_write_skip_its_body() {
     assert!(String::from_utf8_lossy(&answer[..n]).starts_with("HTTP/1.1 200"));
 }
 
+/// A stale write whose body comes late: the answer does not wait for the body, and the
+/// body, read after the answer, leaves the connection open for the next request.
+#[tokio::test]
+async fn a_stale_write_is_answered_before_a_late_body_and_keeps_its_connection() {
+    let (_dir, gateway) = embedded(&[]).await;
+    assert_eq!(gateway.client().put("r", "k", 5, "v").await.status, 201);
+    let mut stream = TcpStream::connect(gateway.addr()).await.unwrap();
+    stream
+        .write_all(
+            b"PUT /v1/kv/r/k HTTP/1.1\r\nhost: gw\r\nfencing-token: 4\r\ncontent-length: 5\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut answer = vec![0; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut answer))
+        .await
+        .expect("answered before the body was sent")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    assert!(answer.starts_with("HTTP/1.1 409"), "{answer}");
+    assert!(
+        !answer.to_ascii_lowercase().contains("connection: close"),
+        "{answer}"
+    );
+
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stream.write_all(b"hello").await.unwrap();
+    stream
+        .write_all(b"GET /v1/fences/r HTTP/1.1\r\nhost: gw\r\n\r\n")
+        .await
+        .unwrap();
+    let mut next = vec![0; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut next))
+        .await
+        .expect("the next request on the connection is answered")
+        .unwrap();
+    let next = String::from_utf8_lossy(&next[..n]);
+    assert!(next.starts_with("HTTP/1.1 200"), "{next}");
+}
+
 /// Slow headers, slow bodies and idle connections are closed by their default
 /// deadlines (`--header-timeout 10s`, `--body-timeout 30s`, `--idle-timeout 60s`). The
 /// gateway runs in this process on a paused clock: its timers and the test's share it,

@@ -10,8 +10,9 @@
 //! too large by its Content-Length — without reading the body. Over HTTP/1.1 the client
 //! may still be sending it, and must see the answer anyway:
 //!
-//! - a body of at most [`request::DRAIN_LIMIT`] bytes is read and thrown away after the answer,
-//!   so that the connection stays open for the next request;
+//! - a body of at most [`request::DRAIN_LIMIT`] bytes is read and thrown away, so that
+//!   the connection stays open for the next request: before the answer if it comes at
+//!   once (within 2 ms), else after it, by a task of its own;
 //! - a larger one, or one whose length is unknown, gets `Connection: close`, and the
 //!   connection lingers while the client finishes sending ([`crate::server::conn`]).
 //!
@@ -55,7 +56,7 @@ pub use response::Body;
 pub async fn handle(coordinator: Arc<Coordinator>, request: Request<Incoming>) -> Response<Body> {
     let mut request = Req::new(request);
     let mut response = answer(&coordinator, &mut request).await;
-    if request.head.version < Version::HTTP_2 && !request.keeps_connection(&coordinator) {
+    if request.head.version < Version::HTTP_2 && !request.keeps_connection(&coordinator).await {
         response
             .headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));

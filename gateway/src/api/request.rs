@@ -1,10 +1,12 @@
 //! A request as the handlers see it, and reading what it carries: fencing headers, and
 //! a body within its limits (size, time, memory).
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use fencegate_proto::headers::Fencing;
 use fencegate_proto::ResourceName;
-use http::header::CONTENT_LENGTH;
+use http::header::{CONTENT_LENGTH, EXPECT};
 use http::request::Parts;
 use http::Request;
 use http_body_util::BodyExt;
@@ -45,28 +47,43 @@ impl Req {
         }
     }
 
-    /// After the answer (HTTP/1.x): deals with a body no handler read, and says whether
+    /// Before the answer (HTTP/1.x): deals with a body no handler read, and says whether
     /// the connection can carry another request.
-    pub fn keeps_connection(&mut self, coordinator: &Coordinator) -> bool {
+    pub async fn keeps_connection(&mut self, coordinator: &Coordinator) -> bool {
         if let Some(body) = self.body.take() {
-            self.broken |= !unread(coordinator, body);
+            let asks_to_continue = self.head.headers.contains_key(EXPECT);
+            self.broken |= !unread(coordinator, body, asks_to_continue).await;
         }
         !self.broken
     }
 }
 
+/// How long an answer waits for a small unread body before it leaves the rest to a
+/// task of its own. A body that follows its head at once — nearly every one — is read
+/// here, on the connection's own task: no task to spawn, schedule and wake per request.
+const INLINE_DRAIN: Duration = Duration::from_millis(2);
+
 /// Deals with a body no handler read (HTTP/1.x); false if the connection must close.
-fn unread(coordinator: &Coordinator, body: Incoming) -> bool {
+/// A client that asked to continue sends no body unless asked, so it is not waited for.
+async fn unread(coordinator: &Coordinator, body: Incoming, asks_to_continue: bool) -> bool {
     if body.is_end_stream() {
         return true;
     }
     match body.size_hint().exact() {
         Some(length) if length <= DRAIN_LIMIT => {
+            let mut drained = Box::pin(body.collect());
+            if !asks_to_continue
+                && tokio::time::timeout(INLINE_DRAIN, &mut drained)
+                    .await
+                    .is_ok_and(|read| read.is_ok())
+            {
+                return true;
+            }
             let timeout = coordinator.body_timeout();
             tokio::spawn(async move {
                 // Dropping the body early (timeout, error) makes the server close the
                 // connection, which is then the right thing to do.
-                let _ = tokio::time::timeout(timeout, body.collect()).await;
+                let _ = tokio::time::timeout(timeout, drained).await;
             });
             true
         }

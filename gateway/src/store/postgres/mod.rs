@@ -94,12 +94,17 @@ impl PgStore {
         pg_config.keepalives_idle(Duration::from_secs(30));
         let place = pg_config.clone();
         // The write lanes' own connections give up on a fence lock after a moment, so
-        // that one locked resource cannot hold a lane (see `group`).
+        // that one locked resource cannot hold a lane (see `group`). They run only the
+        // write statements, whose plans are index lookups whatever the parameters:
+        // planned once, not again for every group.
         let mut lane_config = pg_config.clone();
-        let lock_timeout = format!("-c lock_timeout={}", lane_lock_timeout.as_millis().max(1));
+        let lane_settings = format!(
+            "-c lock_timeout={} -c plan_cache_mode=force_generic_plan",
+            lane_lock_timeout.as_millis().max(1)
+        );
         lane_config.options(&match pg_config.get_options() {
-            Some(theirs) => format!("{theirs} {lock_timeout}"),
-            None => lock_timeout,
+            Some(theirs) => format!("{theirs} {lane_settings}"),
+            None => lane_settings,
         });
         let watch = Arc::new(ServerWatch::default());
         let pool = PgPool::watched(pg_config, &tls, pool_size, Arc::clone(&watch));

@@ -138,20 +138,26 @@ pub const GROUP_LOCK: &str = "
 /// token, and each accepted write's object is written as [`FENCED_PUT`] or
 /// [`FENCED_DELETE`] would. Returns, in order, each write's new version and born
 /// version, NULL for a stale write.
+///
+/// Written so that even a generic plan, which cannot know how many writes the arrays
+/// hold, finds each fence by its primary key rather than scanning the table: the fence
+/// read is a subquery per write, and the update names its rows by the array.
 pub const GROUP_APPLY: &str = "
     WITH w AS (
         SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bytea[])
             WITH ORDINALITY AS w(resource, token, key, value, n)
     ), judged AS (
-        SELECT w.*, w.token >= greatest(f.highest, max(w.token) OVER earlier) AS accepted
-        FROM w JOIN fencegate.fences f USING (resource)
+        SELECT w.*, w.token >= greatest(
+                   (SELECT highest FROM fencegate.fences f WHERE f.resource = w.resource),
+                   max(w.token) OVER earlier) AS accepted
+        FROM w
         WINDOW earlier AS (PARTITION BY w.resource ORDER BY w.n
                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
     ), raised AS (
         UPDATE fencegate.fences f SET highest = top.token, updated_at = now()
         FROM (SELECT resource, max(token) AS token FROM judged WHERE accepted
               GROUP BY resource) top
-        WHERE f.resource = top.resource
+        WHERE f.resource = ANY ($1::text[]) AND f.resource = top.resource
     ), written AS (
         INSERT INTO fencegate.objects AS o (resource, key, value, token, version, born)
         SELECT resource, key, value, token, (value IS NOT NULL)::int, (value IS NOT NULL)::int
