@@ -515,20 +515,31 @@ impl<'a> RunParams<'a> {
     }
 }
 
+/// Value bytes beyond which a run ends: one statement's parameters stay far below
+/// Postgres's 1 GiB limit on a message, whatever `--max-body` and the group size allow.
+const RUN_BYTES: usize = 32 << 20;
+
 /// `writes` cut into consecutive runs in which no object (resource and key) appears
-/// twice: one statement cannot write a row twice. Each write stays after every write
-/// that came before it, so each run sees the fences the runs before it left.
+/// twice — one statement cannot write a row twice — and whose values, past the first,
+/// stay within [`RUN_BYTES`]. Each write stays after every write that came before it,
+/// so each run sees the fences the runs before it left.
 fn runs_without_repeats<'a>(writes: &'a [&'a Write]) -> Vec<&'a [&'a Write]> {
     let mut runs = Vec::new();
-    let mut start = 0;
+    let (mut start, mut bytes) = (0, 0);
     let mut seen = std::collections::HashSet::new();
     for (index, write) in writes.iter().enumerate() {
-        if !seen.insert((write.resource.as_str(), write.key.as_str())) {
+        let size = match &write.op {
+            WriteOp::Put(value) => value.len(),
+            WriteOp::Delete => 0,
+        };
+        let object = (write.resource.as_str(), write.key.as_str());
+        if index > start && (seen.contains(&object) || bytes + size > RUN_BYTES) {
             runs.push(&writes[start..index]);
-            start = index;
+            (start, bytes) = (index, 0);
             seen.clear();
-            seen.insert((write.resource.as_str(), write.key.as_str()));
         }
+        seen.insert(object);
+        bytes += size;
     }
     runs.push(&writes[start..]);
     runs

@@ -186,3 +186,21 @@ async fn objects_written_twice_in_a_group_are_split_into_runs_in_order() {
         .collect();
     assert_eq!(runs, [2, 2, 1]);
 }
+
+#[test]
+fn large_values_end_a_run_before_its_parameters_grow_past_the_cap() {
+    let big = "x".repeat(super::RUN_BYTES / 2 + 1);
+    let group: Vec<Write> = (0..5)
+        .map(|i| write("a", &format!("k{i}"), 1, Some(big.clone())))
+        .collect();
+    let writes: Vec<&Write> = group.iter().collect();
+    let runs: Vec<usize> = runs_without_repeats(&writes)
+        .iter()
+        .map(|run| run.len())
+        .collect();
+    assert_eq!(runs, [1, 1, 1, 1, 1]);
+    // A value larger than the cap is a run of its own, never an empty run.
+    let huge = [write("a", "k", 1, Some("x".repeat(super::RUN_BYTES + 1)))];
+    let writes: Vec<&Write> = huge.iter().collect();
+    assert_eq!(runs_without_repeats(&writes).len(), 1);
+}
