@@ -432,12 +432,7 @@ async fn set_transaction(client: &Object, writes: &[&Write]) -> Option<GroupResu
                 .await
         }));
     }
-    let (begun, results, committed) = pipeline(
-        client.batch_execute("BEGIN"),
-        statements,
-        client.batch_execute("COMMIT"),
-    )
-    .await;
+    let (begun, results, committed) = in_transaction(client, statements).await;
     if let Err(error) = begun {
         return Some(GroupResult::Failed(unknown_outcome(error)));
     }
@@ -591,12 +586,7 @@ async fn each_transaction(client: &Object, writes: &[&Write]) -> GroupResult {
                 }
             })
             .collect();
-    let (begun, rows, committed) = pipeline(
-        client.batch_execute("BEGIN"),
-        rows,
-        client.batch_execute("COMMIT"),
-    )
-    .await;
+    let (begun, rows, committed) = in_transaction(client, rows).await;
     if let Err(error) = begun {
         return GroupResult::Failed(unknown_outcome(error));
     }
@@ -635,6 +625,22 @@ async fn each_transaction(client: &Object, writes: &[&Write]) -> GroupResult {
         });
     }
     GroupResult::Committed(answers)
+}
+
+/// `BEGIN`, `statements`, `COMMIT`, sent at once: the answers of all three parts.
+async fn in_transaction<'a, B>(
+    client: &'a Object,
+    statements: Vec<Pipelined<'a, B>>,
+) -> (
+    Result<(), tokio_postgres::Error>,
+    Vec<Result<B, tokio_postgres::Error>>,
+    Result<(), tokio_postgres::Error>,
+) {
+    let (begin, commit) = (
+        client.batch_execute("BEGIN"),
+        client.batch_execute("COMMIT"),
+    );
+    pipeline(begin, statements, commit).await
 }
 
 /// Sends `first`, every one of `middle`, then `last` — each on its first poll, in this
