@@ -72,12 +72,11 @@ async fn unread(coordinator: &Coordinator, body: Incoming, asks_to_continue: boo
     match body.size_hint().exact() {
         Some(length) if length <= DRAIN_LIMIT => {
             let mut drained = Box::pin(body.collect());
-            if !asks_to_continue
-                && tokio::time::timeout(INLINE_DRAIN, &mut drained)
-                    .await
-                    .is_ok_and(|read| read.is_ok())
-            {
-                return true;
+            if !asks_to_continue {
+                if let Ok(read) = tokio::time::timeout(INLINE_DRAIN, &mut drained).await {
+                    // Read whole; or broken, and then the connection must close.
+                    return read.is_ok();
+                }
             }
             let timeout = coordinator.body_timeout();
             tokio::spawn(async move {

@@ -31,8 +31,9 @@
 //! A group locks the fence rows of several resources and holds them to COMMIT. Two groups
 //! locking two resources in opposite orders would deadlock, so each group is sorted by
 //! resource (stably: writes to one resource keep their arrival order; byte order, as
-//! `COLLATE "C"` would sort) and takes its locks in that order. Every other writer — a conditional write, an advance, a SQL
-//! transaction — locks a single fence row, so no cycle can form.
+//! `COLLATE "C"` would sort) and takes its locks in that order. Every other writer — a
+//! conditional write, an advance, a SQL transaction — locks a single fence row, so no
+//! cycle can form.
 //!
 //! # Locked resources
 //!
