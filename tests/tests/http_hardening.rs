@@ -134,6 +134,16 @@ async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> Option<S
         .map(|_| String::from_utf8_lossy(&received).into_owned())
 }
 
+/// What the server sends next (one read), within 5 s; panics with `what` otherwise.
+async fn read_some(stream: &mut TcpStream, what: &str) -> String {
+    let mut received = vec![0; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut received))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: nothing within 5 s"))
+        .unwrap();
+    String::from_utf8_lossy(&received[..n]).into_owned()
+}
+
 /// `Expect: 100-continue`: a stale write is answered without its body ever being asked
 /// for; a current one is asked for it, then accepted.
 #[tokio::test]
@@ -147,12 +157,7 @@ async fn expect_continue_lets_a_stale_write_skip_its_body() {
     };
     let mut stale = TcpStream::connect(gateway.addr()).await.unwrap();
     stale.write_all(head(4).as_bytes()).await.unwrap();
-    let mut answer = vec![0; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(5), stale.read(&mut answer))
-        .await
-        .expect("answered before the body")
-        .unwrap();
-    let answer = String::from_utf8_lossy(&answer[..n]);
+    let answer = read_some(&mut stale, "answered before the body").await;
     assert!(answer.starts_with("HTTP/1.1 409"), "{answer}");
     assert!(!answer.contains("100 Continue"), "{answer}");
 
@@ -184,12 +189,7 @@ async fn a_stale_write_is_answered_before_a_late_body_and_keeps_its_connection()
         )
         .await
         .unwrap();
-    let mut answer = vec![0; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut answer))
-        .await
-        .expect("answered before the body was sent")
-        .unwrap();
-    let answer = String::from_utf8_lossy(&answer[..n]).into_owned();
+    let answer = read_some(&mut stream, "answered before the body was sent").await;
     assert!(answer.starts_with("HTTP/1.1 409"), "{answer}");
     assert!(
         !answer.to_ascii_lowercase().contains("connection: close"),
@@ -202,12 +202,11 @@ async fn a_stale_write_is_answered_before_a_late_body_and_keeps_its_connection()
         .write_all(b"GET /v1/fences/r HTTP/1.1\r\nhost: gw\r\n\r\n")
         .await
         .unwrap();
-    let mut next = vec![0; 4096];
-    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut next))
-        .await
-        .expect("the next request on the connection is answered")
-        .unwrap();
-    let next = String::from_utf8_lossy(&next[..n]);
+    let next = read_some(
+        &mut stream,
+        "the next request on the connection is answered",
+    )
+    .await;
     assert!(next.starts_with("HTTP/1.1 200"), "{next}");
 }
 
