@@ -122,10 +122,15 @@ pub const FENCED_DELETE: &str = concat!(
 /// A group's first statement: locks the fence rows of its resources (`$1`, distinct,
 /// in byte order — the order every group takes its locks in), creating missing rows at
 /// 1, the lowest token, which the group's [`GROUP_APPLY`] then raises. No fence moves.
+///
+/// An existing row is locked and left as it is: `ON CONFLICT DO UPDATE` locks the row
+/// it conflicts with before it evaluates the `WHERE`, which here refuses the update.
+/// The lock is the one an update would take, without writing a new row version that
+/// [`GROUP_APPLY`] would replace at once.
 pub const GROUP_LOCK: &str = "
     INSERT INTO fencegate.fences AS f (resource, highest)
     SELECT resource, 1 FROM unnest($1::text[]) WITH ORDINALITY AS u(resource, n) ORDER BY n
-    ON CONFLICT (resource) DO UPDATE SET highest = f.highest";
+    ON CONFLICT (resource) DO UPDATE SET highest = f.highest WHERE false";
 
 /// Applies a run of a group's writes in one statement, after [`GROUP_LOCK`] in the same
 /// transaction: `$1` resources, `$2` tokens, `$3` keys, `$4` values (NULL: a delete),
