@@ -227,6 +227,7 @@ pub async fn run(
         backend = %coordinator.describe_backend(),
         auth = coordinator.authenticator().map(|auth| auth.identities().len()),
         max_connections = limits.max_connections,
+        threads = tokio::runtime::Handle::current().metrics().num_workers(),
         "fencegate ready"
     );
     let http = server::serve(listener, Arc::clone(&coordinator), shutdown, limits, tls);

@@ -40,16 +40,15 @@ fn key(command: KeyCommand) -> anyhow::Result<()> {
 fn serve(config: Config) -> anyhow::Result<()> {
     config.validate()?;
     telemetry::init(config.log_format, &config.log).context("invalid --log filter")?;
-    let runtime = if config.threads == 1 {
-        tokio::runtime::Builder::new_current_thread()
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let runtime = match config.serving_threads(cores) {
+        1 => tokio::runtime::Builder::new_current_thread()
             .enable_all()
-            .build()
-    } else {
-        let mut builder = tokio::runtime::Builder::new_multi_thread();
-        if config.threads > 1 {
-            builder.worker_threads(config.threads);
-        }
-        builder.enable_all().build()
+            .build(),
+        threads => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build(),
     }
     .context("could not start the async runtime")?;
     runtime.block_on(async {

@@ -156,3 +156,17 @@ fn tls_files_come_in_pairs_and_the_client_ca_needs_them() {
         assert!(err.contains("required"), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn threads_default_to_one_on_small_machines_and_one_per_core_above() {
+    let auto = parse(&[]).unwrap();
+    assert_eq!(auto.threads, 0);
+    assert_eq!(auto.serving_threads(1), 1);
+    assert_eq!(auto.serving_threads(2), 1);
+    assert_eq!(auto.serving_threads(3), 3);
+    assert_eq!(auto.serving_threads(16), 16);
+    let chosen = parse(&["--threads", "2"]).unwrap();
+    assert_eq!(chosen.serving_threads(2), 2);
+    assert_eq!(chosen.serving_threads(16), 2);
+    assert_eq!(parse(&["--threads", "1"]).unwrap().serving_threads(16), 1);
+}
