@@ -358,11 +358,11 @@ impl Config {
         }
     }
 
-    /// Rejects settings that are individually well-formed but cannot work.
     /// The threads to serve requests on, for a process that may use `cores` CPU cores:
-    /// `--threads`, or for 0 the choice its help describes. On two cores, shared with
-    /// the database and the clients, one thread served accepted writes with 20–45 % less
-    /// CPU and stale rejections 10–25 % faster than two (BENCHMARKS.md).
+    /// `--threads`, or for 0 the choice its help describes. On two cores shared with the
+    /// database and the clients, one thread spent less CPU per accepted write than two
+    /// (half as much for a single writer, a sixth less at 64) and answered stale writes
+    /// 10–20 % faster (BENCHMARKS.md, "One thread on two cores").
     pub fn serving_threads(&self, cores: usize) -> usize {
         match self.threads {
             0 if cores <= ONE_THREAD_UP_TO_CORES => 1,
@@ -371,6 +371,7 @@ impl Config {
         }
     }
 
+    /// Rejects settings that are individually well-formed but cannot work.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let fail = |msg: &str| Err(ConfigError(msg.to_owned()));
         if self.group_commit_max == 0 {
