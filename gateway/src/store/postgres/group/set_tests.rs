@@ -204,3 +204,59 @@ fn large_values_end_a_run_before_its_parameters_grow_past_the_cap() {
     let writes: Vec<&Write> = huge.iter().collect();
     assert_eq!(runs_without_repeats(&writes).len(), 1);
 }
+
+/// `GROUP_LOCK` holds each existing fence row's lock until the transaction ends, without
+/// writing a new version of it, and creates the missing rows at 1.
+#[tokio::test]
+async fn the_lock_statement_locks_existing_fences_without_writing_them() {
+    let scratch = Scratch::create().await;
+    let (holder, other) = (scratch.client().await, scratch.client().await);
+    holder
+        .batch_execute("INSERT INTO fencegate.fences (resource, highest) VALUES ('a', 5)")
+        .await
+        .unwrap();
+    let version = "SELECT ctid::text, xmin::text FROM fencegate.fences WHERE resource = 'a'";
+    let before = holder.query_one(version, &[]).await.unwrap();
+    let (before_ctid, before_xmin): (String, String) = (before.get(0), before.get(1));
+
+    holder.batch_execute("BEGIN").await.unwrap();
+    let resources = vec!["a", "b"];
+    holder
+        .execute(super::statements::GROUP_LOCK, &[&resources])
+        .await
+        .unwrap();
+
+    let after = other.query_one(version, &[]).await.unwrap();
+    assert_eq!(
+        (after.get::<_, String>(0), after.get::<_, String>(1)),
+        (before_ctid, before_xmin),
+        "the locked fence row got a new version"
+    );
+    let locked = other
+        .query(
+            "SELECT 1 FROM fencegate.fences WHERE resource = 'a' FOR UPDATE NOWAIT",
+            &[],
+        )
+        .await
+        .expect_err("the fence row is not locked");
+    assert_eq!(
+        locked.code(),
+        Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE),
+        "{locked:?}"
+    );
+
+    holder.batch_execute("COMMIT").await.unwrap();
+    other
+        .query(
+            "SELECT 1 FROM fencegate.fences WHERE resource = 'a' FOR UPDATE NOWAIT",
+            &[],
+        )
+        .await
+        .expect("the lock ends with the transaction");
+    drop((holder, other)); // the pool holds two connections
+    assert_eq!(
+        scratch.contents().await,
+        ["fence a 5", "fence b 1"],
+        "no fence moved, and the missing one was created at 1"
+    );
+}
