@@ -126,6 +126,38 @@ async fn oversized_bodies_get_their_413() {
     assert_eq!(result["statuses"]["413"], 40, "{result}");
 }
 
+/// A head of 100 headers is served; one of 101 is refused with 431 and its connection
+/// closed, nothing written, and the gateway goes on serving.
+#[tokio::test]
+async fn a_head_of_more_than_100_headers_gets_431() {
+    let (_dir, gateway) = embedded(&[]).await;
+    let head = |headers: usize, token: u64| {
+        // host, fencing-token and content-length, then padding up to `headers`.
+        let padding: String = (3..headers)
+            .map(|i| format!("x-pad-{i}: {i}\r\n"))
+            .collect();
+        format!(
+            "PUT /v1/kv/r/k{headers} HTTP/1.1\r\nhost: gw\r\nfencing-token: {token}\r\ncontent-length: 1\r\n{padding}\r\nv"
+        )
+    };
+    let mut stream = TcpStream::connect(gateway.addr()).await.unwrap();
+    stream.write_all(head(100, 1).as_bytes()).await.unwrap();
+    let answer = read_some(&mut stream, "100 headers").await;
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+
+    let mut stream = TcpStream::connect(gateway.addr()).await.unwrap();
+    stream.write_all(head(101, 2).as_bytes()).await.unwrap();
+    let answer = read_until_closed(&mut stream, Duration::from_secs(5))
+        .await
+        .expect("the connection is closed");
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+
+    let client = gateway.client();
+    assert_eq!(client.get("r", "k101").await.status, 404, "nothing written");
+    let fence: Value = client.fence("r").await.json();
+    assert_eq!(fence["highest"], 1, "{fence}");
+}
+
 /// Reads what the server sends until it closes or `within` passes.
 async fn read_until_closed(stream: &mut TcpStream, within: Duration) -> Option<String> {
     let mut received = Vec::new();

@@ -2,6 +2,7 @@
 
 use bytes::Bytes;
 use fencegate_proto::headers::FENCING_HIGHEST;
+use fencegate_proto::{ErrorCode, ResourceName, Token};
 use http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Response, StatusCode};
 use http_body_util::Full;
@@ -11,7 +12,9 @@ use crate::error::ApiError;
 pub type Body = Full<Bytes>;
 
 pub fn json_response<T: serde::Serialize>(status: StatusCode, body: &T) -> Response<Body> {
-    let bytes = serde_json::to_vec(body).expect("response bodies serialize");
+    // Room for the common answers (a write accepted, a stale rejection) in one allocation.
+    let mut bytes = Vec::with_capacity(256);
+    serde_json::to_writer(&mut bytes, body).expect("response bodies serialize");
     let mut response = Response::new(Full::new(Bytes::from(bytes)));
     *response.status_mut() = status;
     response
@@ -23,7 +26,23 @@ pub fn json_response<T: serde::Serialize>(status: StatusCode, body: &T) -> Respo
 pub fn error_response(error: &ApiError) -> Response<Body> {
     let code = error.code();
     let status = StatusCode::from_u16(code.status()).expect("error codes carry valid statuses");
-    let mut response = json_response(status, &error.body());
+    let mut response = match error {
+        ApiError::Stale {
+            resource,
+            presented,
+            highest,
+        } => json_response(
+            status,
+            &StaleBody {
+                error: code,
+                message: Message(error),
+                resource,
+                presented: *presented,
+                highest: *highest,
+            },
+        ),
+        _ => json_response(status, &error.body()),
+    };
     match error {
         ApiError::Stale { highest, .. } => {
             response
@@ -49,4 +68,74 @@ pub fn error_response(error: &ApiError) -> Response<Body> {
         _ => {}
     }
     response
+}
+
+/// The body of a stale rejection — the answer a stale flood gets, many times a second —
+/// written straight from the error, without the intermediate [`ErrorBody`] and its
+/// strings. The same JSON as `error.body()`, field for field (a test compares them).
+///
+/// [`ErrorBody`]: fencegate_proto::body::ErrorBody
+#[derive(serde::Serialize)]
+struct StaleBody<'a> {
+    error: ErrorCode,
+    message: Message<'a>,
+    resource: &'a ResourceName,
+    presented: Token,
+    highest: Token,
+}
+
+/// An error's message, written by its `Display` into the JSON string as it goes.
+struct Message<'a>(&'a ApiError);
+
+impl serde::Serialize for Message<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fencegate_proto::body::ErrorBody;
+    use http_body_util::BodyExt;
+
+    async fn body_of(response: Response<Body>) -> Vec<u8> {
+        response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec()
+    }
+
+    /// The stale body is written without `ErrorBody`: it must be the very bytes that
+    /// `ErrorBody` gives, field for field and in the same order.
+    #[tokio::test]
+    async fn a_stale_body_is_byte_for_byte_the_error_body() {
+        for (name, presented, highest) in [
+            ("orders", 1, 2),
+            ("a-b_c.d", 41, 9_007_199_254_740_993),
+            ("x", i64::MAX as u64 - 1, i64::MAX as u64),
+        ] {
+            let error = ApiError::Stale {
+                resource: ResourceName::new(name).unwrap(),
+                presented: Token::new(presented).unwrap(),
+                highest: Token::new(highest).unwrap(),
+            };
+            let response = error_response(&error);
+            assert_eq!(response.status(), StatusCode::CONFLICT);
+            assert_eq!(
+                response.headers()[FENCING_HIGHEST],
+                highest.to_string().as_str()
+            );
+            let written = body_of(response).await;
+            assert_eq!(
+                String::from_utf8(written.clone()).unwrap(),
+                serde_json::to_string(&error.body()).unwrap()
+            );
+            let read: ErrorBody = serde_json::from_slice(&written).unwrap();
+            assert_eq!(read, error.body());
+        }
+    }
 }

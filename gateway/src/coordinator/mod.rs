@@ -232,14 +232,21 @@ impl Coordinator {
         self.cache.seen()
     }
 
-    /// Runs a backend call in its own task; see the module doc.
-    pub async fn detached<T: Send + 'static>(
+    /// Runs a backend call in its own task, started at once; see the module doc.
+    ///
+    /// Not an `async fn`: that would hold `call` — a whole backend future — inside the
+    /// request's own future until its first poll, and every request's future would be
+    /// as large as the largest backend call, moved in memory with each request.
+    pub fn detached<T: Send + 'static>(
         &self,
         call: impl Future<Output = T> + Send + 'static,
-    ) -> Result<T, ApiError> {
-        tokio::spawn(call)
-            .await
-            .map_err(|error| StoreError::Internal(format!("backend task failed: {error}")).into())
+    ) -> impl Future<Output = Result<T, ApiError>> + Send + 'static {
+        let task = tokio::spawn(call);
+        async move {
+            task.await.map_err(|error| {
+                StoreError::Internal(format!("backend task failed: {error}")).into()
+            })
+        }
     }
 
     /// Applies a fenced write.

@@ -61,9 +61,6 @@ use tls::Tls;
 /// file, logs, cancel requests.
 const RESERVED_FDS: u64 = 128;
 
-/// Headers per request, at most.
-const MAX_HEADERS: usize = 64;
-
 /// How the server treats connections.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -160,8 +157,9 @@ pub async fn serve(
         // The header deadline is the connection's own (conn.rs): from the first byte of
         // a request, not from the end of the previous one.
         .header_read_timeout(None)
-        .max_buf_size(limits.max_header_size.max(8192))
-        .max_headers(MAX_HEADERS);
+        // At most 100 headers: hyper's own limit, checked without setting one. Setting
+        // one (`max_headers`) makes hyper initialise room for that many on every request.
+        .max_buf_size(limits.max_header_size.max(8192));
     builder
         .http2()
         .timer(TokioTimer::new())
