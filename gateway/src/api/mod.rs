@@ -80,7 +80,7 @@ async fn answer(coordinator: &Arc<Coordinator>, request: &mut Req) -> Response<B
         .instrument(span.clone())
         .await;
     let (response, outcome) = match result {
-        Ok(response) => (response, crate::metrics::OK),
+        Ok(response) => (response, None),
         Err(error) => {
             let code = error.code();
             let _entered = span.enter();
@@ -92,10 +92,13 @@ async fn answer(coordinator: &Arc<Coordinator>, request: &mut Req) -> Response<B
                 // overload is counted, and logging each one would add to it.
                 _ => tracing::debug!(error = %error, code = code.as_str(), "request refused"),
             }
-            (error_response(&error), code.as_str())
+            (error_response(&error), Some(code))
         }
     };
-    span.record("outcome", outcome);
+    span.record(
+        "outcome",
+        outcome.map_or(crate::metrics::OK, ErrorCode::as_str),
+    );
     coordinator.answered(route, outcome, started.elapsed());
     response
 }

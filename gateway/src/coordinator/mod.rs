@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencegate_proto::headers::Fencing;
-use fencegate_proto::{ObjectKey, ResourceName, Token};
+use fencegate_proto::{ErrorCode, ObjectKey, ResourceName, Token};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
@@ -179,7 +179,7 @@ impl Coordinator {
     }
 
     /// Records a request's answer in the request metrics.
-    pub fn answered(&self, route: &str, outcome: &str, elapsed: Duration) {
+    pub fn answered(&self, route: &str, outcome: Option<ErrorCode>, elapsed: Duration) {
         self.metrics.answered(route, outcome, elapsed);
     }
 

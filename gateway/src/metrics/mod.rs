@@ -9,6 +9,8 @@
 mod labels;
 mod trust;
 
+use std::sync::OnceLock;
+
 use fencegate_proto::{ErrorCode, ResourceName, Token};
 use labels::{Label, ResourceLabels};
 use prometheus::{
@@ -74,7 +76,11 @@ pub struct Metrics {
     commit_group_size: Histogram,
     /// Writes of locked resources waiting off the write lanes; handed to the store.
     writes_off_lanes: IntGauge,
-    labels: ResourceLabels,
+    /// The series of each (route, outcome), by [`answered_index`].
+    answered: Box<[AnsweredSeries]>,
+    labels: ResourceLabels<ResourceSeries>,
+    /// The series of `resource="_other"`.
+    other: ResourceSeries,
     pg: DoorMetrics,
     trust: TrustMetrics,
 }
@@ -90,6 +96,33 @@ struct DoorMetrics {
     cancels: IntCounterVec,
     auth_failures: IntCounter,
     protocol_errors: IntCounter,
+}
+
+/// The series of one (route, outcome), resolved once: answering a request then costs
+/// two atomic updates, not two lookups of their labels.
+struct AnsweredSeries {
+    requests: IntCounter,
+    /// Made on first use: only the `ok` ones exist from the start.
+    duration: OnceLock<Histogram>,
+}
+
+/// Where the series of `route` and `outcome` (`None`: ok) are in `Metrics::answered`.
+fn answered_index(route: &str, outcome: Option<ErrorCode>) -> Option<usize> {
+    let route = ROUTES.iter().position(|known| *known == route)?;
+    let outcome = match outcome {
+        None => 0,
+        Some(code) => 1 + ErrorCode::ALL.iter().position(|known| *known == code)?,
+    };
+    Some(route * (1 + ErrorCode::ALL.len()) + outcome)
+}
+
+/// The series of one `resource` label value, made on first use and held with its
+/// label's slot: recording is then a few atomic updates, not a lookup per metric.
+#[derive(Default)]
+struct ResourceSeries {
+    stale_rejections: OnceLock<IntCounter>,
+    highest_token: OnceLock<IntGauge>,
+    last_rejected_token: OnceLock<IntGauge>,
 }
 
 /// The `direction` label of `fencegate_pg_bytes_total`.
@@ -265,11 +298,18 @@ impl Metrics {
             .set(1);
         // Every series whose labels are known in advance exists from the start, at zero:
         // rate() and increase() need a first sample before the first event to see it.
+        let mut answered = Vec::with_capacity(ROUTES.len() * (1 + ErrorCode::ALL.len()));
         for route in ROUTES {
             for outcome in std::iter::once(OK).chain(ErrorCode::ALL.iter().map(|c| c.as_str())) {
-                requests.with_label_values(&[route, outcome]);
+                let duration = OnceLock::new();
+                if outcome == OK {
+                    let _ = duration.set(request_duration.with_label_values(&[route, OK]));
+                }
+                answered.push(AnsweredSeries {
+                    requests: requests.with_label_values(&[route, outcome]),
+                    duration,
+                });
             }
-            request_duration.with_label_values(&[route, OK]);
         }
         for kind in crate::store::StoreError::KINDS {
             backend_errors.with_label_values(&[kind]);
@@ -312,7 +352,9 @@ impl Metrics {
             fence_cache_entries,
             commit_group_size,
             writes_off_lanes,
+            answered: answered.into_boxed_slice(),
             labels: ResourceLabels::new(resource_label_cap, labels::IDLE),
+            other: ResourceSeries::default(),
             pg,
             trust,
         }
@@ -386,12 +428,26 @@ impl Metrics {
         self.pg.protocol_errors.inc();
     }
 
-    /// Records an answered request.
-    pub fn answered(&self, route: &str, outcome: &str, elapsed: std::time::Duration) {
-        self.requests.with_label_values(&[route, outcome]).inc();
-        self.request_duration
-            .with_label_values(&[route, outcome])
-            .observe(elapsed.as_secs_f64());
+    /// Records an answered request: `outcome` is its error, `None` if it succeeded.
+    pub fn answered(&self, route: &str, outcome: Option<ErrorCode>, elapsed: std::time::Duration) {
+        let seconds = elapsed.as_secs_f64();
+        let Some(series) = answered_index(route, outcome).map(|index| &self.answered[index]) else {
+            // A route outside ROUTES: not one the gateway answers, but counted all the same.
+            let labels = [route, outcome.map_or(OK, ErrorCode::as_str)];
+            self.requests.with_label_values(&labels).inc();
+            self.request_duration
+                .with_label_values(&labels)
+                .observe(seconds);
+            return;
+        };
+        series.requests.inc();
+        series
+            .duration
+            .get_or_init(|| {
+                let outcome = outcome.map_or(OK, ErrorCode::as_str);
+                self.request_duration.with_label_values(&[route, outcome])
+            })
+            .observe(seconds);
     }
 
     /// Records a failed backend call of `kind` (a [`crate::store::StoreError::KINDS`]).
@@ -422,43 +478,56 @@ impl Metrics {
 
     /// Records that `resource`'s highest token went up to `token`.
     pub fn highest_raised(&self, resource: &ResourceName, token: Token) {
-        let label = self.label(resource);
-        self.highest_token
-            .with_label_values(&[label])
-            .set(token.as_i64());
+        self.with_series(resource, |series, label| {
+            series
+                .highest_token
+                .get_or_init(|| self.highest_token.with_label_values(&[label]))
+                .set(token.as_i64());
+        });
     }
 
-    /// The `resource` label of `resource`. A resource's rejection counter is created,
-    /// at zero, when its label is first used — usually by its first accepted write, well
-    /// before a stale one — so that increase() sees its first rejection.
-    fn label<'a>(&self, resource: &'a ResourceName) -> &'a str {
-        match self.labels.label(resource.as_str()) {
-            Label::Known => resource.as_str(),
-            Label::New { evicted } => {
+    /// Records a stale rejection.
+    pub fn stale_rejected(&self, resource: &ResourceName, presented: Token, highest: Token) {
+        self.with_series(resource, |series, label| {
+            series
+                .stale_rejections
+                .get_or_init(|| self.stale_rejections.with_label_values(&[label]))
+                .inc();
+            series
+                .last_rejected_token
+                .get_or_init(|| self.last_rejected_token.with_label_values(&[label]))
+                .set(presented.as_i64());
+        });
+        self.rejected_token_lag
+            .observe((highest.get() - presented.get()) as f64);
+    }
+
+    /// Calls `record` with the series of `resource`'s label, and the label. A resource's
+    /// rejection counter is created, at zero, when its label is first used — usually by
+    /// its first accepted write, well before a stale one — so that increase() sees its
+    /// first rejection.
+    fn with_series(&self, resource: &ResourceName, record: impl FnOnce(&ResourceSeries, &str)) {
+        let name = resource.as_str();
+        let make = || {
+            let series = ResourceSeries::default();
+            let _ = series
+                .stale_rejections
+                .set(self.stale_rejections.with_label_values(&[name]));
+            series
+        };
+        self.labels.with(name, make, |label| match label {
+            Label::Own { series, evicted } => {
                 if let Some(evicted) = evicted {
-                    // Its slot goes to `resource`: its series go, so that the label set
+                    // Its slot went to `resource`: its series go, so that the label set
                     // stays bounded.
                     let _ = self.stale_rejections.remove_label_values(&[&evicted]);
                     let _ = self.highest_token.remove_label_values(&[&evicted]);
                     let _ = self.last_rejected_token.remove_label_values(&[&evicted]);
                 }
-                self.stale_rejections
-                    .with_label_values(&[resource.as_str()]);
-                resource.as_str()
+                record(series, name)
             }
-            Label::Other => OTHER_RESOURCE,
-        }
-    }
-
-    /// Records a stale rejection.
-    pub fn stale_rejected(&self, resource: &ResourceName, presented: Token, highest: Token) {
-        let label = self.label(resource);
-        self.stale_rejections.with_label_values(&[label]).inc();
-        self.last_rejected_token
-            .with_label_values(&[label])
-            .set(presented.as_i64());
-        self.rejected_token_lag
-            .observe((highest.get() - presented.get()) as f64);
+            Label::Other => record(&self.other, OTHER_RESOURCE),
+        });
     }
 
     /// The text exposition of every metric.
@@ -521,6 +590,39 @@ mod tests {
         assert!(
             text.contains("fencegate_highest_token{resource=\"b\"} 4"),
             "{text}"
+        );
+    }
+
+    /// Each (route, outcome) is counted in its own series, resolved once; a duration
+    /// series of an error outcome appears with its first request.
+    #[test]
+    fn answered_requests_land_in_their_series() {
+        let metrics = Metrics::new(10);
+        let ms = std::time::Duration::from_millis(3);
+        metrics.answered("kv_put", None, ms);
+        metrics.answered("kv_put", Some(ErrorCode::StaleToken), ms);
+        metrics.answered("kv_put", Some(ErrorCode::StaleToken), ms);
+        metrics.answered("sql", Some(ErrorCode::Overloaded), ms);
+        metrics.answered("unlisted", None, ms);
+        let text = String::from_utf8(metrics.encode()).unwrap();
+        for series in [
+            "fencegate_requests_total{outcome=\"ok\",route=\"kv_put\"} 1",
+            "fencegate_requests_total{outcome=\"stale_token\",route=\"kv_put\"} 2",
+            "fencegate_requests_total{outcome=\"overloaded\",route=\"sql\"} 1",
+            "fencegate_requests_total{outcome=\"ok\",route=\"unlisted\"} 1",
+            "fencegate_requests_total{outcome=\"stale_token\",route=\"sql\"} 0",
+            "fencegate_request_duration_seconds_count{outcome=\"ok\",route=\"kv_put\"} 1",
+            "fencegate_request_duration_seconds_count{outcome=\"stale_token\",route=\"kv_put\"} 2",
+            "fencegate_request_duration_seconds_bucket{outcome=\"overloaded\",route=\"sql\",le=\"0.005\"} 1",
+            "fencegate_request_duration_seconds_bucket{outcome=\"overloaded\",route=\"sql\",le=\"0.0025\"} 0",
+        ] {
+            assert!(text.contains(series), "{series} missing:\n{text}");
+        }
+        assert!(
+            !text.contains(
+                "fencegate_request_duration_seconds_count{outcome=\"stale_token\",route=\"sql\"}"
+            ),
+            "no duration series before its first request:\n{text}"
         );
     }
 
