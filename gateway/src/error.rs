@@ -8,6 +8,20 @@ use fencegate_proto::{ErrorCode, ProtoError, ResourceName, Token};
 use crate::coordinator::Overload;
 use crate::store::StoreError;
 
+/// The message of a stale rejection. Built piece by piece rather than formatted: it is
+/// the answer to every request of a stale flood.
+pub fn stale_message(resource: &ResourceName, presented: Token, highest: Token) -> String {
+    let mut number = itoa::Buffer::new();
+    let mut message = String::with_capacity(96 + resource.as_str().len());
+    message.push_str("stale fencing token ");
+    message.push_str(number.format(presented.get()));
+    message.push_str(" for resource ");
+    message.push_str(resource.as_str());
+    message.push_str(": its highest accepted token is ");
+    message.push_str(number.format(highest.get()));
+    message
+}
+
 /// Everything a request can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -38,7 +52,7 @@ pub enum ApiError {
         action: crate::auth::Action,
         resource: Option<ResourceName>,
     },
-    #[error("stale fencing token {presented} for resource {resource}: its highest accepted token is {highest}")]
+    #[error("{}", stale_message(resource, *presented, *highest))]
     Stale {
         resource: ResourceName,
         presented: Token,

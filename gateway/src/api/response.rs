@@ -35,7 +35,7 @@ pub fn error_response(error: &ApiError) -> Response<Body> {
             status,
             &StaleBody {
                 error: code,
-                message: Message(error),
+                message: crate::error::stale_message(resource, *presented, *highest),
                 resource,
                 presented: *presented,
                 highest: *highest,
@@ -78,19 +78,10 @@ pub fn error_response(error: &ApiError) -> Response<Body> {
 #[derive(serde::Serialize)]
 struct StaleBody<'a> {
     error: ErrorCode,
-    message: Message<'a>,
+    message: String,
     resource: &'a ResourceName,
     presented: Token,
     highest: Token,
-}
-
-/// An error's message, written by its `Display` into the JSON string as it goes.
-struct Message<'a>(&'a ApiError);
-
-impl serde::Serialize for Message<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self.0)
-    }
 }
 
 #[cfg(test)]
@@ -136,6 +127,10 @@ mod tests {
             );
             let read: ErrorBody = serde_json::from_slice(&written).unwrap();
             assert_eq!(read, error.body());
+            assert_eq!(
+                read.message,
+                format!("stale fencing token {presented} for resource {name}: its highest accepted token is {highest}")
+            );
         }
     }
 }
