@@ -49,6 +49,27 @@ async fn database_outage_answers_503_and_recovers() {
             .status,
         503
     );
+    // Each failed write is logged with what it was, without a span to carry it.
+    let failed = gateway.events("request failed");
+    assert!(failed.len() >= 3, "{failed:?}");
+    for event in &failed[..3] {
+        let fields = &event["fields"];
+        assert_eq!(
+            (
+                &fields["code"],
+                &fields["method"],
+                &fields["route"],
+                &fields["path"]
+            ),
+            (
+                &serde_json::json!("backend_unavailable"),
+                &serde_json::json!("PUT"),
+                &serde_json::json!("kv_put"),
+                &serde_json::json!("/v1/kv/orders/o-1")
+            ),
+            "{event}"
+        );
+    }
     let metrics = client.metrics().await;
     assert_eq!(metric_value(&metrics, "fencegate_backend_ready"), Some(0.0));
     assert!(

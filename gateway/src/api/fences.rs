@@ -32,12 +32,14 @@ pub async fn advance(
     request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
     let fencing = fencing_of(request, &resource)?;
-    coordinator.check_cached(&resource, None, &fencing)?;
+    coordinator.check_cached(&resource, None, &fencing, request.identity.as_deref())?;
     let _in_flight = coordinator.write_permit()?;
     coordinator
         .check_issued(&resource, &fencing, request.identity.as_deref())
         .await?;
-    coordinator.advance(&resource, &fencing).await?;
+    coordinator
+        .advance(&resource, &fencing, request.identity.as_deref())
+        .await?;
     Ok(json_response(
         StatusCode::OK,
         &FenceState {

@@ -36,7 +36,7 @@ pub async fn write(
 ) -> Result<Response<Body>, ApiError> {
     let fencing = fencing_of(request, &resource)?;
     let precondition = Precondition::from_headers(&request.head.headers)?;
-    coordinator.check_cached(&resource, Some(&key), &fencing)?;
+    coordinator.check_cached(&resource, Some(&key), &fencing, request.identity.as_deref())?;
     let _in_flight = coordinator.write_permit()?;
     coordinator
         .check_issued(&resource, &fencing, request.identity.as_deref())
@@ -56,7 +56,9 @@ pub async fn write(
         precondition,
         op,
     };
-    let Applied { version, created } = coordinator.write(write, &fencing).await?;
+    let Applied { version, created } = coordinator
+        .write(write, &fencing, request.identity.as_deref())
+        .await?;
     let status = if created {
         StatusCode::CREATED
     } else {

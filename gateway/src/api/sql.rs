@@ -30,7 +30,7 @@ pub async fn post(
         SqlEndpoint::NotSupported => return Err(SqlError::NotSupportedByBackend.into()),
     };
     let policy = service.policy();
-    coordinator.check_cached(&resource, None, &fencing)?;
+    coordinator.check_cached(&resource, None, &fencing, request.identity.as_deref())?;
     let _in_flight = coordinator.write_permit()?;
     coordinator
         .check_issued(&resource, &fencing, request.identity.as_deref())

@@ -92,6 +92,17 @@ pub enum Overload {
     BodyMemory,
 }
 
+/// The facts of a stale rejection, as logged.
+#[derive(Clone, Copy)]
+struct Rejected<'a> {
+    resource: &'a ResourceName,
+    key: Option<&'a ObjectKey>,
+    fencing: &'a Fencing,
+    /// The authenticated caller; `None` when authentication is off.
+    identity: Option<&'a str>,
+    highest: Token,
+}
+
 /// A write that was applied and committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Applied {
@@ -217,11 +228,12 @@ impl Coordinator {
         resource: &ResourceName,
         key: Option<&ObjectKey>,
         fencing: &Fencing,
+        identity: Option<&str>,
     ) -> Result<(), ApiError> {
         let seen = self.cache.seen();
         match self.cache.highest(resource) {
             Some(highest) if fencing.token < highest => {
-                Err(self.stale(resource, key, fencing, highest, seen))
+                Err(self.stale(resource, key, fencing, identity, highest, seen))
             }
             _ => Ok(()),
         }
@@ -254,6 +266,7 @@ impl Coordinator {
         self: &Arc<Self>,
         write: Write,
         fencing: &Fencing,
+        identity: Option<&str>,
     ) -> Result<Applied, ApiError> {
         let this = Arc::clone(self);
         let seen = self.seen();
@@ -270,7 +283,8 @@ impl Coordinator {
         match outcome? {
             WriteOutcome::Applied { version, created } => Ok(Applied { version, created }),
             WriteOutcome::Stale { highest } => {
-                Err(self.stale(&write.resource, Some(&write.key), fencing, highest, seen))
+                let key = Some(&write.key);
+                Err(self.stale(&write.resource, key, fencing, identity, highest, seen))
             }
             WriteOutcome::PreconditionFailed { current } => {
                 Err(ApiError::VersionMismatch { current })
@@ -283,6 +297,7 @@ impl Coordinator {
         self: &Arc<Self>,
         resource: &ResourceName,
         fencing: &Fencing,
+        identity: Option<&str>,
     ) -> Result<(), ApiError> {
         let this = Arc::clone(self);
         let (task_resource, token) = (resource.clone(), fencing.token);
@@ -300,7 +315,7 @@ impl Coordinator {
         match outcome? {
             AdvanceOutcome::Applied => Ok(()),
             AdvanceOutcome::Stale { highest } => {
-                Err(self.stale(resource, None, fencing, highest, seen))
+                Err(self.stale(resource, None, fencing, identity, highest, seen))
             }
         }
     }
@@ -371,11 +386,19 @@ impl Coordinator {
         resource: &ResourceName,
         key: Option<&ObjectKey>,
         fencing: &Fencing,
+        identity: Option<&str>,
         highest: Token,
         seen: Seen,
     ) -> ApiError {
         let rejections = self.cache.count_rejection(resource, highest, seen);
-        self.record_stale(resource, key, fencing, highest, Door::Http, rejections);
+        let rejected = Rejected {
+            resource,
+            key,
+            fencing,
+            identity,
+            highest,
+        };
+        self.record_stale(&rejected, Door::Http, rejections);
         ApiError::Stale {
             resource: resource.clone(),
             presented: fencing.token,
@@ -400,7 +423,14 @@ impl Coordinator {
         };
         let (resource, highest) = (&rejection.resource, rejection.highest);
         let rejections = self.cache.count_reported_rejection(resource);
-        self.record_stale(resource, None, &fencing, highest, door, rejections);
+        let rejected = Rejected {
+            resource,
+            key: None,
+            fencing: &fencing,
+            identity: None,
+            highest,
+        };
+        self.record_stale(&rejected, door, rejections);
         ApiError::Stale {
             resource: resource.clone(),
             presented: rejection.presented,
@@ -408,15 +438,14 @@ impl Coordinator {
         }
     }
 
-    fn record_stale(
-        &self,
-        resource: &ResourceName,
-        key: Option<&ObjectKey>,
-        fencing: &Fencing,
-        highest: Token,
-        door: Door,
-        rejections: u64,
-    ) {
+    fn record_stale(&self, rejected: &Rejected<'_>, door: Door, rejections: u64) {
+        let Rejected {
+            resource,
+            key,
+            fencing,
+            identity,
+            highest,
+        } = *rejected;
         self.metrics
             .stale_rejected(resource, fencing.token, highest);
         if let Some(unlogged) = self.stale_log.admit() {
@@ -426,6 +455,7 @@ impl Coordinator {
                 presented = fencing.token.get(),
                 highest = highest.get(),
                 holder = fencing.holder.as_deref(),
+                identity,
                 outcome = "stale_token",
                 door = door.as_str(),
                 rejections,
