@@ -11,15 +11,25 @@ use crate::store::StoreError;
 /// The message of a stale rejection. Built piece by piece rather than formatted: it is
 /// the answer to every request of a stale flood.
 pub fn stale_message(resource: &ResourceName, presented: Token, highest: Token) -> String {
-    let mut number = itoa::Buffer::new();
     let mut message = String::with_capacity(96 + resource.as_str().len());
-    message.push_str("stale fencing token ");
-    message.push_str(number.format(presented.get()));
-    message.push_str(" for resource ");
-    message.push_str(resource.as_str());
-    message.push_str(": its highest accepted token is ");
-    message.push_str(number.format(highest.get()));
+    push_stale_message(&mut message, resource, presented, highest);
     message
+}
+
+/// Appends [`stale_message`] to `out`.
+pub fn push_stale_message(
+    out: &mut String,
+    resource: &ResourceName,
+    presented: Token,
+    highest: Token,
+) {
+    let mut number = itoa::Buffer::new();
+    out.push_str("stale fencing token ");
+    out.push_str(number.format(presented.get()));
+    out.push_str(" for resource ");
+    out.push_str(resource.as_str());
+    out.push_str(": its highest accepted token is ");
+    out.push_str(number.format(highest.get()));
 }
 
 /// Everything a request can fail with.

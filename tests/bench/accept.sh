@@ -20,8 +20,9 @@
 #   LOG        raw tool output (a file in /tmp)
 #
 # pgbench runs with -j 2 (-j 1 for one client) and -n; wrk with -t 2 (-t 1 for one
-# connection). Each gateway cell gets a fresh gateway (release build, --log warn,
-# --pg-listen off, otherwise default flags) on a fresh database, as pgbench's does.
+# connection). Each gateway cell gets a fresh gateway (release build, --pg-listen off,
+# otherwise default flags: logging at info, stale lines capped at 100 a second) on a
+# fresh database, as pgbench's does.
 # CPU per request is utime+stime (/proc/PID/stat, all threads) of the gateway, and of
 # every Postgres server process (with the backends that exited, as their postmaster
 # reaped them), over the run, divided by the requests counted; one clock tick (10 ms)
@@ -73,7 +74,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 start_gateway() {
   local port; port=$(free_port)
-  "$BIN" --listen "127.0.0.1:$port" --pg-listen off --log warn \
+  "$BIN" --listen "127.0.0.1:$port" --pg-listen off \
     --database-url "postgres://postgres@127.0.0.1:$PGPORT/$DB" >>"$LOG" 2>&1 &
   GATEWAY_PID=$!
   for _ in $(seq 100); do

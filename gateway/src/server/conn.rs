@@ -65,14 +65,19 @@ pub struct ConnState {
     shutdown: CancellationToken,
 }
 
+/// The clock is read only when a deadline needs it — when the connection waits with
+/// nothing in flight — not at each request's start and end: a request whose head
+/// arrives whole, nearly every one, never waits between the two.
 #[derive(Debug)]
 struct Phase {
     /// Requests being answered (HTTP/2: streams; HTTP/1.x: 0 or 1).
     in_flight: usize,
-    /// When the last request was answered, or the connection accepted.
-    idle_since: Instant,
-    /// When the first byte of the next request arrived (HTTP/1.x), if one has.
-    head_started: Option<Instant>,
+    /// When the last request was answered, or the connection accepted. `None` just
+    /// after an answer, until the connection next waits (read then, a moment later).
+    idle_since: Option<Instant>,
+    /// The next request's head has started to arrive (HTTP/1.x), and since when: `None`
+    /// until the connection waits for the rest of it.
+    head_started: Option<Option<Instant>>,
     /// The client opened with the HTTP/2 preface.
     http2: bool,
     /// The socket's reader, parked while a request was in flight: the server does not
@@ -86,7 +91,7 @@ impl ConnState {
             shutdown,
             inner: Mutex::new(Phase {
                 in_flight: 0,
-                idle_since: Instant::now(),
+                idle_since: Some(Instant::now()),
                 head_started: None,
                 http2: false,
                 reader: None,
@@ -114,7 +119,8 @@ impl ConnState {
     /// receiving a request.
     pub fn idle_since(&self) -> Option<Instant> {
         let phase = self.phase();
-        (phase.in_flight == 0 && phase.head_started.is_none()).then_some(phase.idle_since)
+        (phase.in_flight == 0 && phase.head_started.is_none())
+            .then(|| phase.idle_since.unwrap_or_else(Instant::now))
     }
 
     /// Asks the connection to close as soon as it is idle.
@@ -130,9 +136,9 @@ impl ConnState {
             phase.reader = Some(reader.clone());
             return None;
         }
-        Some(match phase.head_started {
-            Some(started) => started + deadlines.header,
-            None => phase.idle_since + deadlines.idle,
+        Some(match &mut phase.head_started {
+            Some(started) => *started.get_or_insert_with(Instant::now) + deadlines.header,
+            None => *phase.idle_since.get_or_insert_with(Instant::now) + deadlines.idle,
         })
     }
 
@@ -143,7 +149,7 @@ impl ConnState {
             phase.http2 = true;
         }
         if phase.in_flight == 0 && phase.head_started.is_none() && !phase.http2 {
-            phase.head_started = Some(Instant::now());
+            phase.head_started = Some(None);
         }
     }
 }
@@ -156,7 +162,7 @@ impl Drop for InFlight {
         let mut phase = self.0.phase();
         phase.in_flight -= 1;
         if phase.in_flight == 0 {
-            phase.idle_since = Instant::now();
+            phase.idle_since = None;
             if let Some(reader) = phase.reader.take() {
                 reader.wake();
             }
@@ -171,6 +177,9 @@ pub struct Watched<IO> {
     deadlines: Deadlines,
     timer: Pin<Box<Sleep>>,
     evicted: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// `evicted` has been polled, so the task is woken when it completes: from then on
+    /// a look at the token is enough (polling it again takes a lock each time).
+    evict_watched: bool,
     /// Whether any byte has been read: the first read tells HTTP/2 from HTTP/1.x.
     started: bool,
     /// Set once the write side is shut down: until when to keep reading.
@@ -186,6 +195,7 @@ impl<IO> Watched<IO> {
             deadlines,
             timer: Box::pin(tokio::time::sleep_until(Instant::now())),
             evicted,
+            evict_watched: false,
             started: false,
             linger_until: None,
         }
@@ -214,7 +224,14 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
                 let Some(deadline) = this.state.deadline(this.deadlines, cx.waker()) else {
                     return Poll::Pending;
                 };
-                if this.evicted.as_mut().poll(cx).is_ready() {
+                let evicted = match this.evict_watched {
+                    true => this.state.evict.is_cancelled(),
+                    false => {
+                        this.evict_watched = true;
+                        this.evicted.as_mut().poll(cx).is_ready()
+                    }
+                };
+                if evicted {
                     return Poll::Ready(Err(io::Error::new(
                         io::ErrorKind::ConnectionAborted,
                         "idle connection closed to make room for a new one",
