@@ -174,18 +174,21 @@ impl PgStore {
         self.description.clone()
     }
 
+    /// The paths a write rarely takes — a precondition, a stale token — are boxed: the
+    /// future of every write, moved into its task and out again, is then the size of
+    /// the group path's, not of the largest.
     pub async fn write(&self, write: &Write) -> Result<WriteOutcome, StoreError> {
         let attempt = if write.precondition == Precondition::None {
             self.group.write(write.clone()).await?
         } else {
-            self.with_client(async |client| write_conditional(client, write).await)
+            Box::pin(self.with_client(async |client| write_conditional(client, write).await))
                 .await?
         };
         Ok(match attempt {
             Attempt::Applied { version, created } => WriteOutcome::Applied { version, created },
             Attempt::PreconditionFailed { current } => WriteOutcome::PreconditionFailed { current },
             Attempt::Stale => WriteOutcome::Stale {
-                highest: self.highest_above(&write.resource, write.token).await?,
+                highest: Box::pin(self.highest_above(&write.resource, write.token)).await?,
             },
         })
     }
