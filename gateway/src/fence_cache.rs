@@ -95,7 +95,23 @@ impl FenceCache {
         }
     }
 
+    /// If `token` is below the highest committed token cached for `resource`: that
+    /// highest, and the resource's count of rejections, this one included. One lookup —
+    /// this is what each request of a stale flood costs the cache.
+    pub fn reject_below(&self, resource: &ResourceName, token: Token) -> Option<(Token, u64)> {
+        let entry = self.map.get(resource.as_str())?;
+        let highest = Token::new(entry.highest.load(Ordering::Acquire)).ok()?;
+        if token >= highest {
+            return None;
+        }
+        Some((
+            highest,
+            entry.rejections.fetch_add(1, Ordering::Relaxed) + 1,
+        ))
+    }
+
     /// The highest committed token known for `resource`, if cached.
+    #[cfg(test)]
     pub fn highest(&self, resource: &ResourceName) -> Option<Token> {
         let entry = self.map.get(resource.as_str())?;
         Token::new(entry.highest.load(Ordering::Acquire)).ok()
@@ -195,6 +211,24 @@ mod tests {
     }
     fn tok(value: u64) -> Token {
         Token::new(value).unwrap()
+    }
+
+    #[test]
+    fn only_a_token_below_the_cached_highest_is_rejected_and_counted() {
+        let cache = FenceCache::new(10);
+        assert_eq!(
+            cache.reject_below(&res("a"), tok(1)),
+            None,
+            "nothing cached"
+        );
+        cache.raise(&res("a"), tok(5));
+        assert_eq!(cache.reject_below(&res("a"), tok(5)), None);
+        assert_eq!(cache.reject_below(&res("a"), tok(6)), None);
+        assert_eq!(cache.reject_below(&res("a"), tok(4)), Some((tok(5), 1)));
+        assert_eq!(cache.reject_below(&res("a"), tok(1)), Some((tok(5), 2)));
+        // The count is the one the other rejections add to.
+        assert_eq!(cache.count_reported_rejection(&res("a")), 3);
+        assert_eq!(cache.highest(&res("a")), Some(tok(5)), "unchanged");
     }
 
     #[test]

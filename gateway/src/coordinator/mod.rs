@@ -230,12 +230,18 @@ impl Coordinator {
         fencing: &Fencing,
         identity: Option<&str>,
     ) -> Result<(), ApiError> {
-        let seen = self.cache.seen();
-        match self.cache.highest(resource) {
-            Some(highest) if fencing.token < highest => {
-                Err(self.stale(resource, key, fencing, identity, highest, seen))
+        match self.cache.reject_below(resource, fencing.token) {
+            Some((highest, rejections)) => {
+                let rejected = Rejected {
+                    resource,
+                    key,
+                    fencing,
+                    identity,
+                    highest,
+                };
+                Err(self.rejected(&rejected, rejections))
             }
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
@@ -398,11 +404,17 @@ impl Coordinator {
             identity,
             highest,
         };
-        self.record_stale(&rejected, Door::Http, rejections);
+        self.rejected(&rejected, rejections)
+    }
+
+    /// Counts and logs `rejected`, the resource's `rejections`-th, and returns the error
+    /// to answer with.
+    fn rejected(&self, rejected: &Rejected<'_>, rejections: u64) -> ApiError {
+        self.record_stale(rejected, Door::Http, rejections);
         ApiError::Stale {
-            resource: resource.clone(),
-            presented: fencing.token,
-            highest,
+            resource: rejected.resource.clone(),
+            presented: rejected.fencing.token,
+            highest: rejected.highest,
         }
     }
 
