@@ -159,7 +159,12 @@ pub async fn serve(
         .header_read_timeout(None)
         // At most 100 headers: hyper's own limit, checked without setting one. Setting
         // one (`max_headers`) makes hyper initialise room for that many on every request.
-        .max_buf_size(limits.max_header_size.max(8192));
+        .max_buf_size(limits.max_header_size.max(8192))
+        // One buffer per answer, head and body copied together, one write: nearly every
+        // answer is small (an acceptance, a rejection), and a stale flood's rejections
+        // cost 3–4 % less CPU this way than as a vectored write of two buffers. A large
+        // GET pays one copy of its body.
+        .writev(false);
     builder
         .http2()
         .timer(TokioTimer::new())
