@@ -72,10 +72,15 @@ impl<T> ResourceLabels<T> {
     ) -> R {
         let now = Instant::now();
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let evicted = if state.slots.contains_key(resource) {
+        if let Some(slot) = state.slots.get_mut(resource) {
+            slot.used = now;
+            return with(Label::Own {
+                series: &slot.series,
+                evicted: None,
+            });
+        }
+        let evicted = if state.slots.len() < self.cap {
             None
-        } else if state.slots.len() < self.cap {
-            Some(None)
         } else if state
             .last_search
             .is_some_and(|searched| now.duration_since(searched) < SEARCH_INTERVAL)
@@ -89,26 +94,19 @@ impl<T> ResourceLabels<T> {
                 .min_by_key(|(_, slot)| slot.used)
                 .filter(|(_, slot)| now.duration_since(slot.used) >= self.idle)
                 .map(|(name, _)| name.clone());
-            match idlest {
-                Some(idlest) => {
-                    state.slots.remove(&idlest);
-                    Some(Some(idlest))
-                }
-                None => return with(Label::Other),
-            }
+            let Some(idlest) = idlest else {
+                return with(Label::Other);
+            };
+            state.slots.remove(&idlest);
+            Some(idlest)
         };
-        let slot = match evicted {
-            // Its own slot, as before.
-            None => state.slots.get_mut(resource).expect("checked above"),
-            Some(_) => state.slots.entry(resource.into()).or_insert(Slot {
-                used: now,
-                series: make(),
-            }),
-        };
-        slot.used = now;
+        let slot = state.slots.entry(resource.into()).or_insert(Slot {
+            used: now,
+            series: make(),
+        });
         with(Label::Own {
             series: &slot.series,
-            evicted: evicted.flatten(),
+            evicted,
         })
     }
 }
