@@ -163,15 +163,33 @@ async fn each_write_of_a_group_is_checked_against_the_fence_the_writes_before_it
     );
 }
 
+/// A group of one token per resource and no repeated object is one statement; the
+/// poisoned writes there share a token and have keys of their own.
 #[tokio::test]
-async fn a_write_that_fails_leaves_nothing_and_does_not_fail_its_group() {
+async fn a_write_that_fails_leaves_nothing_and_does_not_fail_its_group_statement() {
+    let refused = "write group refused; applying its writes one by one";
+    poisoned_group(|i| (format!("poison{i}"), 50), refused).await;
+}
+
+/// Poisoned writes that repeat one object with rising tokens make the group a
+/// transaction of several statements.
+#[tokio::test]
+async fn a_write_that_fails_leaves_nothing_and_does_not_fail_its_group_transaction() {
+    let rolled_back = "write group rolled back; applying its writes one by one";
+    poisoned_group(|i| ("poison".to_owned(), 50 + i as u64), rolled_back).await;
+}
+
+/// Sends a group in which every tenth write is refused by the database (a trigger
+/// raises on keys starting with `poison`), the poisoned writes' key and token given by
+/// `poisoned`: those answer 500 and leave nothing, every other write is applied, after
+/// the gateway logged `event` for the group.
+async fn poisoned_group(poisoned: fn(usize) -> (String, u64), event: &str) {
     let (db, gateway) = one_lane().await;
     let client = gateway.client();
-    // A write the database refuses: a trigger raises on key `poison`.
     db.execute(
         "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
              BEGIN
-                 IF NEW.key = 'poison' THEN RAISE EXCEPTION 'poisoned write'; END IF;
+                 IF NEW.key LIKE 'poison%' THEN RAISE EXCEPTION 'poisoned write'; END IF;
                  RETURN NEW;
              END $$;
              CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON fencegate.objects
@@ -181,7 +199,8 @@ async fn a_write_that_fails_leaves_nothing_and_does_not_fail_its_group() {
     let writes: Vec<_> = (0..QUEUED)
         .map(|i| {
             if i % 10 == 3 {
-                ("p".to_owned(), "poison".to_owned(), 50 + i as u64)
+                let (key, token) = poisoned(i);
+                ("p".to_owned(), key, token)
             } else {
                 // One token per resource: every one is accepted, whatever the order.
                 (format!("r{}", i % 7), format!("k{i}"), 1 + (i % 7) as u64)
@@ -192,7 +211,7 @@ async fn a_write_that_fails_leaves_nothing_and_does_not_fail_its_group() {
     let replies = send_as_one_group(&db, &client, writes).await;
 
     for ((resource, key, token), reply) in expected.iter().zip(&replies) {
-        if key == "poison" {
+        if key.starts_with("poison") {
             assert_eq!(reply.status, 500, "{}", reply.json());
             assert_eq!(reply.error_code(), "internal");
             continue;
@@ -203,7 +222,14 @@ async fn a_write_that_fails_leaves_nothing_and_does_not_fail_its_group() {
     }
     // The refused writes raised no fence and stored nothing.
     assert_eq!(db.highest("p").await, None);
-    assert_eq!(db.object("p", "poison").await, None);
+    for (_, key, _) in expected.iter().filter(|(r, ..)| r == "p") {
+        assert_eq!(db.object("p", key).await, None);
+    }
+    // The group failed as a whole before its writes were applied one by one.
+    assert!(
+        !gateway.events(event).is_empty(),
+        "no \"{event}\": the group did not take the path under test"
+    );
 }
 
 /// Two gateways, two lanes each, writers spreading writes over a few resources in

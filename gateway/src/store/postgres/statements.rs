@@ -180,6 +180,48 @@ pub const GROUP_APPLY: &str = "
     FROM judged j LEFT JOIN written o ON o.resource = j.resource AND o.key = j.key
     ORDER BY j.n";
 
+/// A whole group in one autocommitted statement, for a group in which every write of a
+/// resource carries the same token and no object is written twice (the common group:
+/// one leader per resource). `$1` the group's resources (distinct, in lock order) and `$2`
+/// each one's token; `$3` resources, `$4` keys and `$5` values (NULL: a delete), one
+/// element per write, in the group's order.
+///
+/// Each fence is raised as [`FENCED_PUT`] raises it: to the token if the token is not
+/// below it, the row locked either way (in `$1`'s order) and created at the token if it
+/// is missing. With one token per resource, a resource's writes are then all accepted
+/// (the fence row is returned) or all stale (it is not). The objects are written from
+/// the returned rows, so only after their fence is locked, as [`FENCED_PUT`] or
+/// [`FENCED_DELETE`] would write them. Returns, in order, each write's new version and
+/// born version, NULL for a stale write.
+pub const GROUP_WRITE: &str = "
+    WITH fenced AS (
+        INSERT INTO fencegate.fences AS f (resource, highest)
+        SELECT resource, token FROM unnest($1::text[], $2::bigint[])
+            WITH ORDINALITY AS u(resource, token, n) ORDER BY n
+        ON CONFLICT (resource) DO UPDATE SET highest = EXCLUDED.highest, updated_at = now()
+            WHERE f.highest <= EXCLUDED.highest
+        RETURNING f.resource, f.highest AS token
+    ), w AS (
+        SELECT * FROM unnest($3::text[], $4::text[], $5::bytea[])
+            WITH ORDINALITY AS w(resource, key, value, n)
+    ), written AS (
+        INSERT INTO fencegate.objects AS o (resource, key, value, token, version, born)
+        SELECT w.resource, w.key, w.value, fenced.token,
+               (w.value IS NOT NULL)::int, (w.value IS NOT NULL)::int
+        FROM w JOIN fenced ON fenced.resource = w.resource ORDER BY w.n
+        ON CONFLICT (resource, key) DO UPDATE SET
+            value = EXCLUDED.value, token = EXCLUDED.token,
+            version = CASE WHEN EXCLUDED.value IS NULL AND o.value IS NULL
+                           THEN o.version ELSE o.version + 1 END,
+            born = CASE WHEN EXCLUDED.value IS NOT NULL AND o.value IS NULL
+                        THEN o.version + 1 ELSE o.born END,
+            updated_at = now()
+        RETURNING o.resource, o.key, o.version, o.born
+    )
+    SELECT o.version, o.born
+    FROM w LEFT JOIN written o ON o.resource = w.resource AND o.key = w.key
+    ORDER BY w.n";
+
 /// The fence step alone: an advance, or the first statement of a conditional write.
 pub const FENCE_RAISE: &str = fence_raise!();
 /// The object steps alone, run inside a transaction that already holds the fence lock.

@@ -2,29 +2,35 @@
 //!
 //! Concurrent writes queue here, and a few *lanes* take them in groups: each lane takes
 //! every write queued when it becomes free (up to `--group-commit-max`), and applies the
-//! group in ONE transaction on one pooled connection, sent at once (one round trip):
-//! `BEGIN`, [`statements::GROUP_LOCK`] (the fence rows of the group's resources),
-//! [`statements::GROUP_APPLY`] (every write, its parameters as arrays), `COMMIT`.
+//! group in ONE transaction on one pooled connection, in one round trip. The common
+//! group — each resource's writes carry one token, no object is written twice — is one
+//! autocommitted statement, [`statements::GROUP_WRITE`], its parameters as arrays. Any
+//! other group is sent at once as `BEGIN`, [`statements::GROUP_LOCK`] (the fence rows
+//! of the group's resources), one [`statements::GROUP_APPLY`] per run of writes (every
+//! write, its parameters as arrays), `COMMIT`.
 //! A write never waits for a group to fill: a lane that is free takes what is queued,
 //! even a single write, which then runs as one autocommitted [`statements::FENCED_PUT`]
 //! or [`statements::FENCED_DELETE`]. Groups form only while every lane is busy, which is
 //! when they help: one commit, one WAL flush and one wake of a Postgres backend for many
-//! writes, two statements for the whole group instead of one per write, and on a
+//! writes, one statement for the whole group instead of one per write, and on a
 //! contended resource one hold of its fence lock instead of one per write.
 //!
 //! # Why this is still one fence check per write
 //!
-//! `GROUP_APPLY` checks each write against the fence as the writes before it left it:
+//! `GROUP_WRITE` raises each fence to its resource's one token unless the token is
+//! below it, exactly as each write's own statement would: the first write raises it,
+//! the others meet it. `GROUP_APPLY`, for groups whose tokens differ on a resource,
+//! checks each write against the fence as the writes before it left it:
 //! its token must be at least the fence and every earlier token of its resource in the
 //! group (an accepted write raised the fence to its token; a stale one was below a fence
 //! already counted), so a write with token 4 after one with token 5 on the same resource
 //! is stale. One statement cannot write a row twice, so a group that writes an object
 //! twice is cut into runs without repeats, one `GROUP_APPLY` each, in order. The
-//! transaction commits all or nothing, and the answers are sent only after COMMIT
-//! succeeded. If any statement fails, Postgres aborts the transaction and turns the COMMIT
-//! into a ROLLBACK; nothing of the group remains, and each write is then retried on its
-//! own, so one bad write cannot fail its neighbours. A test applies random groups both
-//! ways, set-based and one statement per write, and compares answers and tables.
+//! statement or transaction commits all or nothing, and the answers are sent only after
+//! it committed. If any statement fails, Postgres aborts the transaction (turning the
+//! COMMIT into a ROLLBACK); nothing of the group remains, and each write is then retried
+//! on its own, so one bad write cannot fail its neighbours. Tests apply random groups
+//! both ways, set-based and one statement per write, and compare answers and tables.
 //!
 //! # Lock order
 //!
@@ -44,10 +50,10 @@
 //! `--write-lock-timeout` (200 ms by default: far above the time a group holds its
 //! locks, a commit, so that only a lock held by something slower sends writes off): a
 //! group (or a lone write) that cannot get a fence lock in that time stops, and nothing
-//! of it is applied. `GROUP_LOCK` does not say whose lock it was, so the group is tried
-//! again as one statement per write, whose refused statement names the resource (one
-//! more wait of the lock timeout, once per locked resource: its later writes no longer
-//! reach the lanes). The writes of the locked resource leave the lanes — they are
+//! of it is applied. A set-based statement does not say whose lock it was, so the group
+//! is tried again as one statement per write, whose refused statement names the resource
+//! (one more wait of the lock timeout, once per locked resource: its later writes no
+//! longer reach the lanes). The writes of the locked resource leave the lanes — they are
 //! applied one by one, in their order, on the shared pool, where they wait for the lock
 //! up to their deadline, and the resource's later writes queue behind them there instead
 //! of trying the lanes, so that none overtakes another — and the rest of the group is
@@ -336,7 +342,11 @@ async fn apply_on(client: &Object, writes: &[&Write]) -> Vec<Answer> {
     if let [write] = writes {
         return vec![write_unconditional(client, write).await];
     }
-    let result = match set_transaction(client, writes).await {
+    let result = match one_token_per_resource(writes) {
+        Some(fences) => set_statement(client, writes, &fences).await,
+        None => set_transaction(client, writes).await,
+    };
+    let result = match result {
         Some(result) => result,
         // A fence lock timed out, but a set-based statement does not say whose: the
         // statement-per-write transaction finds it.
@@ -461,26 +471,113 @@ async fn set_transaction(client: &Object, writes: &[&Write]) -> Option<GroupResu
     let mut answers = Vec::with_capacity(writes.len());
     for (run, result) in runs.iter().zip(results.into_iter().skip(1)) {
         let rows = match result {
-            Ok(rows) if rows.len() == run.writes.len() => rows,
-            Ok(rows) => {
-                let error = StoreError::Internal(format!(
-                    "a group statement answered {} rows for {} writes",
-                    rows.len(),
-                    run.writes.len()
-                ));
-                return Some(GroupResult::Failed(error));
-            }
+            Ok(rows) => rows,
             // A lost connection fails the COMMIT too, handled above.
             Err(error) => return Some(GroupResult::Failed(classify(error, true))),
         };
-        for (write, row) in run.writes.iter().zip(rows) {
-            answers.push(match (row.get(0), row.get(1)) {
-                (Some(version), Some(born)) => applied(&write.op, version, born),
-                _ => Ok(Attempt::Stale),
-            });
+        match answers_of(run.writes, rows) {
+            GroupResult::Committed(run_answers) => answers.extend(run_answers),
+            failed => return Some(failed),
         }
     }
     Some(GroupResult::Committed(answers))
+}
+
+/// A group's fences as [`statements::GROUP_WRITE`] takes them: each resource once, in
+/// lock order, with its token. `None` if the group needs a transaction instead: a
+/// resource's writes carry different tokens (the statement accepts or refuses a
+/// resource's writes together), or the group writes an object twice or its values do
+/// not fit one statement (it is more than one run).
+fn one_token_per_resource<'a>(writes: &[&'a Write]) -> Option<Fences<'a>> {
+    let mut fences = Fences {
+        resources: Vec::new(),
+        tokens: Vec::new(),
+    };
+    for write in writes {
+        let (resource, token) = (write.resource.as_str(), write.token.as_i64());
+        // Sorted by resource: a resource's writes are together.
+        if fences.resources.last() == Some(&resource) {
+            if fences.tokens.last() != Some(&token) {
+                return None;
+            }
+        } else {
+            fences.resources.push(resource);
+            fences.tokens.push(token);
+        }
+    }
+    (runs_without_repeats(writes).len() == 1).then_some(fences)
+}
+
+/// The fence parameters of [`statements::GROUP_WRITE`].
+struct Fences<'a> {
+    resources: Vec<&'a str>,
+    tokens: Vec<i64>,
+}
+
+/// The group as one autocommitted [`statements::GROUP_WRITE`]. `None` if a fence lock
+/// timed out (nothing was applied, and the statement does not say whose lock).
+async fn set_statement(
+    client: &Object,
+    writes: &[&Write],
+    fences: &Fences<'_>,
+) -> Option<GroupResult> {
+    let statement = match client.prepare_cached(statements::GROUP_WRITE).await {
+        Ok(statement) => statement,
+        Err(error) => return Some(GroupResult::Failed(classify(error, false))),
+    };
+    let run = RunParams::new(writes);
+    let rows = client
+        .query(
+            &statement,
+            &[
+                &fences.resources,
+                &fences.tokens,
+                &run.resources,
+                &run.keys,
+                &run.values,
+            ],
+        )
+        .await;
+    let rows = match rows {
+        Ok(rows) => rows,
+        Err(error) => {
+            let Some(refused) = error.code() else {
+                // Autocommit: once the statement is sent, it may have committed.
+                return Some(GroupResult::Failed(classify(error, true)));
+            };
+            // The server refused the statement: nothing of it was applied.
+            if *refused == tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE {
+                return None;
+            }
+            tracing::warn!(
+                code = refused.code(),
+                writes = writes.len(),
+                "write group refused; applying its writes one by one"
+            );
+            return Some(GroupResult::RolledBack);
+        }
+    };
+    Some(answers_of(writes, rows))
+}
+
+/// The answers of a committed group statement: one row per write, in order.
+fn answers_of(writes: &[&Write], rows: Vec<tokio_postgres::Row>) -> GroupResult {
+    if rows.len() != writes.len() {
+        return GroupResult::Failed(StoreError::Internal(format!(
+            "a group statement answered {} rows for {} writes",
+            rows.len(),
+            writes.len()
+        )));
+    }
+    let answers = writes
+        .iter()
+        .zip(rows)
+        .map(|(write, row)| match (row.get(0), row.get(1)) {
+            (Some(version), Some(born)) => applied(&write.op, version, born),
+            _ => Ok(Attempt::Stale),
+        })
+        .collect();
+    GroupResult::Committed(answers)
 }
 
 /// The parameters of one [`statements::GROUP_APPLY`]: its writes' columns.

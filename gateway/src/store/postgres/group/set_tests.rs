@@ -1,7 +1,7 @@
 //! The set-based group statements against a real Postgres (`FENCEGATE_TEST_PG`, by
 //! default postgres://postgres@127.0.0.1:5432; the tests fail if it cannot be reached):
-//! a group applied by [`set_transaction`] must answer, and leave the tables, exactly as
-//! the same writes applied one statement each, in the same order.
+//! a group applied by [`set_statement`] or [`set_transaction`] must answer, and leave the
+//! tables, exactly as the same writes applied one statement each, in the same order.
 
 use bytes::Bytes;
 use deadpool_postgres::Object;
@@ -9,7 +9,10 @@ use fencegate_proto::headers::Precondition;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
 use rand::Rng;
 
-use super::{by_resource, runs_without_repeats, set_transaction, GroupResult};
+use super::{
+    by_resource, one_token_per_resource, runs_without_repeats, set_statement, set_transaction,
+    GroupResult,
+};
 use crate::store::postgres::writes::write_unconditional;
 use crate::store::postgres::{migrate, new_pool, PgPool};
 use crate::store::{Write, WriteOp};
@@ -123,7 +126,7 @@ fn random_group(rng: &mut impl Rng, round: usize) -> Vec<Write> {
 }
 
 #[tokio::test]
-async fn a_group_in_one_statement_answers_and_writes_as_one_statement_per_write() {
+async fn a_group_transaction_answers_and_writes_as_one_statement_per_write() {
     let (grouped, one_by_one) = (Scratch::create().await, Scratch::create().await);
     let (group_client, each_client) = (grouped.client().await, one_by_one.client().await);
     let mut rng = rand::rng();
@@ -168,6 +171,141 @@ async fn a_group_in_one_statement_answers_and_writes_as_one_statement_per_write(
     // The rounds covered what they are for.
     assert!(stale > 0 && created > 0, "stale {stale}, created {created}");
     assert!(runs > 60, "no group repeated an object");
+}
+
+/// A random group that [`set_statement`] takes: each resource's writes carry one token
+/// (drawn per round, so fences are raised, met and missed), no object twice.
+fn random_plain_group(rng: &mut impl Rng, round: usize) -> Vec<Write> {
+    let tokens: Vec<u64> = (0..3).map(|_| rng.random_range(1..=10)).collect();
+    let mut objects: Vec<(usize, usize)> =
+        (0..3).flat_map(|r| (0..4).map(move |k| (r, k))).collect();
+    let count = rng.random_range(2..=objects.len());
+    let mut group: Vec<Write> = (0..count)
+        .map(|i| {
+            let (r, k) = objects.swap_remove(rng.random_range(0..objects.len()));
+            let (resource, key) = (format!("r{r}"), format!("k{k}"));
+            let value = rng
+                .random_bool(0.75)
+                .then(|| format!("{resource}/{key}#{round}.{i}"));
+            write(&resource, &key, tokens[r], value)
+        })
+        .collect();
+    group.sort_by(by_resource);
+    group
+}
+
+#[tokio::test]
+async fn a_group_statement_answers_and_writes_as_one_statement_per_write() {
+    let (grouped, one_by_one) = (Scratch::create().await, Scratch::create().await);
+    let (group_client, each_client) = (grouped.client().await, one_by_one.client().await);
+    let mut rng = rand::rng();
+    let (mut stale, mut applied, mut created, mut deleted) = (0, 0, 0, 0);
+    for round in 0..80 {
+        let group = random_plain_group(&mut rng, round);
+        let writes: Vec<&Write> = group.iter().collect();
+        let fences = one_token_per_resource(&writes).expect("one token per resource");
+
+        let answers = match set_statement(&group_client, &writes, &fences).await {
+            Some(GroupResult::Committed(answers)) => answers,
+            Some(GroupResult::Failed(error)) => panic!("round {round}: {error:?}"),
+            Some(GroupResult::RolledBack) => panic!("round {round}: refused"),
+            Some(GroupResult::Blocked(resource)) => panic!("round {round}: {resource} locked"),
+            None => panic!("round {round}: a lock timed out"),
+        };
+        let mut expected = Vec::new();
+        for write in &writes {
+            expected.push(write_unconditional(&each_client, write).await);
+        }
+
+        assert_eq!(answers.len(), writes.len());
+        for (index, (got, want)) in answers.iter().zip(&expected).enumerate() {
+            let want = want.as_ref().expect("a single statement succeeds");
+            assert_eq!(
+                got.as_ref().ok(),
+                Some(want),
+                "round {round}, write {index} of {writes:#?}"
+            );
+            match want {
+                super::Attempt::Stale => stale += 1,
+                super::Attempt::Applied { created: c, .. } => {
+                    applied += 1;
+                    created += usize::from(*c);
+                    deleted += usize::from(matches!(writes[index].op, WriteOp::Delete));
+                }
+                super::Attempt::PreconditionFailed { .. } => unreachable!("no precondition"),
+            }
+        }
+        assert_eq!(
+            grouped.contents().await,
+            one_by_one.contents().await,
+            "after round {round}"
+        );
+    }
+    // The rounds covered what they are for.
+    assert!(
+        stale > 0 && applied > 0 && created > 0 && deleted > 0,
+        "stale {stale}, applied {applied}, created {created}, deleted {deleted}"
+    );
+}
+
+/// A group statement that meets a fence row locked by someone else stops at the lane's
+/// lock timeout and applies nothing, not even the writes of the free resources.
+#[tokio::test]
+async fn a_group_statement_that_meets_a_locked_fence_applies_nothing() {
+    let scratch = Scratch::create().await;
+    let (holder, lane) = (scratch.client().await, scratch.client().await);
+    holder
+        .batch_execute("INSERT INTO fencegate.fences (resource, highest) VALUES ('b', 1)")
+        .await
+        .unwrap();
+    holder
+        .batch_execute("BEGIN; SELECT 1 FROM fencegate.fences WHERE resource = 'b' FOR UPDATE")
+        .await
+        .unwrap();
+    lane.batch_execute("SET lock_timeout = '100ms'")
+        .await
+        .unwrap();
+    let group = [
+        write("a", "k", 1, Some("1".into())),
+        write("b", "k", 1, Some("2".into())),
+        write("c", "k", 1, Some("3".into())),
+    ];
+    let writes: Vec<&Write> = group.iter().collect();
+    let fences = one_token_per_resource(&writes).expect("a plain group");
+    assert!(
+        set_statement(&lane, &writes, &fences).await.is_none(),
+        "the lock timeout is reported as such"
+    );
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    drop((holder, lane)); // the pool holds two connections
+    assert_eq!(scratch.contents().await, ["fence b 1"]);
+}
+
+#[test]
+fn only_groups_with_one_token_per_resource_and_no_repeated_object_take_one_statement() {
+    let plain = [
+        write("a", "k1", 3, Some("1".into())),
+        write("a", "k2", 3, None),
+        write("b", "k1", 1, Some("2".into())),
+    ];
+    let writes: Vec<&Write> = plain.iter().collect();
+    let fences = one_token_per_resource(&writes).expect("a plain group");
+    assert_eq!(fences.resources, ["a", "b"]);
+    assert_eq!(fences.tokens, [3, 1]);
+
+    let crossing = [
+        write("a", "k1", 3, Some("1".into())),
+        write("a", "k2", 4, Some("2".into())),
+    ];
+    let writes: Vec<&Write> = crossing.iter().collect();
+    assert!(one_token_per_resource(&writes).is_none(), "two tokens on a");
+
+    let repeated = [
+        write("a", "k1", 3, Some("1".into())),
+        write("a", "k1", 3, Some("2".into())),
+    ];
+    let writes: Vec<&Write> = repeated.iter().collect();
+    assert!(one_token_per_resource(&writes).is_none(), "a/k1 twice");
 }
 
 #[tokio::test]
