@@ -1,6 +1,9 @@
 //! A request as the handlers see it, and reading what it carries: fencing headers, and
 //! a body within its limits (size, time, memory).
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -71,8 +74,13 @@ async fn unread(coordinator: &Coordinator, body: Incoming, asks_to_continue: boo
     }
     match body.size_hint().exact() {
         Some(length) if length <= DRAIN_LIMIT => {
-            let mut drained = Box::pin(body.collect());
+            let mut drained = body.collect();
             if !asks_to_continue {
+                // Looked at once before any timer is set: most often the body is whole.
+                let now = std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut drained).poll(cx)));
+                if let Poll::Ready(read) = now.await {
+                    return read.is_ok();
+                }
                 if let Ok(read) = tokio::time::timeout(INLINE_DRAIN, &mut drained).await {
                     // Read whole; or broken, and then the connection must close.
                     return read.is_ok();
