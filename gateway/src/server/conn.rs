@@ -401,6 +401,49 @@ mod tests {
         assert_eq!(answered.elapsed(), DEADLINES.idle);
     }
 
+    /// A connection that waited idle, then answered a request, closes `idle` after that
+    /// answer, not after it first began to wait.
+    #[tokio::test(start_paused = true)]
+    async fn each_answer_pushes_the_idle_deadline_back() {
+        let (mut server, mut client, state) = pair();
+        let reader = tokio::spawn(async move {
+            let mut buf = [0; 16];
+            let result = server.read(&mut buf).await.map(|n| buf[..n].to_vec());
+            (server, result)
+        });
+        tokio::time::sleep(DEADLINES.idle / 2).await;
+        client.write_all(b"x").await.unwrap();
+        let (mut server, result) = reader.await.unwrap();
+        assert_eq!(result.unwrap(), b"x");
+        drop(state.request());
+        let answered = Instant::now();
+        let error = server.read(&mut [0; 16]).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(answered.elapsed(), DEADLINES.idle);
+    }
+
+    /// A head that starts while the connection waits idle brings the deadline forward.
+    #[tokio::test(start_paused = true)]
+    async fn a_head_begun_while_idle_brings_the_deadline_forward() {
+        let (mut server, mut client, _state) = pair();
+        let reader = tokio::spawn(async move {
+            let mut buf = [0; 64];
+            let result = server.read(&mut buf).await.map(|n| n > 0);
+            (server, result)
+        });
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        client
+            .write_all(b"PUT /v1/kv/a/b HTTP/1.1\r\n")
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let (mut server, result) = reader.await.unwrap();
+        assert!(result.unwrap());
+        let error = server.read(&mut [0; 64]).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(started.elapsed(), DEADLINES.header);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn http2_connections_have_only_the_idle_deadline() {
         let (mut server, mut client, _state) = pair();
