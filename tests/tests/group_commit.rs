@@ -235,11 +235,37 @@ async fn poisoned_group(poisoned: fn(usize) -> (String, u64), event: &str) {
 /// Two gateways, two lanes each, writers spreading writes over a few resources in
 /// random order: groups lock several fence rows each, and would deadlock if they took
 /// them in different orders. Postgres would then abort one after `deadlock_timeout`, and
-/// the gateway would log the rolled-back group before retrying its writes one by one.
+/// the gateway would log the failed group before retrying its writes one by one.
 /// (The lanes' lock timeout is raised above `deadlock_timeout` for this, or it would
-/// end a deadlock first, quietly.)
+/// end a deadlock first, quietly.) Rising tokens make groups of mixed tokens per
+/// resource, applied as transactions.
 #[tokio::test]
-async fn groups_on_several_resources_never_deadlock() {
+async fn group_transactions_on_several_resources_never_deadlock() {
+    let next_token = Arc::new(AtomicU64::new(1));
+    let statuses =
+        writes_on_several_resources(move |_| next_token.fetch_add(1, Ordering::Relaxed)).await;
+    for (status, body) in &statuses {
+        assert!(
+            matches!(status, 200 | 201 | 409),
+            "unexpected {status}: {body}"
+        );
+    }
+}
+
+/// The same with one token per resource: every group is one statement.
+#[tokio::test]
+async fn group_statements_on_several_resources_never_deadlock() {
+    let statuses = writes_on_several_resources(|resource| resource as u64 + 1).await;
+    for (status, body) in &statuses {
+        assert!(matches!(status, 200 | 201), "unexpected {status}: {body}");
+    }
+}
+
+/// 32 writers through two gateways, 25 writes each to one of four resources at random,
+/// with the token `token` gives for the resource's index; their answers.
+async fn writes_on_several_resources(
+    token: impl Fn(usize) -> u64 + Send + Sync + 'static,
+) -> Vec<(u16, serde_json::Value)> {
     let db = TestDb::create().await;
     let mut clients = Vec::new();
     let mut gateways = Vec::new();
@@ -255,18 +281,23 @@ async fn groups_on_several_resources_never_deadlock() {
         clients.push(gateway.client());
         gateways.push(gateway);
     }
-    let next_token = Arc::new(AtomicU64::new(1));
+    let token = Arc::new(token);
     let mut writers = JoinSet::new();
     for writer in 0..32 {
         let client = clients[writer % 2].clone();
-        let next_token = Arc::clone(&next_token);
+        let token = Arc::clone(&token);
         writers.spawn(async move {
             let mut statuses = Vec::new();
             for i in 0..25 {
-                let resource = ["a", "b", "c", "d"][rand::random_range(0..4)];
-                let token = next_token.fetch_add(1, Ordering::Relaxed);
+                let index = rand::random_range(0..4);
+                let resource = ["a", "b", "c", "d"][index];
                 let reply = client
-                    .put(resource, &format!("w{writer}"), token, format!("{i}"))
+                    .put(
+                        resource,
+                        &format!("w{writer}"),
+                        token(index),
+                        format!("{i}"),
+                    )
                     .await;
                 statuses.push((reply.status, reply.json()));
             }
@@ -274,21 +305,21 @@ async fn groups_on_several_resources_never_deadlock() {
         });
     }
     let statuses: Vec<_> = writers.join_all().await.into_iter().flatten().collect();
-    for (status, body) in &statuses {
-        assert!(
-            matches!(status, 200 | 201 | 409),
-            "unexpected {status}: {body}"
-        );
-    }
     let mut grouped = 0.0;
     for client in &clients {
         grouped += largest_group(client).await;
     }
     assert!(grouped > 2.0, "no group formed: the test proved nothing");
     for gateway in &gateways {
-        let rolled_back = gateway.events("write group rolled back; applying its writes one by one");
-        assert!(rolled_back.is_empty(), "{rolled_back:?}");
+        for event in [
+            "write group rolled back; applying its writes one by one",
+            "write group refused; applying its writes one by one",
+        ] {
+            let failed = gateway.events(event);
+            assert!(failed.is_empty(), "{failed:?}");
+        }
     }
+    statuses
 }
 
 /// A resource whose fence row someone else holds locked for long does not hold up the
