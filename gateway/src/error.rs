@@ -16,6 +16,11 @@ pub fn stale_message(resource: &ResourceName, presented: Token, highest: Token) 
     message
 }
 
+/// The bytes of a stale message besides its resource name and numbers.
+pub const STALE_MESSAGE_FIXED: usize = "stale fencing token ".len()
+    + " for resource ".len()
+    + ": its highest accepted token is ".len();
+
 /// Appends [`stale_message`] to `out`.
 pub fn push_stale_message(
     out: &mut String,

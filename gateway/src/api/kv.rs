@@ -3,14 +3,14 @@
 use std::sync::Arc;
 
 use fencegate_proto::body::WriteAccepted;
-use fencegate_proto::headers::{etag, Precondition, FENCING_TOKEN};
+use fencegate_proto::headers::{Precondition, FENCING_TOKEN};
 use fencegate_proto::{ObjectKey, ResourceName};
 use http::header::{CONTENT_TYPE, ETAG};
 use http::{HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 
 use crate::api::request::{fencing_of, read_body, Req};
-use crate::api::response::{json_response, Body};
+use crate::api::response::{etag_value, json_response, number_value, Body};
 use crate::coordinator::Applied;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
@@ -71,10 +71,7 @@ pub async fn write(
         version,
     };
     let mut response = json_response(status, &accepted);
-    response.headers_mut().insert(
-        ETAG,
-        HeaderValue::from_str(&etag(version)).expect("an etag is a valid header"),
-    );
+    response.headers_mut().insert(ETAG, etag_value(version));
     Ok(response)
 }
 
@@ -94,10 +91,7 @@ pub async fn get(
         CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
     );
-    headers.insert(
-        ETAG,
-        HeaderValue::from_str(&etag(object.version)).expect("an etag is a valid header"),
-    );
-    headers.insert(FENCING_TOKEN, HeaderValue::from(object.token.get()));
+    headers.insert(ETAG, etag_value(object.version));
+    headers.insert(FENCING_TOKEN, number_value(object.token.get()));
     Ok(response)
 }

@@ -11,6 +11,21 @@ use crate::error::ApiError;
 
 pub type Body = Full<Bytes>;
 
+/// A number as a header value, in one allocation (`HeaderValue::from(u64)` takes two).
+pub fn number_value(number: u64) -> HeaderValue {
+    HeaderValue::from_str(itoa::Buffer::new().format(number)).expect("digits are a valid header")
+}
+
+/// The `ETag` of an object version, as [`fencegate_proto::headers::etag`] writes it, in
+/// one allocation.
+pub fn etag_value(version: u64) -> HeaderValue {
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(version).as_bytes();
+    let mut quoted = [b'"'; 22]; // u64::MAX has 20 digits
+    quoted[1..=digits.len()].copy_from_slice(digits);
+    HeaderValue::from_bytes(&quoted[..digits.len() + 2]).expect("an etag is a valid header")
+}
+
 pub fn json_response<T: serde::Serialize>(status: StatusCode, body: &T) -> Response<Body> {
     // Room for the common answers (a write accepted, a stale rejection) in one allocation.
     let mut bytes = Vec::with_capacity(256);
@@ -46,7 +61,7 @@ pub fn error_response(error: &ApiError) -> Response<Body> {
         ApiError::Stale { highest, .. } => {
             response
                 .headers_mut()
-                .insert(FENCING_HIGHEST, HeaderValue::from(highest.get()));
+                .insert(FENCING_HIGHEST, number_value(highest.get()));
         }
         ApiError::MethodNotAllowed { allow } => {
             response
@@ -76,7 +91,13 @@ pub fn error_response(error: &ApiError) -> Response<Body> {
 /// `error.body()`, field for field (a test compares them).
 fn stale_body(resource: &ResourceName, presented: Token, highest: Token) -> String {
     let mut number = itoa::Buffer::new();
-    let mut body = String::with_capacity(192 + 2 * resource.as_str().len());
+    // The exact length: a body that fills its buffer becomes `Bytes` without a second
+    // allocation.
+    let digits = number.format(presented.get()).len() + number.format(highest.get()).len();
+    let length = STALE_BODY_FIXED
+        + crate::error::STALE_MESSAGE_FIXED
+        + 2 * (resource.as_str().len() + digits);
+    let mut body = String::with_capacity(length);
     body.push_str("{\"error\":\"");
     body.push_str(ErrorCode::StaleToken.as_str());
     body.push_str("\",\"message\":\"");
@@ -88,8 +109,18 @@ fn stale_body(resource: &ResourceName, presented: Token, highest: Token) -> Stri
     body.push_str(",\"highest\":");
     body.push_str(number.format(highest.get()));
     body.push('}');
+    debug_assert_eq!(body.len(), length);
     body
 }
+
+/// The bytes of a stale body besides its message, resource name and numbers.
+const STALE_BODY_FIXED: usize = "{\"error\":\"".len()
+    + ErrorCode::StaleToken.as_str().len()
+    + "\",\"message\":\"".len()
+    + "\",\"resource\":\"".len()
+    + "\",\"presented\":".len()
+    + ",\"highest\":".len()
+    + "}".len();
 
 #[cfg(test)]
 mod tests {
@@ -109,18 +140,34 @@ mod tests {
 
     /// The stale body is written without `ErrorBody`: it must be the very bytes that
     /// `ErrorBody` gives, field for field and in the same order.
+    #[test]
+    fn number_and_etag_values_are_those_of_the_usual_constructors() {
+        for n in [0, 1, 9, 10, 12_345, i64::MAX as u64, u64::MAX] {
+            assert_eq!(number_value(n), HeaderValue::from(n));
+            let etag = fencegate_proto::headers::etag(n);
+            assert_eq!(etag_value(n), HeaderValue::from_str(&etag).unwrap());
+        }
+    }
+
     #[tokio::test]
     async fn a_stale_body_is_byte_for_byte_the_error_body() {
         for (name, presented, highest) in [
             ("orders", 1, 2),
             ("a-b_c.d", 41, 9_007_199_254_740_993),
             ("x", i64::MAX as u64 - 1, i64::MAX as u64),
+            (&"r".repeat(200), 9, 10),
         ] {
             let error = ApiError::Stale {
                 resource: ResourceName::new(name).unwrap(),
                 presented: Token::new(presented).unwrap(),
                 highest: Token::new(highest).unwrap(),
             };
+            let body = stale_body(
+                &ResourceName::new(name).unwrap(),
+                Token::new(presented).unwrap(),
+                Token::new(highest).unwrap(),
+            );
+            assert_eq!(body.capacity(), body.len(), "the body fills its buffer");
             let response = error_response(&error);
             assert_eq!(response.status(), StatusCode::CONFLICT);
             assert_eq!(
