@@ -119,6 +119,23 @@ pub const FENCED_DELETE: &str = concat!(
     object_delete!("FROM fence")
 );
 
+/// The conflict clause of a group's object upsert: an accepted write's object is written
+/// as [`FENCED_PUT`] or [`FENCED_DELETE`] would write it (a NULL value is a delete's
+/// tombstone). Returns each written object's key, version and born version.
+macro_rules! group_objects_upsert {
+    () => {
+        "
+        ON CONFLICT (resource, key) DO UPDATE SET
+            value = EXCLUDED.value, token = EXCLUDED.token,
+            version = CASE WHEN EXCLUDED.value IS NULL AND o.value IS NULL
+                           THEN o.version ELSE o.version + 1 END,
+            born = CASE WHEN EXCLUDED.value IS NOT NULL AND o.value IS NULL
+                        THEN o.version + 1 ELSE o.born END,
+            updated_at = now()
+        RETURNING o.resource, o.key, o.version, o.born"
+    };
+}
+
 /// A group's first statement: locks the fence rows of its resources (`$1`, distinct,
 /// in byte order — the order every group takes its locks in), creating missing rows at
 /// 1, the lowest token, which the group's [`GROUP_APPLY`] then raises. No fence moves.
@@ -147,7 +164,8 @@ pub const GROUP_LOCK: &str = "
 /// Written so that even a generic plan, which cannot know how many writes the arrays
 /// hold, finds each fence by its primary key rather than scanning the table: the fence
 /// read is a subquery per write, and the update names its rows by the array.
-pub const GROUP_APPLY: &str = "
+pub const GROUP_APPLY: &str = concat!(
+    "
     WITH w AS (
         SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bytea[])
             WITH ORDINALITY AS w(resource, token, key, value, n)
@@ -166,19 +184,14 @@ pub const GROUP_APPLY: &str = "
     ), written AS (
         INSERT INTO fencegate.objects AS o (resource, key, value, token, version, born)
         SELECT resource, key, value, token, (value IS NOT NULL)::int, (value IS NOT NULL)::int
-        FROM judged WHERE accepted ORDER BY n
-        ON CONFLICT (resource, key) DO UPDATE SET
-            value = EXCLUDED.value, token = EXCLUDED.token,
-            version = CASE WHEN EXCLUDED.value IS NULL AND o.value IS NULL
-                           THEN o.version ELSE o.version + 1 END,
-            born = CASE WHEN EXCLUDED.value IS NOT NULL AND o.value IS NULL
-                        THEN o.version + 1 ELSE o.born END,
-            updated_at = now()
-        RETURNING o.resource, o.key, o.version, o.born
+        FROM judged WHERE accepted ORDER BY n",
+    group_objects_upsert!(),
+    "
     )
     SELECT o.version, o.born
     FROM judged j LEFT JOIN written o ON o.resource = j.resource AND o.key = j.key
-    ORDER BY j.n";
+    ORDER BY j.n"
+);
 
 /// A whole group in one autocommitted statement, for a group in which every write of a
 /// resource carries the same token and no object is written twice (the common group:
@@ -193,7 +206,8 @@ pub const GROUP_APPLY: &str = "
 /// the returned rows, so only after their fence is locked, as [`FENCED_PUT`] or
 /// [`FENCED_DELETE`] would write them. Returns, in order, each write's new version and
 /// born version, NULL for a stale write.
-pub const GROUP_WRITE: &str = "
+pub const GROUP_WRITE: &str = concat!(
+    "
     WITH fenced AS (
         INSERT INTO fencegate.fences AS f (resource, highest)
         SELECT resource, token FROM unnest($1::text[], $2::bigint[])
@@ -208,19 +222,14 @@ pub const GROUP_WRITE: &str = "
         INSERT INTO fencegate.objects AS o (resource, key, value, token, version, born)
         SELECT w.resource, w.key, w.value, fenced.token,
                (w.value IS NOT NULL)::int, (w.value IS NOT NULL)::int
-        FROM w JOIN fenced ON fenced.resource = w.resource ORDER BY w.n
-        ON CONFLICT (resource, key) DO UPDATE SET
-            value = EXCLUDED.value, token = EXCLUDED.token,
-            version = CASE WHEN EXCLUDED.value IS NULL AND o.value IS NULL
-                           THEN o.version ELSE o.version + 1 END,
-            born = CASE WHEN EXCLUDED.value IS NOT NULL AND o.value IS NULL
-                        THEN o.version + 1 ELSE o.born END,
-            updated_at = now()
-        RETURNING o.resource, o.key, o.version, o.born
+        FROM w JOIN fenced ON fenced.resource = w.resource ORDER BY w.n",
+    group_objects_upsert!(),
+    "
     )
     SELECT o.version, o.born
     FROM w LEFT JOIN written o ON o.resource = w.resource AND o.key = w.key
-    ORDER BY w.n";
+    ORDER BY w.n"
+);
 
 /// The fence step alone: an advance, or the first statement of a conditional write.
 pub const FENCE_RAISE: &str = fence_raise!();

@@ -125,18 +125,33 @@ fn random_group(rng: &mut impl Rng, round: usize) -> Vec<Write> {
     group
 }
 
-#[tokio::test]
-async fn a_group_transaction_answers_and_writes_as_one_statement_per_write() {
+/// What the expected answers of [`grouped_as_one_by_one`] were, to check that the
+/// rounds covered what they are for.
+#[derive(Debug, Default)]
+struct Seen {
+    stale: usize,
+    applied: usize,
+    created: usize,
+    deleted: usize,
+}
+
+/// Applies `rounds` groups made by `group_of` on one database by `apply`, and the same
+/// writes one statement each on another, and checks that every answer and, after each
+/// round, both databases' tables are the same.
+async fn grouped_as_one_by_one(
+    rounds: usize,
+    mut group_of: impl FnMut(&mut rand::rngs::ThreadRng, usize) -> Vec<Write>,
+    apply: impl AsyncFn(&Object, &[&Write]) -> Option<GroupResult>,
+) -> Seen {
     let (grouped, one_by_one) = (Scratch::create().await, Scratch::create().await);
     let (group_client, each_client) = (grouped.client().await, one_by_one.client().await);
     let mut rng = rand::rng();
-    let (mut stale, mut created, mut runs) = (0, 0, 0);
-    for round in 0..60 {
-        let group = random_group(&mut rng, round);
+    let mut seen = Seen::default();
+    for round in 0..rounds {
+        let group = group_of(&mut rng, round);
         let writes: Vec<&Write> = group.iter().collect();
-        runs += runs_without_repeats(&writes).len();
 
-        let answers = match set_transaction(&group_client, &writes).await {
+        let answers = match apply(&group_client, &writes).await {
             Some(GroupResult::Committed(answers)) => answers,
             Some(GroupResult::Failed(error)) => panic!("round {round}: {error:?}"),
             Some(GroupResult::RolledBack) => panic!("round {round}: rolled back"),
@@ -148,6 +163,7 @@ async fn a_group_transaction_answers_and_writes_as_one_statement_per_write() {
             expected.push(write_unconditional(&each_client, write).await);
         }
 
+        assert_eq!(answers.len(), writes.len());
         for (index, (got, want)) in answers.iter().zip(&expected).enumerate() {
             let want = want.as_ref().expect("a single statement succeeds");
             assert_eq!(
@@ -155,21 +171,38 @@ async fn a_group_transaction_answers_and_writes_as_one_statement_per_write() {
                 Some(want),
                 "round {round}, write {index} of {writes:#?}"
             );
-            stale += usize::from(*want == super::Attempt::Stale);
-            created += usize::from(matches!(
-                want,
-                super::Attempt::Applied { created: true, .. }
-            ));
+            match want {
+                super::Attempt::Stale => seen.stale += 1,
+                super::Attempt::Applied { created, .. } => {
+                    seen.applied += 1;
+                    seen.created += usize::from(*created);
+                    seen.deleted += usize::from(matches!(writes[index].op, WriteOp::Delete));
+                }
+                super::Attempt::PreconditionFailed { .. } => unreachable!("no precondition"),
+            }
         }
-        assert_eq!(answers.len(), writes.len());
         assert_eq!(
             grouped.contents().await,
             one_by_one.contents().await,
             "after round {round}"
         );
     }
-    // The rounds covered what they are for.
-    assert!(stale > 0 && created > 0, "stale {stale}, created {created}");
+    seen
+}
+
+#[tokio::test]
+async fn a_group_transaction_answers_and_writes_as_one_statement_per_write() {
+    let mut runs = 0;
+    let group_of = |rng: &mut rand::rngs::ThreadRng, round| {
+        let group = random_group(rng, round);
+        runs += runs_without_repeats(&group.iter().collect::<Vec<_>>()).len();
+        group
+    };
+    let seen = grouped_as_one_by_one(60, group_of, async |client, writes| {
+        set_transaction(client, writes).await
+    })
+    .await;
+    assert!(seen.stale > 0 && seen.created > 0, "{seen:?}");
     assert!(runs > 60, "no group repeated an object");
 }
 
@@ -196,55 +229,14 @@ fn random_plain_group(rng: &mut impl Rng, round: usize) -> Vec<Write> {
 
 #[tokio::test]
 async fn a_group_statement_answers_and_writes_as_one_statement_per_write() {
-    let (grouped, one_by_one) = (Scratch::create().await, Scratch::create().await);
-    let (group_client, each_client) = (grouped.client().await, one_by_one.client().await);
-    let mut rng = rand::rng();
-    let (mut stale, mut applied, mut created, mut deleted) = (0, 0, 0, 0);
-    for round in 0..80 {
-        let group = random_plain_group(&mut rng, round);
-        let writes: Vec<&Write> = group.iter().collect();
-        let fences = one_token_per_resource(&writes).expect("one token per resource");
-
-        let answers = match set_statement(&group_client, &writes, &fences).await {
-            Some(GroupResult::Committed(answers)) => answers,
-            Some(GroupResult::Failed(error)) => panic!("round {round}: {error:?}"),
-            Some(GroupResult::RolledBack) => panic!("round {round}: refused"),
-            Some(GroupResult::Blocked(resource)) => panic!("round {round}: {resource} locked"),
-            None => panic!("round {round}: a lock timed out"),
-        };
-        let mut expected = Vec::new();
-        for write in &writes {
-            expected.push(write_unconditional(&each_client, write).await);
-        }
-
-        assert_eq!(answers.len(), writes.len());
-        for (index, (got, want)) in answers.iter().zip(&expected).enumerate() {
-            let want = want.as_ref().expect("a single statement succeeds");
-            assert_eq!(
-                got.as_ref().ok(),
-                Some(want),
-                "round {round}, write {index} of {writes:#?}"
-            );
-            match want {
-                super::Attempt::Stale => stale += 1,
-                super::Attempt::Applied { created: c, .. } => {
-                    applied += 1;
-                    created += usize::from(*c);
-                    deleted += usize::from(matches!(writes[index].op, WriteOp::Delete));
-                }
-                super::Attempt::PreconditionFailed { .. } => unreachable!("no precondition"),
-            }
-        }
-        assert_eq!(
-            grouped.contents().await,
-            one_by_one.contents().await,
-            "after round {round}"
-        );
-    }
-    // The rounds covered what they are for.
+    let seen = grouped_as_one_by_one(80, random_plain_group, async |client, writes| {
+        let fences = one_token_per_resource(writes).expect("one token per resource");
+        set_statement(client, writes, &fences).await
+    })
+    .await;
     assert!(
-        stale > 0 && applied > 0 && created > 0 && deleted > 0,
-        "stale {stale}, applied {applied}, created {created}, deleted {deleted}"
+        seen.stale > 0 && seen.applied > 0 && seen.created > 0 && seen.deleted > 0,
+        "{seen:?}"
     );
 }
 
