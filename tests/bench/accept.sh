@@ -20,7 +20,7 @@
 #   LOG        raw tool output (a file in /tmp)
 #
 # pgbench runs with -j 2 (-j 1 for one client) and -n; wrk with -t 2 (-t 1 for one
-# connection). Each gateway cell gets a fresh gateway (release build, --pg-listen off,
+# connection). The latencies of `direct` come from pgbench's per-transaction log (-l). Each gateway cell gets a fresh gateway (release build, --pg-listen off,
 # otherwise default flags: logging at info, stale lines capped at 100 a second) on a
 # fresh database, as pgbench's does.
 # CPU per request is utime+stime (/proc/PID/stat, all threads) of the gateway, and of
@@ -152,15 +152,20 @@ run_wrk() {
 run_pgbench() { # run_pgbench CLIENTS RESOURCES
   local before_pg out
   before_pg=$(postgres_ticks)
-  out=$(pgbench -n -M prepared -h 127.0.0.1 -p "$PGPORT" -U postgres -c "$1" -j "$(threads "$1")" \
-    -T "$DURATION" -D "value=$value" -D "resources=$2" -f "$WORK/direct.sql" -r "$DB" 2>&1) \
-    || die "pgbench failed: $out"
+  rm -f "$WORK"/pgbench_log.*
+  # -l: one line per transaction, its latency in µs in the third column, for the
+  # median and p99 (pgbench itself prints only the average).
+  out=$(cd "$WORK" && pgbench -n -M prepared -h 127.0.0.1 -p "$PGPORT" -U postgres -c "$1" \
+    -j "$(threads "$1")" -T "$DURATION" -D "value=$value" -D "resources=$2" -f "$WORK/direct.sql" \
+    -l --log-prefix=pgbench_log "$DB" 2>&1) || die "pgbench failed: $out"
   echo "== direct c=$1 r=$2: $out" >>"$LOG"
-  local tps latency
+  local tps
   tps=$(sed -nE 's/^tps = ([0-9.]+).*/\1/p' <<<"$out" | head -1)
-  latency=$(sed -nE 's/^latency average = ([0-9.]+) ms/\1/p' <<<"$out")
   local requests; requests=$(sed -nE 's/^number of transactions actually processed: ([0-9]+).*/\1/p' <<<"$out")
-  echo "${tps%.*} $(awk -v l="$latency" 'BEGIN{printf "%d", l*1000}') - 0 $(( $(postgres_ticks) - before_pg )) $requests"
+  local percentiles
+  percentiles=$(cat "$WORK"/pgbench_log.* | awk '{print $3}' | sort -n \
+    | awk '{a[NR]=$1} END{if (NR == 0) {print "- -"} else {print a[int((NR+1)/2)], a[int((NR*99+99)/100)]}}')
+  echo "${tps%.*} $percentiles 0 $(( $(postgres_ticks) - before_pg )) $requests"
 }
 
 {
