@@ -62,16 +62,39 @@ async fn fence_on(cluster: &Cluster, resource: &str) -> Option<i64> {
         .map(|row| row.get(0))
 }
 
-/// Waits until the standby has replayed `resource`'s fence at `token`.
-async fn replicated(standby: &Cluster, resource: &str, token: i64) {
+/// Waits until the standby has replayed everything the primary has written so far,
+/// then checks that `resource`'s fence is at `token` there. Waiting on the WAL
+/// position rather than polling the fence also covers the gateway's start-up schema,
+/// which the standby may not have replayed yet either.
+async fn replicated(primary: &Cluster, standby: &Cluster, resource: &str, token: i64) {
+    let written: String = primary
+        .client()
+        .await
+        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let standby_client = standby.client().await;
     let started = Instant::now();
-    while fence_on(standby, resource).await != Some(token) {
+    loop {
+        let replayed: bool = standby_client
+            .query_one(
+                "SELECT coalesce(pg_last_wal_replay_lsn() >= $1::text::pg_lsn, false)",
+                &[&written],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if replayed {
+            break;
+        }
         assert!(
             started.elapsed() < WAIT,
-            "the standby never replayed {token}"
+            "the standby never replayed up to {written}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert_eq!(fence_on(standby, resource).await, Some(token));
 }
 
 #[tokio::test]
@@ -80,7 +103,7 @@ async fn after_an_asynchronous_failover_the_lost_fence_is_restored() {
     let gateway = gateway_on(&primary, &standby).await;
     let client = gateway.client();
     assert_eq!(client.put("orders", "o-1", 5, "term 5").await.status, 201);
-    replicated(&standby, "orders", 5).await;
+    replicated(&primary, &standby, "orders", 5).await;
 
     // Replication stops; term 7 writes, acknowledged by the primary alone.
     replication.cut();
