@@ -19,6 +19,9 @@
 #   PGPORT     the Postgres on 127.0.0.1, user postgres, trust (5432)
 #   MAX_STEAL  a run with more of the CPU stolen by the hypervisor, in percent, is run
 #              again (10)                      TRIES       most runs of one cell (3)
+#   PIN        1: in the stale workload, the server (bare or gateway) on CPU 0 and wrk
+#              on the other CPUs (taskset), so that both servers get the same share
+#              of the machine whatever their number of threads (unset: no pinning)
 #   LOG        raw tool output (a file in /tmp)
 #
 # pgbench runs with -j 2 (-j 1 for one client) and -n; wrk with -t 2 (-t 1 for one
@@ -43,6 +46,7 @@ CLIENTS=${CLIENTS:-1 16 64}
 RESOURCES=${RESOURCES:-1 100 10000}
 VALUE=${VALUE:-128}
 WORKLOADS=${WORKLOADS:-accept stale}
+PIN=${PIN:-}
 PGPORT=${PGPORT:-5432}
 LOG=${LOG:-${TMPDIR:-/tmp}/accept-$(date +%Y%m%d-%H%M%S).log}
 DB=fg_bench_accept
@@ -54,6 +58,14 @@ for tool in pgbench wrk psql curl; do
 done
 [[ $ROUNDS =~ ^[1-9][0-9]*$ ]] || die "ROUNDS must be a positive integer"
 [[ $DURATION =~ ^[1-9][0-9]*$ ]] || die "DURATION must be a positive integer (seconds)"
+case $PIN in
+  "") ;;
+  1)
+    command -v taskset >/dev/null || die "PIN=1 needs taskset (apt-get install -y util-linux)"
+    [ "$(nproc)" -ge 2 ] || die "PIN=1 needs at least two CPUs"
+    ;;
+  *) die "PIN must be 1 or unset" ;;
+esac
 
 cargo build --release --quiet -p fencegate-gateway -p fencegate-tests --bin fencegate --bin fencegate-bench
 BIN=target/release/fencegate
@@ -80,7 +92,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 start_gateway() {
   local port; port=$(free_port)
-  "$BIN" --listen "127.0.0.1:$port" --pg-listen off \
+  as_server "$BIN" --listen "127.0.0.1:$port" --pg-listen off \
     --database-url "postgres://postgres@127.0.0.1:$PGPORT/$DB" >>"$LOG" 2>&1 &
   GATEWAY_PID=$!
   for _ in $(seq 100); do
@@ -105,6 +117,14 @@ postgres_ticks() {
 }
 
 threads() { [ "$1" -gt 1 ] && echo 2 || echo 1; }
+
+# The server under test and the load generator, on CPUs of their own while PINNED is
+# set (stale cells with PIN=1). as_server execs, so that $! of `as_server … &` is the
+# server's own PID, whose CPU time is measured.
+as_server() { if [ -n "${PINNED:-}" ]; then exec taskset -c 0 "$@"; else exec "$@"; fi; }
+as_client() {
+  if [ -n "${PINNED:-}" ]; then taskset -c "1-$(( $(nproc) - 1 ))" "$@"; else "$@"; fi
+}
 
 # wrk's Lua: PUT of random keys over $2 resources (or one stale key), printing the
 # counts at the end (non2xx: answers other than 2xx and 3xx).
@@ -137,7 +157,7 @@ record() { RESULTS["$1"]+="$2 "; }
 run_wrk() {
   local before_gw before_pg before_stat out
   before_gw=$(ticks_of "$5"); before_pg=$(postgres_ticks); before_stat=$(cpu_stat)
-  out=$(wrk -t "$(threads "$3")" -c "$3" -d "${DURATION}s" --latency -s "$4" "$2" 2>&1)
+  out=$(as_client wrk -t "$(threads "$3")" -c "$3" -d "${DURATION}s" --latency -s "$4" "$2" 2>&1)
   echo "== $1 c=$3: $out" >>"$LOG"
   local line; line=$(grep '^RESULT' <<<"$out") || die "wrk printed no result (see $LOG)"
   local requests p50 p99 errors
@@ -197,9 +217,10 @@ accept_cell() { # accept_cell TARGET CLIENTS RESOURCES
   fi
 }
 stale_cell() { # stale_cell TARGET CLIENTS
+  local PINNED=$PIN
   if [ "$1" = bare ]; then
     local port; port=$(free_port)
-    "$BENCH" bare-http --listen "127.0.0.1:$port" >>"$LOG" 2>&1 &
+    as_server "$BENCH" bare-http --listen "127.0.0.1:$port" >>"$LOG" 2>&1 &
     BARE_PID=$!
     for _ in $(seq 50); do curl -s "http://127.0.0.1:$port/" >/dev/null && break; sleep 0.1; done
     result=$(run_wrk bare "http://127.0.0.1:$port" "$2" "$WORK/stale.lua" "$BARE_PID" ok)
@@ -250,6 +271,7 @@ for round in $(seq "$ROUNDS"); do
 done
 
 # The table: medians of the rounds; CPU in µs per request (10 ms ticks).
+[ -z "$PIN" ] || printf '\nStale cells pinned: the server on CPU 0, wrk on CPUs 1-%s.\n' "$(( $(nproc) - 1 ))"
 printf '\n| workload | target | conc | resources | req/s | p50 µs | p99 µs | gateway CPU µs/req | Postgres CPU µs/req | ratio | steal %% |\n'
 printf '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 field() { tr '|' '\n' | grep -v '^ *$' | awk -v f="$1" '{print $f}' | median; }
