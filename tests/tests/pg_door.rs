@@ -541,6 +541,75 @@ async fn bad_input_closes_one_connection_and_the_door_serves_the_rest() {
     assert_eq!(door.note().await, "newcomer");
 }
 
+/// Two queries sent in pieces of 1 to 7 bytes, each piece its own segment: the door
+/// reads headers and bodies cut anywhere, and both queries are answered in full.
+#[tokio::test]
+async fn messages_cut_anywhere_arrive_whole() {
+    let door = SweeperDoor::start().await;
+    let mut session = raw_session(&door).await;
+    session.set_nodelay(true).unwrap();
+    let mut queries = BytesMut::new();
+    for sql in ["SELECT 'first'", "SELECT repeat('x', 40)"] {
+        queries.put_u8(b'Q');
+        queries.put_u32(u32::try_from(sql.len() + 5).unwrap());
+        queries.put_slice(sql.as_bytes());
+        queries.put_u8(0);
+    }
+    let mut rest = &queries[..];
+    for piece in (1..=7).cycle() {
+        if rest.is_empty() {
+            break;
+        }
+        let (now, later) = rest.split_at(piece.min(rest.len()));
+        session.write_all(now).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        rest = later;
+    }
+    let mut tags = Vec::new();
+    let mut rows = Vec::new();
+    tokio::time::timeout(PATIENCE, async {
+        while tags.iter().filter(|tag| **tag == b'Z').count() < 2 {
+            let (tag, body) = read_message(&mut session).await.unwrap();
+            if tag == b'D' {
+                // One column: its length, then its text.
+                rows.push(String::from_utf8_lossy(&body[6..]).into_owned());
+            }
+            tags.push(tag);
+        }
+    })
+    .await
+    .expect("both queries answered");
+    assert_eq!(tags, b"TDCZTDCZ");
+    assert_eq!(rows, ["first".to_string(), "x".repeat(40)]);
+
+    // An answer many times the door's buffers, in small messages: rows cut at every
+    // buffer's end.
+    let sql = "SELECT g::text FROM generate_series(1, 20000) g";
+    let mut query = BytesMut::new();
+    query.put_u8(b'Q');
+    query.put_u32(u32::try_from(sql.len() + 5).unwrap());
+    query.put_slice(sql.as_bytes());
+    query.put_u8(0);
+    session.write_all(&query).await.unwrap();
+    let mut expected = 1..=20_000;
+    tokio::time::timeout(PATIENCE, async {
+        loop {
+            let (tag, body) = read_message(&mut session).await.unwrap();
+            match tag {
+                b'D' => {
+                    let row = String::from_utf8_lossy(&body[6..]).into_owned();
+                    assert_eq!(row, expected.next().unwrap().to_string());
+                }
+                b'Z' => break,
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("the query answered");
+    assert_eq!(expected.next(), None, "every row");
+}
+
 /// A client asking for protocol 3.2 and an unknown protocol option gets the server's
 /// NegotiateProtocolVersion, relayed, and its session.
 #[tokio::test]

@@ -7,8 +7,11 @@
 //! Each direction reads through a buffer and writes through a buffer, and flushes
 //! whenever it has nothing more to read: a batch of pipelined messages travels in as
 //! few writes as it came in, and a lone Flush, Sync or reply goes out at once (never
-//! held back until a Sync). Bodies are copied through the buffers, never read whole,
-//! so a 16 MiB value takes the buffers' memory, not 16 MiB; a slow reader on one side
+//! held back until a Sync). The messages that a read brought in whole — nearly all of
+//! them — are checked or looked into where they lie in the read buffer and passed on
+//! together in one write ([`wire::WholeMessages`]); a message the buffer holds only
+//! part of has its header read and its body copied through the buffers in pieces, so
+//! a 16 MiB value takes the buffers' memory, not 16 MiB. A slow reader on one side
 //! stops the reading on the other (backpressure).
 //!
 //! # What the door reads
@@ -291,7 +294,50 @@ where
     loop {
         if client.buffer().is_empty() {
             upstream.flush().await?;
+            if client.fill_buf().await?.is_empty() {
+                return Ok(Ending::ClientClosed);
+            }
         }
+        // The messages already read whole: checked in place, passed on in one write.
+        let mut whole = wire::WholeMessages::new(client.buffer(), door.max_message, "message");
+        let mut passed = 0;
+        let mut stop = None;
+        while let Some(message) = whole.next() {
+            let tag = match message {
+                Ok((header, _)) => header.tag,
+                Err(error) => {
+                    stop = Some(Err(error.into()));
+                    break;
+                }
+            };
+            if !frontend::ALL.contains(&tag) {
+                stop = Some(Err(ProtocolError::UnexpectedType(tag).into()));
+                break;
+            }
+            if frontend::awaits_ready(tag) {
+                progress.asked.fetch_add(1, Ordering::Relaxed);
+            }
+            passed = whole.read();
+            if tag == frontend::TERMINATE {
+                stop = Some(Ok(Ending::Terminated));
+                break;
+            }
+        }
+        if passed > 0 {
+            upstream.write_all(&client.buffer()[..passed]).await?;
+            client.consume(passed);
+            door.metrics().pg_bytes_from_client(passed);
+        }
+        match stop {
+            Some(Ok(ending)) => {
+                upstream.flush().await?;
+                return Ok(ending);
+            }
+            Some(Err(error)) => return Err(error),
+            None if passed > 0 => continue,
+            None => {}
+        }
+        // A message the buffer holds only part of: its header read, its body streamed.
         let Some(header) = wire::read_header(client, door.max_message, "message").await? else {
             return Ok(Ending::ClientClosed);
         };
@@ -362,6 +408,39 @@ where
                 }
             }
         }
+        // The messages already read whole: looked into in place, passed on in one write.
+        let mut whole =
+            wire::WholeMessages::new(upstream.buffer(), MAX_SERVER_MESSAGE, "server message");
+        let mut passed = 0;
+        let mut ready = false;
+        while let Some(message) = whole.next() {
+            let (header, body) = message?;
+            match header.tag {
+                backend::ERROR_RESPONSE => count_rejection(door, body),
+                backend::READY_FOR_QUERY if header.body_len == 1 => {
+                    progress.status.store(body[0], Ordering::Relaxed);
+                    progress.answered.fetch_add(1, Ordering::Relaxed);
+                    ready = true;
+                }
+                _ => {}
+            }
+            passed = whole.read();
+        }
+        if passed > 0 {
+            client.write_all(&upstream.buffer()[..passed]).await?;
+            upstream.consume(passed);
+            door.metrics().pg_bytes_to_client(passed);
+            if ready
+                && door.shutdown.is_cancelled()
+                && progress.idle()
+                && upstream.buffer().is_empty()
+            {
+                refuse(client, "57P01", "fencegate is shutting down").await?;
+                return Ok(Ending::Shutdown);
+            }
+            continue;
+        }
+        // A message the buffer holds only part of.
         let Some(header) =
             wire::read_header(upstream, MAX_SERVER_MESSAGE, "server message").await?
         else {

@@ -208,19 +208,82 @@ pub(crate) async fn read_header<S: AsyncRead + Unpin>(
         Err(e) => return Err(e.into()),
     };
     let len = stream.read_u32().await?;
-    let body_len = usize::try_from(len)
-        .unwrap_or(usize::MAX)
-        .checked_sub(4)
-        .ok_or(ProtocolError::ShortLength(len))?;
-    if body_len > cap {
-        return Err(ProtocolError::TooLong {
-            what,
-            len: body_len,
-            cap,
+    Ok(Some(Header::checked(tag, len, cap, what)?))
+}
+
+impl Header {
+    /// The header of type `tag` and length field `len`, whose body must be at most `cap`
+    /// bytes.
+    fn checked(tag: u8, len: u32, cap: usize, what: &'static str) -> Result<Header, ProtocolError> {
+        let body_len = usize::try_from(len)
+            .unwrap_or(usize::MAX)
+            .checked_sub(4)
+            .ok_or(ProtocolError::ShortLength(len))?;
+        if body_len > cap {
+            return Err(ProtocolError::TooLong {
+                what,
+                len: body_len,
+                cap,
+            });
         }
-        .into());
+        Ok(Header { tag, body_len })
     }
-    Ok(Some(Header { tag, body_len }))
+}
+
+/// The messages that lie whole at the start of a read buffer, each header checked as
+/// [`read_header`] checks it: the relay looks at them in place and passes them on in one
+/// write. It stops at the first message the buffer holds only part of, and after the
+/// first header that fails its check.
+pub(crate) struct WholeMessages<'a> {
+    buffer: &'a [u8],
+    cap: usize,
+    what: &'static str,
+    /// Bytes of the messages yielded so far.
+    read: usize,
+    failed: bool,
+}
+
+impl<'a> WholeMessages<'a> {
+    pub(crate) fn new(buffer: &'a [u8], cap: usize, what: &'static str) -> WholeMessages<'a> {
+        WholeMessages {
+            buffer,
+            cap,
+            what,
+            read: 0,
+            failed: false,
+        }
+    }
+
+    /// The bytes of the messages yielded so far: whole messages, headers included.
+    pub(crate) fn read(&self) -> usize {
+        self.read
+    }
+}
+
+impl<'a> Iterator for WholeMessages<'a> {
+    /// A message's header and body, or the header's violation of the protocol.
+    type Item = Result<(Header, &'a [u8]), ProtocolError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        let rest = &self.buffer[self.read..];
+        let &[tag, a, b, c, d, ..] = rest else {
+            return None;
+        };
+        let header =
+            match Header::checked(tag, u32::from_be_bytes([a, b, c, d]), self.cap, self.what) {
+                Ok(header) => header,
+                Err(error) => {
+                    self.failed = true;
+                    return Some(Err(error));
+                }
+            };
+        let body = rest.get(5..5 + header.body_len)?;
+        self.read += 5 + header.body_len;
+        Some(Ok((header, body)))
+    }
 }
 
 /// Reads the body of a message whose header was read (its length already checked).
@@ -387,6 +450,77 @@ mod tests {
             .await
             .unwrap()
             .is_none());
+    }
+
+    /// Messages as they go on the wire, one after another.
+    fn wire(messages: &[(u8, &[u8])]) -> Vec<u8> {
+        messages
+            .iter()
+            .flat_map(|(tag, body)| message(*tag, body).to_vec())
+            .collect()
+    }
+
+    #[test]
+    fn whole_messages_stop_where_the_buffer_holds_only_part_of_one() {
+        let stream = wire(&[(b'T', b"row description"), (b'D', b"row"), (b'Z', b"I")]);
+        let mut read = Vec::new();
+        for end in 0..=stream.len() {
+            let mut whole = WholeMessages::new(&stream[..end], 100, "a message");
+            let found: Vec<(u8, Vec<u8>)> = whole
+                .by_ref()
+                .map(|message| {
+                    let (header, body) = message.unwrap();
+                    assert_eq!(header.body_len, body.len());
+                    (header.tag, body.to_vec())
+                })
+                .collect();
+            // Exactly the messages that end within the first `end` bytes.
+            let expected = match end {
+                0..=19 => 0,
+                20..=27 => 1,
+                28..=33 => 2,
+                _ => 3,
+            };
+            assert_eq!(found.len(), expected, "{end} bytes");
+            assert_eq!(whole.read(), [0, 20, 28, 34][expected], "{end} bytes");
+            read.push(found);
+        }
+        assert_eq!(
+            read.last().unwrap(),
+            &[
+                (b'T', b"row description".to_vec()),
+                (b'D', b"row".to_vec()),
+                (b'Z', b"I".to_vec())
+            ]
+        );
+    }
+
+    #[test]
+    fn whole_messages_check_every_header_as_read_header_does() {
+        let mut stream = wire(&[(b'Q', b"select 1")]);
+        stream.extend_from_slice(&[b'Q', 0, 0, 0, 3]);
+        stream.extend_from_slice(&wire(&[(b'S', b"")]));
+        let mut whole = WholeMessages::new(&stream, 100, "a message");
+        assert!(whole.next().unwrap().is_ok());
+        assert!(matches!(
+            whole.next(),
+            Some(Err(ProtocolError::ShortLength(3)))
+        ));
+        assert!(whole.next().is_none(), "nothing after a bad header");
+        assert_eq!(whole.read(), 13, "the bad header is not read");
+
+        // A length above the cap is refused from its header, before its body arrives.
+        let long = [b'd', 0, 0, 0, 105];
+        let mut whole = WholeMessages::new(&long, 100, "a message");
+        assert!(matches!(
+            whole.next(),
+            Some(Err(ProtocolError::TooLong {
+                len: 101,
+                cap: 100,
+                ..
+            }))
+        ));
+        assert_eq!(whole.read(), 0);
     }
 
     #[test]
