@@ -415,26 +415,14 @@ where
         let mut ready = false;
         while let Some(message) = whole.next() {
             let (header, body) = message?;
-            match header.tag {
-                backend::ERROR_RESPONSE => count_rejection(door, body),
-                backend::READY_FOR_QUERY if header.body_len == 1 => {
-                    progress.status.store(body[0], Ordering::Relaxed);
-                    progress.answered.fetch_add(1, Ordering::Relaxed);
-                    ready = true;
-                }
-                _ => {}
-            }
+            ready |= look_into(door, progress, header, body);
             passed = whole.read();
         }
         if passed > 0 {
             client.write_all(&upstream.buffer()[..passed]).await?;
             upstream.consume(passed);
             door.metrics().pg_bytes_to_client(passed);
-            if ready
-                && door.shutdown.is_cancelled()
-                && progress.idle()
-                && upstream.buffer().is_empty()
-            {
+            if ready && closes_now(door, progress, upstream) {
                 refuse(client, "57P01", "fencegate is shutting down").await?;
                 return Ok(Ending::Shutdown);
             }
@@ -447,32 +435,53 @@ where
             return Ok(Ending::ServerClosed);
         };
         door.metrics().pg_bytes_to_client(header.body_len + 5);
-        match header.tag {
-            backend::ERROR_RESPONSE if header.body_len <= wire::MAX_INSPECTED_MESSAGE => {
-                let body = wire::read_body(upstream, header).await?;
-                count_rejection(door, &body);
-                forward(client, header, &body).await?;
+        if inspected(header) {
+            let body = wire::read_body(upstream, header).await?;
+            let ready = look_into(door, progress, header, &body);
+            forward(client, header, &body).await?;
+            if ready && closes_now(door, progress, upstream) {
+                refuse(client, "57P01", "fencegate is shutting down").await?;
+                return Ok(Ending::Shutdown);
             }
-            backend::READY_FOR_QUERY if header.body_len == 1 => {
-                let body = wire::read_body(upstream, header).await?;
-                progress
-                    .status
-                    .store(body.first().copied().unwrap_or(b'I'), Ordering::Relaxed);
-                progress.answered.fetch_add(1, Ordering::Relaxed);
-                forward(client, header, &body).await?;
-                if door.shutdown.is_cancelled() && progress.idle() && upstream.buffer().is_empty() {
-                    refuse(client, "57P01", "fencegate is shutting down").await?;
-                    return Ok(Ending::Shutdown);
-                }
-            }
-            _ => {
-                client.write_all(&header.encode()).await?;
-                if !copy_body(upstream, client, header).await? {
-                    return Ok(Ending::ServerClosed);
-                }
+        } else {
+            client.write_all(&header.encode()).await?;
+            if !copy_body(upstream, client, header).await? {
+                return Ok(Ending::ServerClosed);
             }
         }
     }
+}
+
+/// A server message the door reads whole to look into: an ErrorResponse (within
+/// [`wire::MAX_INSPECTED_MESSAGE`]) or a ReadyForQuery.
+fn inspected(header: Header) -> bool {
+    match header.tag {
+        backend::ERROR_RESPONSE => header.body_len <= wire::MAX_INSPECTED_MESSAGE,
+        backend::READY_FOR_QUERY => header.body_len == 1,
+        _ => false,
+    }
+}
+
+/// Looks into a whole server message before it is relayed: counts fencegate's
+/// rejections, and records a ReadyForQuery's transaction status. True for a
+/// ReadyForQuery.
+fn look_into(door: &Door, progress: &Progress, header: Header, body: &[u8]) -> bool {
+    if !inspected(header) {
+        return false;
+    }
+    if header.tag == backend::ERROR_RESPONSE {
+        count_rejection(door, body);
+        return false;
+    }
+    progress.status.store(body[0], Ordering::Relaxed);
+    progress.answered.fetch_add(1, Ordering::Relaxed);
+    true
+}
+
+/// After a ReadyForQuery: the gateway is shutting down, the session is idle and the
+/// server has sent nothing more, so the session closes now.
+fn closes_now<R: AsyncRead>(door: &Door, progress: &Progress, upstream: &BufReader<R>) -> bool {
+    door.shutdown.is_cancelled() && progress.idle() && upstream.buffer().is_empty()
 }
 
 /// Tells the client why its session ends, and counts it.
