@@ -22,10 +22,18 @@
 #   PIN        1: in the stale workload, the server (bare or gateway) on CPU 0 and wrk
 #              on the other CPUs (taskset), so that both servers get the same share
 #              of the machine whatever their number of threads (unset: no pinning)
+#   SESSION    own: each server (gateway, bare hyper) runs in a session of its own
+#              (setsid), so that the kernel's autogroup scheduling shares the CPUs
+#              between it and the load generator as it does between Postgres's
+#              backends (each of which runs in a session of its own) and as a service
+#              manager's own group for a service would; shared: in this script's
+#              session, next to wrk, where each thread gets a share of its own
+#              (default: own)
 #   LOG        raw tool output (a file in /tmp)
 #
 # pgbench runs with -j 2 (-j 1 for one client) and -n; wrk with -t 2 (-t 1 for one
-# connection). The latencies of `direct` come from pgbench's per-transaction log (-l). Each gateway cell gets a fresh gateway (release build, --pg-listen off,
+# connection). The latencies of `direct` come from pgbench's per-transaction log
+# (-l). Each gateway cell gets a fresh gateway (release build, --pg-listen off,
 # otherwise default flags: logging at info, stale lines capped at 100 a second) on a
 # fresh database, as pgbench's does.
 # CPU per request is utime+stime (/proc/PID/stat, all threads) of the gateway, and of
@@ -47,6 +55,7 @@ RESOURCES=${RESOURCES:-1 100 10000}
 VALUE=${VALUE:-128}
 WORKLOADS=${WORKLOADS:-accept stale}
 PIN=${PIN:-}
+SESSION=${SESSION:-own}
 PGPORT=${PGPORT:-5432}
 LOG=${LOG:-${TMPDIR:-/tmp}/accept-$(date +%Y%m%d-%H%M%S).log}
 DB=fg_bench_accept
@@ -65,6 +74,11 @@ case $PIN in
     [ "$(nproc)" -ge 2 ] || die "PIN=1 needs at least two CPUs"
     ;;
   *) die "PIN must be 1 or unset" ;;
+esac
+case $SESSION in
+  own) command -v setsid >/dev/null || die "SESSION=own needs setsid (apt-get install -y util-linux)" ;;
+  shared) ;;
+  *) die "SESSION must be own or shared" ;;
 esac
 
 cargo build --release --quiet -p fencegate-gateway -p fencegate-tests --bin fencegate --bin fencegate-bench
@@ -119,9 +133,14 @@ postgres_ticks() {
 threads() { [ "$1" -gt 1 ] && echo 2 || echo 1; }
 
 # The server under test and the load generator, on CPUs of their own while PINNED is
-# set (stale cells with PIN=1). as_server execs, so that $! of `as_server … &` is the
-# server's own PID, whose CPU time is measured.
-as_server() { if [ -n "${PINNED:-}" ]; then exec taskset -c 0 "$@"; else exec "$@"; fi; }
+# set (stale cells with PIN=1), the server in a session of its own with SESSION=own.
+# as_server execs (and so do taskset and setsid, which is not a process group leader
+# here), so that $! of `as_server … &` is the server's own PID, whose CPU time is
+# measured.
+as_server() {
+  [ "$SESSION" = shared ] || set -- setsid "$@"
+  if [ -n "${PINNED:-}" ]; then exec taskset -c 0 "$@"; else exec "$@"; fi
+}
 as_client() {
   if [ -n "${PINNED:-}" ]; then taskset -c "1-$(( $(nproc) - 1 ))" "$@"; else "$@"; fi
 }
@@ -272,6 +291,9 @@ done
 
 # The table: medians of the rounds; CPU in µs per request (10 ms ticks).
 [ -z "$PIN" ] || printf '\nStale cells pinned: the server on CPU 0, wrk on CPUs 1-%s.\n' "$(( $(nproc) - 1 ))"
+printf '\nServers %s (SESSION=%s; autogroup scheduling %s).\n' \
+  "$([ "$SESSION" = own ] && echo 'each in a session of its own' || echo "in the load generator's session")" "$SESSION" \
+  "$([ "$(cat /proc/sys/kernel/sched_autogroup_enabled 2>/dev/null)" = 1 ] && echo on || echo off)"
 printf '\n| workload | target | conc | resources | req/s | p50 µs | p99 µs | gateway CPU µs/req | Postgres CPU µs/req | ratio | steal %% |\n'
 printf '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n'
 field() { tr '|' '\n' | grep -v '^ *$' | awk -v f="$1" '{print $f}' | median; }
