@@ -134,9 +134,9 @@ threads() { [ "$1" -gt 1 ] && echo 2 || echo 1; }
 
 # The server under test and the load generator, on CPUs of their own while PINNED is
 # set (stale cells with PIN=1), the server in a session of its own with SESSION=own.
-# as_server execs (and so do taskset and setsid, which is not a process group leader
-# here), so that $! of `as_server … &` is the server's own PID, whose CPU time is
-# measured.
+# as_server execs, and so do taskset and setsid (setsid forks only when its caller
+# leads a process group, and a background job of this script does not), so that $! of
+# `as_server … &` is the server's own PID, whose CPU time is measured.
 as_server() {
   [ "$SESSION" = shared ] || set -- setsid "$@"
   if [ -n "${PINNED:-}" ]; then exec taskset -c 0 "$@"; else exec "$@"; fi
