@@ -29,6 +29,8 @@
 #              manager's own group for a service would; shared: in this script's
 #              session, next to wrk, where each thread gets a share of its own
 #              (default: own)
+#   GATEWAY_ARGS  flags added to every gateway this script starts, split on spaces,
+#              e.g. "--threads 2" (none)
 #   LOG        raw tool output (a file in /tmp)
 #
 # pgbench runs with -j 2 (-j 1 for one client) and -n; wrk with -t 2 (-t 1 for one
@@ -56,6 +58,7 @@ VALUE=${VALUE:-128}
 WORKLOADS=${WORKLOADS:-accept stale}
 PIN=${PIN:-}
 SESSION=${SESSION:-own}
+read -r -a GATEWAY_ARGS <<<"${GATEWAY_ARGS:-}"
 PGPORT=${PGPORT:-5432}
 LOG=${LOG:-${TMPDIR:-/tmp}/accept-$(date +%Y%m%d-%H%M%S).log}
 DB=fg_bench_accept
@@ -107,7 +110,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 start_gateway() {
   local port; port=$(free_port)
   as_server "$BIN" --listen "127.0.0.1:$port" --pg-listen off \
-    --database-url "postgres://postgres@127.0.0.1:$PGPORT/$DB" >>"$LOG" 2>&1 &
+    --database-url "postgres://postgres@127.0.0.1:$PGPORT/$DB" "${GATEWAY_ARGS[@]}" >>"$LOG" 2>&1 &
   GATEWAY_PID=$!
   for _ in $(seq 100); do
     curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && { GATEWAY_URL="http://127.0.0.1:$port"; return; }
@@ -290,6 +293,7 @@ for round in $(seq "$ROUNDS"); do
 done
 
 # The table: medians of the rounds; CPU in µs per request (10 ms ticks).
+[ "${#GATEWAY_ARGS[@]}" = 0 ] || printf '\nGateway flags added: %s\n' "${GATEWAY_ARGS[*]}"
 [ -z "$PIN" ] || printf '\nStale cells pinned: the server on CPU 0, wrk on CPUs 1-%s.\n' "$(( $(nproc) - 1 ))"
 printf '\nServers %s (SESSION=%s; autogroup scheduling %s).\n' \
   "$([ "$SESSION" = own ] && echo 'each in a session of its own' || echo "in the load generator's session")" "$SESSION" \
