@@ -61,6 +61,9 @@ pub enum ApiError {
     ShuttingDown,
     #[error("this gateway requires `Authorization: Bearer <key>` with a key it knows, or a client certificate of an identity it knows")]
     Unauthenticated,
+    /// A fence reset on a gateway with neither `--auth-file` nor `--admin-key-file`.
+    #[error("fence resets need an administrator's credential: start the gateway with --auth-file (an identity with the admin action) or --admin-key-file")]
+    NoAdminCredential,
     #[error("identity {identity:?} may not {} {}", .action.as_str(), .resource.as_ref().map_or_else(|| "here".to_owned(), |r| format!("resource {r}")))]
     Forbidden {
         identity: String,
@@ -127,6 +130,7 @@ impl ApiError {
             ApiError::Overloaded(_) => ErrorCode::Overloaded,
             ApiError::ShuttingDown => ErrorCode::ShuttingDown,
             ApiError::Unauthenticated => ErrorCode::Unauthenticated,
+            ApiError::NoAdminCredential => ErrorCode::Forbidden,
             ApiError::Forbidden { .. } => ErrorCode::Forbidden,
             ApiError::Stale { .. } => ErrorCode::StaleToken,
             ApiError::VersionMismatch { .. } => ErrorCode::VersionMismatch,

@@ -111,7 +111,6 @@ impl FenceCache {
     }
 
     /// The highest committed token known for `resource`, if cached.
-    #[cfg(test)]
     pub fn highest(&self, resource: &ResourceName) -> Option<Token> {
         let entry = self.map.get(resource.as_str())?;
         Token::new(entry.highest.load(Ordering::Acquire)).ok()

@@ -83,6 +83,11 @@ impl Issuers {
         }
     }
 
+    /// The `--issued-by` bindings, in order.
+    pub fn bindings(&self) -> &[Binding] {
+        &self.bindings
+    }
+
     /// The issuer `resource` is bound to; the first binding that matches decides.
     pub fn issuer_of(&self, resource: &ResourceName) -> Option<IssuerKind> {
         self.bindings
@@ -94,6 +99,43 @@ impl Issuers {
     /// The latest token this gateway knows `resource`'s issuer issued.
     pub fn known(&self, resource: &ResourceName) -> Option<Issued> {
         self.known.get(resource.as_str()).map(|entry| entry.clone())
+    }
+
+    /// Forgets what was learned of `resource`: after a reset of its fence, which may
+    /// follow the retirement of a forged issuer record.
+    pub fn forget(&self, resource: &ResourceName) {
+        self.known.remove(resource.as_str());
+    }
+
+    /// Checks, at start, that the `leader_lease` table of `leader_lease:` bindings
+    /// exists and is guarded (`fencegate leader-lease guard`), so that its electors
+    /// cannot forge the epochs this gateway takes as issued.
+    pub async fn check_leader_lease_table(&self) -> Result<(), String> {
+        let Some(table) = &self.leader_lease else {
+            return Ok(());
+        };
+        let client = table
+            .pool
+            .get()
+            .await
+            .map_err(|error| format!("could not reach the leader_lease database: {error}"))?;
+        let guarded = crate::store::PgStore::leader_lease_guarded(&client, &table.name)
+            .await
+            .map_err(|error| format!("could not look at table {}: {error}", table.name))?;
+        match guarded {
+            Some(true) => Ok(()),
+            Some(false) => Err(format!(
+                "table {} is not guarded: its electors could write any epoch, which this gateway \
+                 would take as issued. Guard it as its owner: fencegate leader-lease guard \
+                 --table {} --database-url <its database>",
+                table.name, table.name
+            )),
+            None => Err(format!(
+                "table {} does not exist in the leader_lease database (--leader-lease-url, \
+                 --leader-lease-table)",
+                table.name
+            )),
+        }
     }
 
     /// Records what the issuer said; never goes back to an older token.
@@ -166,6 +208,8 @@ pub fn judge(token: Token, identity: Option<&str>, issued: Option<&Issued>) -> V
 struct LeaderLease {
     pool: Pool,
     query: String,
+    /// The table, as --leader-lease-table names it.
+    name: String,
 }
 
 impl LeaderLease {
@@ -174,6 +218,7 @@ impl LeaderLease {
         let quoted: Vec<String> = table.split('.').map(|part| format!("\"{part}\"")).collect();
         Ok(LeaderLease {
             pool: new_pool(url.config, &url.tls, 4).into_inner(),
+            name: table.to_owned(),
             query: format!(
                 "SELECT epoch, holder FROM {} WHERE name = $1",
                 quoted.join(".")

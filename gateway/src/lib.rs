@@ -91,6 +91,8 @@ pub enum StartError {
     Tls(#[from] server::tls::TlsError),
     #[error("invalid issuer binding: {0}")]
     Issuers(String),
+    #[error("could not record the gateway's settings in the database: {0}")]
+    Settings(store::StoreError),
     #[error("the listener has no local address: {0}")]
     Listener(std::io::Error),
     #[error(transparent)]
@@ -165,17 +167,23 @@ pub async fn run(
     warn_of_idle_certificate_settings(auth.as_deref(), tls.as_deref());
     let issuers = issuers::Issuers::new(&config.issuers, config.database_url.as_deref())
         .map_err(StartError::Issuers)?;
-    if let Store::Postgres(pg) = &store {
-        // The in-database fence refuses unissued tokens of the same resources.
-        pg.write_bindings(&config.issuers.bindings)
-            .await
-            .map_err(|error| {
-                StartError::Issuers(format!("could not record the bindings: {error}"))
-            })?;
-    }
+    issuers
+        .check_leader_lease_table()
+        .await
+        .map_err(StartError::Issuers)?;
+    let bindings_generation = match &store {
+        Store::Postgres(pg) => Some(record_bindings(&config, pg).await?),
+        Store::Embedded(_) => None,
+    };
     let coordinator = Arc::new(Coordinator::new(
-        &config, store, sql, metrics, auth, issuers,
-    ));
+        &config,
+        store,
+        sql,
+        metrics,
+        auth,
+        issuers,
+        bindings_generation,
+    )?);
     let limits = server::Limits {
         max_connections: server::connection_cap(config.max_connections),
         max_header_size: config.max_header_size,
@@ -201,6 +209,8 @@ pub async fn run(
                 max_connections: config.pg_max_connections,
                 startup_timeout: config.pg_startup_timeout,
                 grace: config.shutdown_timeout,
+                idle_in_transaction: Some(config.pg_idle_in_transaction_timeout)
+                    .filter(|timeout| !timeout.is_zero()),
             };
             let door = pgdoor::Door::new(url, tls, &options, Arc::clone(&coordinator))?;
             Some((listener, Arc::new(door), options))
@@ -241,6 +251,49 @@ pub async fn run(
     }
     tracing::info!("fencegate stopped");
     Ok(())
+}
+
+/// Adopts or writes the issuer bindings the in-database fence and every replica follow
+/// (see [`store::postgres::bindings`]), and the settings the schema's functions read;
+/// returns the bindings' generation.
+async fn record_bindings(config: &Config, pg: &PgStore) -> Result<i64, StartError> {
+    use store::postgres::bindings::{describe, Adopted};
+    let flags = &config.issuers.bindings;
+    let adopted = pg
+        .adopt_bindings(flags, config.issuers.replace_issuer_bindings)
+        .await
+        .map_err(|error| StartError::Issuers(format!("could not record the bindings: {error}")))?;
+    let generation = match adopted {
+        Adopted::Same { generation } => generation,
+        Adopted::Written { generation } => {
+            tracing::info!(
+                generation,
+                "recorded this gateway's issuer bindings in the database"
+            );
+            generation
+        }
+        Adopted::Differs { recorded } => {
+            let ours: Vec<_> = flags
+                .iter()
+                .map(|b| {
+                    let (pattern, prefix) = b.pattern.parts();
+                    (pattern.to_owned(), prefix, b.issuer.as_str().to_owned())
+                })
+                .collect();
+            return Err(StartError::Issuers(format!(
+                "the issuer bindings recorded in the database ({}) differ from --issued-by ({}); \
+                 every replica and the in-database fence follow the recorded ones. Start with \
+                 the same flags, or with --replace-issuer-bindings to replace them",
+                describe(&recorded),
+                describe(&ours)
+            )));
+        }
+    };
+    let takeover = config.term_takeover_timeout.as_millis().to_string();
+    pg.set_setting("term_takeover_timeout_ms", &takeover)
+        .await
+        .map_err(StartError::Settings)?;
+    Ok(generation)
 }
 
 /// Client certificates authenticate only when both the TLS layer verifies them

@@ -13,9 +13,51 @@ use crate::error::ProtoError;
 /// resource iff its token is at least the highest token it has accepted for that
 /// resource. The range `1..=i64::MAX` is the range of a Postgres `bigint` without
 /// zero, which is reserved for "never written".
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "u64", into = "u64")]
+///
+/// In JSON bodies a token is a number. JSON Schema counts `42.0` as the integer 42, so
+/// an integral number written with a fraction is read as that integer — up to 2^53,
+/// above which such a number may already stand for another integer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(into = "u64")]
 pub struct Token(u64);
+
+/// The largest integer that a JSON number with a fraction or exponent is taken as: the
+/// largest below which every integer has a double of its own.
+const EXACT_IN_A_DOUBLE: f64 = 9_007_199_254_740_992.0;
+
+impl<'de> Deserialize<'de> for Token {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Token, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Token;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a fencing token: an integer from 1 to 9223372036854775807")
+            }
+
+            fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<Token, E> {
+                Token::new(value).map_err(E::custom)
+            }
+
+            fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<Token, E> {
+                let value =
+                    u64::try_from(value).map_err(|_| E::custom("the token must be at least 1"))?;
+                self.visit_u64(value)
+            }
+
+            fn visit_f64<E: serde::de::Error>(self, value: f64) -> Result<Token, E> {
+                if value.fract() != 0.0 || !(1.0..=EXACT_IN_A_DOUBLE).contains(&value) {
+                    return Err(E::custom(
+                        "the token must be an integer from 1 to 9223372036854775807 \
+                         (written without a fraction above 2^53)",
+                    ));
+                }
+                self.visit_u64(value as u64)
+            }
+        }
+        deserializer.deserialize_u64(Visitor)
+    }
+}
 
 impl Token {
     /// The largest token: `9223372036854775807`.
@@ -112,6 +154,29 @@ mod tests {
         (1..=i64::MAX as u128)
             .contains(&value)
             .then_some(value as u64)
+    }
+
+    #[test]
+    fn json_numbers_that_are_integers() {
+        let read = |text: &str| serde_json::from_str::<Token>(text).map(Token::get);
+        assert_eq!(read("42").unwrap(), 42);
+        assert_eq!(read("42.0").unwrap(), 42);
+        assert_eq!(read("4.2e1").unwrap(), 42);
+        assert_eq!(read("9223372036854775807").unwrap(), i64::MAX as u64);
+        assert_eq!(read("9007199254740992.0").unwrap(), 1 << 53);
+        for bad in [
+            "0",
+            "-1",
+            "0.0",
+            "42.5",
+            "9007199254740994.0",
+            "9223372036854775808",
+            "1e300",
+            "\"42\"",
+            "null",
+        ] {
+            assert!(read(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

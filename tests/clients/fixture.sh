@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates the fixture the client scripts start from, in a fresh database DB:
 # table sweep_state (one row: 1 'initial') protected under resource `sweeper`
-# (no token presented yet), and a login role DB_writer that may write it.
+# (no token presented yet), and a login role DB_writer that may write it and holds
+# resource `sweeper` (fencegate grant).
 # Drops DB and DB_writer first if they exist. Prints the writer's DSN.
 #
 #   tests/clients/fixture.sh fg_clients
@@ -33,8 +34,8 @@ psql_as "$db" "CREATE TABLE sweep_state (id int PRIMARY KEY, note text NOT NULL)
   --database-url "postgres://$su@$host:$port/$db" >/dev/null
 psql_as "$db" "CREATE ROLE $writer LOGIN;
                GRANT USAGE ON SCHEMA public TO $writer;
-               GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON ALL TABLES IN SCHEMA public TO $writer;
-               GRANT USAGE ON SCHEMA fencegate TO $writer;
-               GRANT EXECUTE ON FUNCTION fencegate.fence(text, bigint) TO $writer"
+               GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON ALL TABLES IN SCHEMA public TO $writer"
+"$bin" grant "$writer" --resource sweeper \
+  --database-url "postgres://$su@$host:$port/$db" >/dev/null
 
 echo "postgres://$writer@$host:$port/$db"

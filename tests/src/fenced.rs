@@ -2,10 +2,12 @@
 //! themselves — no gateway in between.
 //!
 //! [`FencedDb::create`] brings a new database to the gateway's schema (the same
-//! migration the gateway runs) and prepares its writer role the way docs/sql.md
-//! describes: it may write the tables of schema `public` and call
-//! `fencegate.fence()`, and nothing else of fencegate's.
+//! migration the gateway runs) and prepares its writer role the way
+//! docs/fenced-tables.md describes: it may write the tables of schema `public` and
+//! holds every resource (`fencegate grant writer --resource '*'`), and nothing else of
+//! fencegate's. [`FencedDb::tenant`] makes roles that hold some resources only.
 
+use fencegate_gateway::auth::Pattern;
 use tokio_postgres::error::DbError;
 use tokio_postgres::{Client, NoTls};
 
@@ -26,13 +28,32 @@ impl FencedDb {
             .await
             .unwrap_or_else(|e| panic!("migrating {}: {e}", db.name()));
         let writer = db.writer().await;
-        db.execute(&format!(
-            "GRANT USAGE ON SCHEMA fencegate TO {role};
-             GRANT EXECUTE ON FUNCTION fencegate.fence(text, bigint) TO {role};",
-            role = db.writer_role()
-        ))
-        .await;
+        let everything = [Pattern::parse("*").expect("a pattern")];
+        fencegate_gateway::dbfence::admin::grant(&admin, &db.writer_role(), &everything, false)
+            .await
+            .unwrap_or_else(|e| panic!("granting the writer every resource: {e}"));
         FencedDb { db, admin, writer }
+    }
+
+    /// A login role `<db>_<name>` that may write the tables of schema `public` and
+    /// holds the resources of `patterns` only (`fencegate grant`); its connection
+    /// string.
+    pub async fn tenant(&self, name: &str, patterns: &[&str]) -> String {
+        let role = self.db.create_role(name, "LOGIN").await;
+        self.db
+            .execute(&format!(
+                "GRANT USAGE ON SCHEMA public TO {role};
+                 GRANT SELECT, INSERT, UPDATE, DELETE, TRUNCATE ON ALL TABLES IN SCHEMA public TO {role};"
+            ))
+            .await;
+        let patterns: Vec<Pattern> = patterns
+            .iter()
+            .map(|p| Pattern::parse(p).expect("a pattern"))
+            .collect();
+        fencegate_gateway::dbfence::admin::grant(&self.admin, &role, &patterns, false)
+            .await
+            .unwrap_or_else(|e| panic!("granting {role}: {e}"));
+        self.db.url_as(&role)
     }
 
     /// Runs `sql` as the superuser; panics with the SQL if it fails. The fence applies
@@ -149,6 +170,29 @@ pub fn fence_error(error: &tokio_postgres::Error) -> &DbError {
         db.detail()
     );
     db
+}
+
+/// A fence error's DETAIL without its proof, the `key=value` fields before
+/// ` proof=<hex>`; panics if a stale or unissued token's DETAIL carries no proof.
+pub fn detail_fields(error: &DbError) -> Option<&str> {
+    let detail = error.detail()?;
+    match detail.rsplit_once(" proof=") {
+        Some((fields, proof)) => {
+            assert!(
+                proof.len() == 64 && proof.bytes().all(|b| b.is_ascii_hexdigit()),
+                "a proof is 64 hex digits: {detail}"
+            );
+            Some(fields)
+        }
+        None => {
+            assert!(
+                !matches!(error.code().code(), "ZF001" | "ZF005"),
+                "a {} without a proof: {detail}",
+                error.code().code()
+            );
+            Some(detail)
+        }
+    }
 }
 
 /// The SQLSTATE of `result`'s error; panics if it succeeded.

@@ -67,8 +67,12 @@ async fn protect_check_unprotect() {
     );
     assert_eq!(
         stdout(&check),
-        "fenced   app.\"Orders\"                 for resource orders\n\
-         1 fenced tables, 0 problems, 0 warnings\n"
+        format!(
+            "fenced   app.\"Orders\"                 for resource orders\n\
+             info     role_can_reach_fence         {}: may call fence; holds *\n\
+             1 fenced tables, 0 problems, 0 warnings\n",
+            fenced.db.writer_role()
+        )
     );
 
     let unprotect = fencegate(&["unprotect", "app.\"Orders\""], &url);
@@ -165,21 +169,24 @@ async fn check_finds_the_holes() {
              ALTER TABLE owned OWNER TO {writer};
              GRANT UPDATE ON fencegate.fences TO {intruder};
              GRANT CREATE ON SCHEMA fencegate TO {intruder};
-             GRANT EXECUTE ON FUNCTION fencegate.fence_check(text, bigint, regclass) TO PUBLIC;"
+             GRANT EXECUTE ON FUNCTION fencegate.fence_check(text, bigint, regclass, text) TO PUBLIC;
+             CREATE TABLE rogue (id int);
+             CREATE TRIGGER sneaky BEFORE INSERT ON rogue FOR EACH STATEMENT EXECUTE FUNCTION fencegate.enforce();"
         ))
         .await;
     let check = fencegate(&["check"], &url);
     assert_eq!(check.status.code(), Some(1), "{}", stdout(&check));
     let report = stdout(&check);
     for expected in [
-        "problem  unprotected_partition        public.events_2026: below public.events",
+        "problem  trigger_not_always           public.events_2026: the fencegate trigger is missing",
         "problem  trigger_not_always           public.events_2027: the fencegate trigger is disabled",
         &format!("problem  writer_owns_protected_table  public.owned: writer role {writer}"),
         &format!("problem  role_can_write_fences        {intruder}:"),
         &format!("problem  role_can_create_in_fencegate {intruder}:"),
-        "problem  public_can_execute           fencegate.fence_check(text,bigint,regclass):",
+        "problem  public_can_execute           fencegate.fence_check(text,bigint,regclass,text):",
+        "problem  unregistered_fence_trigger   public.rogue: trigger sneaky calls fencegate.enforce()",
         "warning  no_partition_guard           fencegate_partitions:",
-        "6 problems, 1 warnings",
+        "7 problems, 1 warnings",
     ] {
         assert!(report.contains(expected), "missing {expected:?} in:\n{report}");
     }
@@ -191,6 +198,5 @@ async fn check_finds_the_holes() {
             .success()
     );
     let report = stdout(&fencegate(&["check"], &url));
-    assert!(!report.contains("unprotected_partition"), "{report}");
     assert!(!report.contains("trigger_not_always"), "{report}");
 }

@@ -4,7 +4,9 @@
 
 use std::time::Duration;
 
-use fencegate_tests::fenced::{assert_counted_once_in_token_order, fence_error, FencedDb};
+use fencegate_tests::fenced::{
+    assert_counted_once_in_token_order, detail_fields, fence_error, FencedDb,
+};
 
 async fn counter() -> FencedDb {
     let fenced = FencedDb::create().await;
@@ -86,7 +88,7 @@ async fn a_raise_waits_for_the_old_term_then_shuts_it_out() {
         .unwrap_err();
     let error = fence_error(&refused);
     assert_eq!(
-        (error.code().code(), error.detail()),
+        (error.code().code(), detail_fields(error)),
         ("ZF001", Some("resource=counter presented=7 highest=8"))
     );
     old.batch_execute("ROLLBACK").await.unwrap();

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use fencegate_tests::db::{server_addr, via};
 use fencegate_tests::eventually;
-use fencegate_tests::fenced::{connect_with, fence_error, sqlstate, FencedDb};
+use fencegate_tests::fenced::{connect_with, detail_fields, fence_error, sqlstate, FencedDb};
 use fencegate_tests::proxy::Proxy;
 use futures_util::SinkExt;
 use tokio_postgres::Client;
@@ -97,7 +97,7 @@ async fn every_write_statement_needs_a_current_token() {
             "{what}"
         );
         assert_eq!(
-            error.detail(),
+            detail_fields(error),
             Some("resource=orders presented=4 highest=5"),
             "{what}"
         );
@@ -220,7 +220,7 @@ async fn transaction_tokens_end_with_their_transaction() {
         .unwrap_err();
     let error = fence_error(&stale);
     assert_eq!(
-        (error.code().code(), error.detail()),
+        (error.code().code(), detail_fields(error)),
         ("ZF001", Some("resource=orders presented=4 highest=5"))
     );
     assert_eq!(error.table(), None);
@@ -498,8 +498,27 @@ async fn writers_cannot_lower_or_forge_fences() {
         ("DELETE FROM fencegate.fences", "42501"),
         ("SELECT * FROM fencegate.fences", "42501"),
         ("SELECT * FROM fencegate.objects", "42501"),
-        ("SELECT fencegate.fence_check('orders', 1, NULL)", "42501"),
-        ("SELECT fencegate.protect('orders', 'other')", "P0001"),
+        (
+            "SELECT fencegate.fence_check('orders', 1, NULL, 'door')",
+            "42501",
+        ),
+        ("SELECT fencegate.raise_fence('orders', 9, 'door')", "42501"),
+        ("SELECT fencegate.sql_fence('orders', 9, '\\x00')", "42501"),
+        (
+            "SELECT fencegate.end_older_terms('orders', 9, 'x')",
+            "42501",
+        ),
+        (
+            "SELECT fencegate.register_table('orders', 'other')",
+            "42501",
+        ),
+        ("SELECT * FROM fencegate.keys", "42501"),
+        (
+            "INSERT INTO fencegate.authority VALUES (current_user::regrole, '', true)",
+            "42501",
+        ),
+        ("DELETE FROM fencegate.raises", "42501"),
+        ("SELECT fencegate.protect('orders', 'other')", "42501"),
         ("SELECT fencegate.unprotect('orders')", "42501"),
         (
             "ALTER TABLE orders DISABLE TRIGGER fencegate_fence",
@@ -574,7 +593,7 @@ async fn the_seed_sweeper_over_direct_connections() {
     let late = delayed.await.unwrap().unwrap_err();
     let error = fence_error(&late);
     assert_eq!(
-        (error.code().code(), error.detail()),
+        (error.code().code(), detail_fields(error)),
         ("ZF001", Some("resource=sweeper presented=1 highest=2"))
     );
     let note: String = fenced

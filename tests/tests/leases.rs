@@ -9,6 +9,7 @@ use fencegate_gateway::auth::{new_key, stored_hash};
 use fencegate_lease::{FencedClient, GatewayStore, LeaseStore};
 use fencegate_tests::db::TestDb;
 use fencegate_tests::deployment::DataDir;
+use fencegate_tests::fenced::detail_fields;
 use fencegate_tests::gateway::Gateway;
 use fencegate_tests::http::{kv_path, Client, Reply};
 use http::Method;
@@ -424,6 +425,24 @@ async fn the_leader_lease_table_is_an_issuer() {
          INSERT INTO leader_lease VALUES ('sweep-eu', 'node-a', 3, now() + interval '1 minute');",
     )
     .await;
+    // An unguarded table is refused: its electors could forge any epoch.
+    let unguarded = Gateway::builder()
+        .database(&db.url())
+        .args(&["--issued-by", "leader_lease:sweep-*"])
+        .try_spawn()
+        .await
+        .err()
+        .expect("a gateway bound to an unguarded leader_lease table does not start");
+    assert!(
+        unguarded.logs.contains("table leader_lease is not guarded"),
+        "{unguarded}"
+    );
+    let admin = fencegate_gateway::dbfence::admin::connect(&db.url())
+        .await
+        .unwrap();
+    fencegate_gateway::dbfence::admin::guard_leader_lease(&admin, "leader_lease")
+        .await
+        .unwrap();
     let (node_a, node_b) = (new_key(), new_key());
     let grants = r#"{ resources = ["sweep-*"], actions = ["read", "write"] }"#;
     let auth = AuthFile::new(&[("node-a", &node_a, grants), ("node-b", &node_b, grants)]);
@@ -600,7 +619,7 @@ async fn the_database_refuses_unissued_tokens_too() {
     let error = forged.as_db_error().expect("a database error");
     assert_eq!(error.code().code(), "ZF005", "{error:?}");
     assert_eq!(
-        error.detail(),
+        detail_fields(error),
         Some("resource=sweeper presented=9223372036854775807 issued=0")
     );
     let caller = Caller::new(&gateway, None);
@@ -630,5 +649,5 @@ async fn the_database_refuses_unissued_tokens_too() {
     let logged = gateway.events("token refused by its issuer");
     assert_eq!(logged.len(), 2, "{logged:?}");
     assert_eq!(logged[0]["fields"]["door"], "pg");
-    assert_eq!(logged[0]["fields"]["presented"], MAX);
+    assert_eq!(logged[0]["fields"]["presented"], json!(i64::MAX));
 }

@@ -14,11 +14,22 @@ const DOCUMENT: &str = include_str!("../../gateway/openapi.json");
 async fn schemathesis_finds_nothing_that_breaks_the_document() {
     let db = TestDb::create().await;
     db.execute("CREATE TABLE notes (id int, note text)").await;
+    // Fence resets need an administrator's credential; every request carries it.
+    let admin = fencegate_gateway::auth::new_key();
+    let key_file = std::env::temp_dir().join(format!(
+        "fencegate-openapi-{}-{:08x}.key",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::write(&key_file, fencegate_gateway::auth::stored_hash(&admin)).unwrap();
     let gateway = Gateway::builder()
         .database(&db.url())
         .sql_as(&db.writer().await)
+        .arg("--admin-key-file")
+        .arg(key_file.display().to_string())
         .spawn()
         .await;
+    std::fs::remove_file(&key_file).unwrap();
     let served = gateway.client().get_path("/v1/openapi.json").await;
     assert_eq!(served.status, 200);
     assert_eq!(served.header("content-type"), Some("application/json"));
@@ -35,6 +46,8 @@ async fn schemathesis_finds_nothing_that_breaks_the_document() {
                 "--generation-database",
                 "none",
                 "--no-color",
+                "--header",
+                &format!("Authorization: Bearer {admin}"),
             ])
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .output()

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use fencegate_tests::door::SweeperDoor;
 use fencegate_tests::eventually;
-use fencegate_tests::fenced::{fence_error, sqlstate};
+use fencegate_tests::fenced::{detail_fields, fence_error, sqlstate};
 use futures_util::{SinkExt, StreamExt, TryStreamExt};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -49,7 +49,7 @@ async fn the_old_leaders_delayed_transaction_is_refused_counted_and_logged() {
     let error = fence_error(&error);
     assert_eq!(error.code().code(), "ZF001");
     assert_eq!(
-        error.detail(),
+        detail_fields(error),
         Some("resource=sweeper presented=41 highest=42")
     );
     assert!(error.hint().is_some_and(|hint| !hint.is_empty()));

@@ -87,27 +87,28 @@ async fn another_database_is_refused() {
     );
 }
 
-/// A writer-only login starts, and is given what it needs to call the fence: nothing
-/// was granted on schema `fencegate` by hand.
+/// A writer-only login starts, and is given what it needs to take the fence step of
+/// `/v1/sql`, and nothing more: not `fencegate.fence()`, nothing granted by hand.
 #[tokio::test]
-async fn a_writer_only_login_starts_with_just_the_fence_granted() {
+async fn a_writer_only_login_starts_with_just_the_fence_step_granted() {
     let db = migrated().await;
     let gateway = start_as(&db, &db.writer().await).await.expect("starts");
-    let privileges: (bool, bool, bool, bool) = {
+    let privileges: (bool, bool, bool, bool, bool) = {
         let row = db
             .client()
             .await
             .query_one(
                 "SELECT has_schema_privilege($1, 'fencegate', 'USAGE'),
+                        has_function_privilege($1, 'fencegate.sql_fence(text, bigint, bytea)', 'EXECUTE'),
                         has_function_privilege($1, 'fencegate.fence(text, bigint)', 'EXECUTE'),
                         has_table_privilege($1, 'fencegate.fences', 'SELECT'),
-                        has_function_privilege($1, 'fencegate.fence_check(text, bigint, regclass)', 'EXECUTE')",
+                        has_function_privilege($1, 'fencegate.fence_check(text, bigint, regclass, text)', 'EXECUTE')",
                 &[&db.writer_role()],
             )
             .await
             .unwrap();
-        (row.get(0), row.get(1), row.get(2), row.get(3))
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
     };
-    assert_eq!(privileges, (true, true, false, false));
+    assert_eq!(privileges, (true, true, false, false, false));
     drop(gateway);
 }

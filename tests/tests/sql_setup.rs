@@ -9,17 +9,15 @@ use fencegate_tests::fenced::connect_with;
 use fencegate_tests::gateway::{binary, Gateway};
 use serde_json::json;
 
-/// The ```sql block that follows `<!-- setup: {who} -->` in docs/sql.md.
-fn setup_block(doc: &str, who: &str) -> String {
+/// The ```{language} block that follows `<!-- setup: {who} -->` in docs/sql.md.
+fn setup_block(doc: &str, who: &str, language: &str) -> String {
     let marker = format!("<!-- setup: {who} -->");
     let after = &doc[doc
         .find(&marker)
         .unwrap_or_else(|| panic!("docs/sql.md has no {marker}"))
         + marker.len()..];
-    let body = &after[after
-        .find("```sql")
-        .expect("a sql block follows the marker")
-        + 6..];
+    let fence = format!("```{language}");
+    let body = &after[after.find(&fence).expect("a block follows the marker") + fence.len()..];
     body[..body.find("```").expect("the block ends")].to_owned()
 }
 
@@ -41,12 +39,13 @@ async fn the_documented_least_privilege_setup_works() {
     for name in ["fg_gateway", "app_owner", "fg_sql"] {
         db.drop_role_later(&role(name));
     }
-    db.execute(&unique(&setup_block(&doc, "superuser"))).await;
+    db.execute(&unique(&setup_block(&doc, "superuser", "sql")))
+        .await;
 
     // As app_owner: the tables and the writers' grants.
     connect_with(&db.url_as(&role("app_owner")), "")
         .await
-        .batch_execute(&unique(&setup_block(&doc, "app_owner")))
+        .batch_execute(&unique(&setup_block(&doc, "app_owner", "sql")))
         .await
         .expect("app_owner creates its tables");
 
@@ -57,12 +56,23 @@ async fn the_documented_least_privilege_setup_works() {
         .spawn()
         .await;
 
-    // As fg_gateway: the owner may use the fencing commands.
-    connect_with(&db.url_as(&role("fg_gateway")), "")
-        .await
-        .batch_execute(&unique(&setup_block(&doc, "fg_gateway")))
-        .await
-        .expect("fg_gateway grants");
+    // As fg_gateway: the owner may fence its tables.
+    let block = setup_block(&doc, "fg_gateway", "sh");
+    assert!(
+        block.contains("fencegate grant app_owner --tables --database-url"),
+        "{block}"
+    );
+    let grant = Command::new(binary())
+        .args(["grant", &role("app_owner"), "--tables"])
+        .env_clear()
+        .env("DATABASE_URL", db.url_as(&role("fg_gateway")))
+        .output()
+        .expect("the binary runs");
+    assert!(
+        grant.status.success(),
+        "{}",
+        String::from_utf8_lossy(&grant.stderr)
+    );
 
     // As app_owner: fence the tables, and audit.
     let owner_url = db.url_as(&role("app_owner"));
@@ -106,7 +116,7 @@ async fn the_documented_least_privilege_setup_works() {
         409
     );
     let renamed = client.sql("sweeper-x", 1, sweep(1, "node-a")).await;
-    assert_eq!(renamed.json()["sqlstate"], "ZF002", "{:?}", renamed.body);
+    assert_eq!(renamed.json()["sqlstate"], "ZF006", "{:?}", renamed.body);
     let payroll = client
         .sql(
             "sweeper",

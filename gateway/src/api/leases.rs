@@ -115,6 +115,19 @@ pub async fn reset(
     request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
     tracing::Span::current().record("resource", resource.as_str());
+    // With --auth-file, the identity's admin grant was checked with every request's.
+    if coordinator.authenticator().is_none() {
+        let authorization = request
+            .head
+            .headers
+            .get(http::header::AUTHORIZATION)
+            .map(|value| value.as_bytes());
+        match coordinator.admin_key() {
+            Some(key) if key.admits(authorization) => {}
+            Some(_) => return Err(ApiError::Unauthenticated),
+            None => return Err(ApiError::NoAdminCredential),
+        }
+    }
     let _in_flight = coordinator.write_permit()?;
     let FenceResetRequest { to, reason } = read_json(coordinator, request).await?;
     let reason = reason.trim().to_owned();

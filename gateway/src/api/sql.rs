@@ -15,6 +15,7 @@ use http::{Response, StatusCode};
 use crate::api::request::{fencing_of, read_body, Req};
 use crate::api::response::{json_response, Body};
 use crate::coordinator::{Coordinator, Door};
+use crate::dbfence::{Refusal, Reported};
 use crate::error::ApiError;
 use crate::sql::{SqlEndpoint, SqlError, SqlFailure, SqlTransaction};
 
@@ -85,8 +86,21 @@ pub async fn post(
                 results,
             },
         )),
-        Err(SqlFailure::Stale(rejection)) => {
-            Err(coordinator.stale_in_database(&rejection, fencing.holder, Door::Http))
+        Err(SqlFailure::Fence(refusal)) => {
+            let answer = match &refusal {
+                Refusal::Stale(rejection) => ApiError::Stale {
+                    resource: rejection.resource.clone(),
+                    presented: rejection.presented,
+                    highest: rejection.highest,
+                },
+                Refusal::NotIssued(rejection) => Coordinator::not_issued_answer(rejection),
+            };
+            coordinator.db_refusal(&Reported::Proven(refusal), fencing.holder, Door::Http);
+            Err(answer)
+        }
+        Err(SqlFailure::Forged { code, failed }) => {
+            coordinator.db_refusal(&Reported::Unproven { code }, fencing.holder, Door::Http);
+            Err(failed.into())
         }
         Err(SqlFailure::Store(error)) => Err(ApiError::Store(error)),
         Err(SqlFailure::Refused(error)) => Err(error.into()),

@@ -426,13 +426,7 @@ impl Authenticator {
                 .and_then(|certificate| identities.identify_certificate(certificate))
                 .ok_or(Refusal::Unauthenticated);
         };
-        let key = std::str::from_utf8(authorization)
-            .ok()
-            .and_then(|value| {
-                let (scheme, key) = value.split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
-            })
-            .ok_or(Refusal::Unauthenticated)?;
+        let key = bearer(authorization).ok_or(Refusal::Unauthenticated)?;
         identities.identify(key).ok_or(Refusal::Unauthenticated)
     }
 
@@ -454,6 +448,35 @@ impl Authenticator {
             ),
         })
         .await
+    }
+}
+
+/// The key of an `Authorization: Bearer <key>` header value.
+fn bearer(authorization: &[u8]) -> Option<&str> {
+    let value = std::str::from_utf8(authorization).ok()?;
+    let (scheme, key) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| key.trim())
+}
+
+/// The administrator's key of a gateway without `--auth-file` (`--admin-key-file`):
+/// the file holds its hash, as `fencegate key new` prints it.
+pub struct AdminKey([u8; 32]);
+
+impl AdminKey {
+    pub fn load(path: &Path) -> Result<AdminKey, AuthFileError> {
+        let failed = |reason: String| AuthFileError {
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| failed(e.to_string()))?;
+        parse_hash(text.trim()).map(AdminKey).map_err(failed)
+    }
+
+    /// Whether an `Authorization` header value carries this key.
+    pub fn admits(&self, authorization: Option<&[u8]>) -> bool {
+        authorization
+            .and_then(bearer)
+            .is_some_and(|key| hash(key) == self.0)
     }
 }
 

@@ -35,10 +35,101 @@ pub enum TablesCommand {
     Protect(ProtectArgs),
     /// Remove the fence from a table and its partitions.
     Unprotect(UnprotectArgs),
-    /// Audit the fenced tables: partitions without the fence, triggers not enabled
-    /// ALWAYS, writers that own fenced tables, roles that can write fencegate's own
-    /// tables. Exits 1 if it finds a problem.
+    /// Audit the fenced tables: partitions and families without the fence, triggers not
+    /// enabled ALWAYS or not installed by protect, writers that own fenced tables, roles
+    /// that can write fencegate's own tables or reach its functions, prepared
+    /// transactions. Exits 1 if it finds a problem.
     Check(CheckArgs),
+    /// Let a database role present and raise the fences of resources (writers: the
+    /// Postgres door, direct connections, electors of a leader_lease table), or fence
+    /// tables it owns (--tables). Run it as the owner of schema fencegate (the
+    /// gateway's login) or a superuser.
+    Grant(GrantArgs),
+    /// Take back what `grant` gave a role: the resources named, or all of them.
+    Revoke(RevokeArgs),
+    /// List the roles and the resources they hold, and the roles that may fence tables.
+    Grants(GrantsArgs),
+    /// A seed `leader_lease` table as an issuer its electors cannot forge.
+    #[command(subcommand)]
+    LeaderLease(LeaderLeaseCommand),
+}
+
+/// The commands for `leader_lease` tables.
+#[derive(Debug, Subcommand)]
+pub enum LeaderLeaseCommand {
+    /// Guard the table: from now on an elector raises a lease's epoch by exactly one,
+    /// only on a new term (lease free, expired, or held by its own role), only for
+    /// resources it holds (fencegate grant), and never deletes a lease. The seed's
+    /// acquire, renew and release statements keep working. Adds the column
+    /// holder_role, the role that took the term. Run it as the table's owner.
+    Guard(LeaseTableArgs),
+    /// Retire a forged lease record: set its epoch back to EPOCH, the last one really
+    /// issued, and record who, when and why. Then reset the resource's fence past the
+    /// forged token (POST /v1/fences/{resource}/reset). Run it as the table's owner.
+    Retire(RetireArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GrantArgs {
+    /// The database role, as Postgres spells it (case matters).
+    pub role: String,
+    /// A resource the role may present and raise: a name, or a prefix followed by one
+    /// `*` (`orders-*`), as the patterns of --auth-file. Repeatable.
+    #[arg(long = "resource", value_parser = parse_pattern)]
+    pub resources: Vec<crate::auth::Pattern>,
+    /// Let the role fence, unfence and audit tables it owns (protect, unprotect, check).
+    #[arg(long)]
+    pub tables: bool,
+    #[command(flatten)]
+    pub database: AdminDatabase,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RevokeArgs {
+    /// The database role.
+    pub role: String,
+    /// A resource pattern to take back, as granted. Without any: every resource, and
+    /// the right to call fencegate.fence().
+    #[arg(long = "resource", value_parser = parse_pattern)]
+    pub resources: Vec<crate::auth::Pattern>,
+    /// Take back the right to fence tables.
+    #[arg(long)]
+    pub tables: bool,
+    #[command(flatten)]
+    pub database: AdminDatabase,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct GrantsArgs {
+    #[command(flatten)]
+    pub database: AdminDatabase,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct LeaseTableArgs {
+    /// The leader_lease table, optionally schema-qualified.
+    #[arg(long, default_value = super::issuers::DEFAULT_LEADER_LEASE_TABLE, value_parser = super::issuers::parse_table)]
+    pub table: String,
+    #[command(flatten)]
+    pub database: AdminDatabase,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RetireArgs {
+    /// The lease (the resource) whose record was forged.
+    pub resource: String,
+    /// The epoch to go back to: the last one really issued.
+    #[arg(long)]
+    pub epoch: i64,
+    /// Why, for the record (an incident number, who asked).
+    #[arg(long)]
+    pub reason: String,
+    #[command(flatten)]
+    pub table: LeaseTableArgs,
+}
+
+fn parse_pattern(text: &str) -> Result<crate::auth::Pattern, String> {
+    crate::auth::Pattern::parse(text)
 }
 
 #[derive(Debug, Clone, Args)]

@@ -25,9 +25,17 @@ pub struct IssuerArgs {
     pub leader_lease_url: Option<String>,
 
     /// The table of `leader_lease:` bindings, optionally schema-qualified; its `name`
-    /// column holds the resource, `epoch` the token and `holder` the holder.
+    /// column holds the resource, `epoch` the token and `holder` the holder. It must be
+    /// guarded (`fencegate leader-lease guard`), so that electors cannot forge epochs.
     #[arg(long, env = "FENCEGATE_LEADER_LEASE_TABLE", default_value = DEFAULT_LEADER_LEASE_TABLE, value_parser = parse_table)]
     pub leader_lease_table: String,
+
+    /// Replace the issuer bindings recorded in the database (which every replica and
+    /// the in-database fence follow) with this gateway's --issued-by flags. Without it,
+    /// a gateway whose flags differ from the recorded ones refuses to start, so that one
+    /// replica started with other flags cannot weaken the others' bindings.
+    #[arg(long, env = "FENCEGATE_REPLACE_ISSUER_BINDINGS")]
+    pub replace_issuer_bindings: bool,
 }
 
 /// Who issues a bound resource's tokens.
@@ -75,7 +83,7 @@ fn parse_binding(text: &str) -> Result<Binding, String> {
 }
 
 /// A table name: one or two identifiers of letters, digits and `_`, separated by `.`.
-fn parse_table(text: &str) -> Result<String, String> {
+pub(crate) fn parse_table(text: &str) -> Result<String, String> {
     let valid = |part: &str| {
         part.chars()
             .next()

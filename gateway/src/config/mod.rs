@@ -12,7 +12,8 @@ mod commands;
 mod issuers;
 
 pub use commands::{
-    AdminDatabase, CheckArgs, Command, KeyCommand, ProtectArgs, TablesCommand, UnprotectArgs,
+    AdminDatabase, CheckArgs, Command, GrantArgs, GrantsArgs, KeyCommand, LeaderLeaseCommand,
+    LeaseTableArgs, ProtectArgs, RetireArgs, RevokeArgs, TablesCommand, UnprotectArgs,
 };
 pub use issuers::{Binding, IssuerArgs, IssuerKind};
 
@@ -49,6 +50,8 @@ pub const DEFAULT_PG_LISTEN: &str = "127.0.0.1:7432";
 pub const DEFAULT_PG_MAX_MESSAGE: &str = "256MiB";
 pub const DEFAULT_PG_MAX_CONNECTIONS: usize = 1000;
 pub const DEFAULT_PG_STARTUP_TIMEOUT: &str = "15s";
+pub const DEFAULT_TERM_TAKEOVER_TIMEOUT: &str = "2s";
+pub const DEFAULT_PG_IDLE_IN_TRANSACTION_TIMEOUT: &str = "60s";
 
 /// fencegate: a fencing gateway in front of your storage.
 ///
@@ -225,6 +228,13 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<std::path::PathBuf>,
 
+    /// A file holding the hash of an administrator's key (`fencegate key new` prints
+    /// both), for fence resets (POST /v1/fences/{resource}/reset) on a gateway without
+    /// --auth-file: the request then carries `Authorization: Bearer <key>`. Without
+    /// either, resets are refused.
+    #[arg(long, env = "FENCEGATE_ADMIN_KEY_FILE", conflicts_with = "auth_file")]
+    pub admin_key_file: Option<std::path::PathBuf>,
+
     /// Serve HTTP on a non-loopback --listen address without --auth-file: anyone who
     /// can reach the gateway may then write, advance and read any resource.
     #[arg(long, env = "FENCEGATE_INSECURE_NO_AUTH")]
@@ -232,6 +242,14 @@ pub struct Config {
 
     #[command(flatten)]
     pub issuers: IssuerArgs,
+
+    /// Postgres: how long a new term waits to raise a fence that sessions of an older
+    /// term hold (open transactions through the door, /v1/sql, or writers' own
+    /// connections) before it ends them, so that no older term can hold a newer one
+    /// off for longer. Their transactions roll back. 0: wait as long as they hold it.
+    /// Needs the gateway's login to be a member of pg_signal_backend.
+    #[arg(long, env = "FENCEGATE_TERM_TAKEOVER_TIMEOUT", default_value = DEFAULT_TERM_TAKEOVER_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub term_takeover_timeout: Duration,
 
     /// Address of the Postgres door, where writers connect with their own Postgres
     /// driver (docs/postgres-door.md); `off` for none. On with the Postgres backend
@@ -259,6 +277,12 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_PG_MAX_CONNECTIONS", default_value_t = DEFAULT_PG_MAX_CONNECTIONS)]
     pub pg_max_connections: usize,
 
+    /// `idle_in_transaction_session_timeout` of the Postgres door's sessions: a client
+    /// that leaves a transaction open and idle this long is disconnected by the
+    /// database, and its locks are freed. 0 leaves the server's setting.
+    #[arg(long, env = "FENCEGATE_PG_IDLE_IN_TRANSACTION_TIMEOUT", default_value = DEFAULT_PG_IDLE_IN_TRANSACTION_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub pg_idle_in_transaction_timeout: Duration,
+
     /// Longest time a Postgres client may take from connecting to the end of
     /// authentication.
     #[arg(long, env = "FENCEGATE_PG_STARTUP_TIMEOUT", default_value = DEFAULT_PG_STARTUP_TIMEOUT, value_parser = humantime::parse_duration)]
@@ -280,9 +304,10 @@ pub struct Config {
 
     /// Postgres connection string for writers' SQL: the login of a writer-only role,
     /// which may not be a superuser, create roles, own schema `fencegate` or write its
-    /// tables, nor be able to switch to a role that can. The gateway grants it EXECUTE on
-    /// `fencegate.fence()`; grant it the writers' tables yourself. Same database as
-    /// --database-url.
+    /// tables, hold resources of its own (`fencegate grant`), nor be able to switch to a
+    /// role that can. The gateway grants it the fence step of /v1/sql
+    /// (`fencegate.sql_fence()`); grant it the writers' tables yourself. Same database
+    /// as --database-url.
     #[arg(long, env = "FENCEGATE_SQL_DATABASE_URL", hide_env_values = true)]
     pub sql_database_url: Option<String>,
 

@@ -11,6 +11,7 @@ use fencegate_proto::{ErrorCode, ResourceName, Token};
 
 use super::{Coordinator, Door, RESET_POLL};
 use crate::config::IssuerKind;
+use crate::dbfence::NotIssuedRejection;
 use crate::error::ApiError;
 use crate::issuers::{judge, Issued, Verdict};
 use crate::store::leases::{
@@ -36,7 +37,14 @@ impl Coordinator {
         let seen = self.seen();
         let outcome = self
             .detached(async move {
-                let outcome = this.store.lease(&task_resource, &op, &claimant).await;
+                let step = this.store.lease(&task_resource, &op, &claimant);
+                let outcome = match op {
+                    // A new term's token is above every token of the fence.
+                    LeaseOp::Acquire { .. } => {
+                        this.taking_over(&task_resource, Token::MAX, step).await
+                    }
+                    _ => step.await,
+                };
                 this.backend_result(&outcome);
                 if let (Ok(LeaseOutcome::Granted(lease)), LeaseOp::Acquire { .. }) = (&outcome, &op)
                 {
@@ -161,28 +169,37 @@ impl Coordinator {
         Err(ApiError::Refused(Box::new(body)))
     }
 
-    /// Counts and logs a token the in-database fence refused as not issued (SQLSTATE
-    /// ZF005, DETAIL `resource=<r> presented=<n> issued=<n>`), relayed to a client of
-    /// the Postgres door.
-    pub fn not_issued_in_database(&self, detail: Option<&str>, door: Door) {
+    /// Counts and logs a token the in-database fence refused, with its proof, as not
+    /// issued (SQLSTATE ZF005), relayed to `/v1/sql` or a client of the Postgres door.
+    pub(super) fn not_issued_in_database(&self, rejection: &NotIssuedRejection, door: Door) {
         self.metrics.token_refused("not_issued");
         if self.stale_log.admit().is_none() {
             return;
         }
-        let field = |name: &str| {
-            detail?
-                .split(' ')
-                .find_map(|pair| pair.strip_prefix(name)?.strip_prefix('='))
-        };
         tracing::warn!(
-            resource = field("resource"),
-            presented = field("presented"),
-            issued = field("issued"),
+            resource = rejection.resource.as_str(),
+            presented = rejection.presented.get(),
+            issued = rejection.issued.map(Token::get),
             issuer = IssuerKind::Gateway.as_str(),
             door = door.as_str(),
             outcome = "not_issued",
             "token refused by its issuer"
         );
+    }
+
+    /// The answer to a token the in-database fence refused as not issued.
+    pub fn not_issued_answer(rejection: &NotIssuedRejection) -> ApiError {
+        let message = format!(
+            "token {} was not issued for resource {}: its lease has issued up to {}; nothing was applied",
+            rejection.presented,
+            rejection.resource,
+            rejection.issued.map_or(0, Token::get)
+        );
+        let mut body = ErrorBody::new(ErrorCode::TokenNotIssued, message);
+        body.issued = rejection.issued;
+        body.resource = Some(rejection.resource.clone());
+        body.presented = Some(rejection.presented);
+        ApiError::Refused(Box::new(body))
     }
 
     /// Lowers a fence that a token nobody issued raised, within its floors (see
@@ -267,8 +284,10 @@ impl Coordinator {
         }
     }
 
-    /// Starts following the reset log from its end: what the cache holds is newer.
+    /// Starts following the reset and takeover logs from their ends: what the cache
+    /// holds is newer.
     pub async fn start_following_resets(&self) {
+        self.start_following_takeovers().await;
         match self.store.resets_since(0).await {
             Ok(resets) => {
                 if let Some(last) = resets.last() {
@@ -305,11 +324,14 @@ impl Coordinator {
                 }
             }
             self.audit_if_due(&mut last_audit).await;
+            self.follow_authority().await;
         }
     }
 
     fn forget_reset(&self, reset: &ResetRecord) {
         self.cache.forget(&reset.resource);
+        // The reset may follow the retirement of a forged issuer record.
+        self.issuers.forget(&reset.resource);
         let previous = self
             .resets_followed
             .fetch_max(reset.generation, Ordering::AcqRel);

@@ -17,9 +17,10 @@
 
 mod audit;
 mod issued;
+mod takeover;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Authenticator;
 use crate::config::Config;
-use crate::dbfence::StaleRejection;
+use crate::dbfence::{Refusal, Reported};
 use crate::error::ApiError;
 use crate::fence_cache::{FenceCache, Seen};
 use crate::issuers::Issuers;
@@ -64,6 +65,17 @@ pub struct Coordinator {
     resets_followed: AtomicU64,
     /// The database connection failed since the last fence audit ([`audit`]).
     fences_suspect: AtomicBool,
+    /// How long a raise waits for older terms before ending them (Postgres; zero:
+    /// never); see [`takeover`].
+    term_takeover: Duration,
+    /// The last entry of the takeover log this gateway has counted.
+    takeovers_followed: AtomicI64,
+    /// The generation of the issuer bindings this gateway adopted (Postgres).
+    bindings_generation: Option<i64>,
+    /// Another gateway replaced the bindings (logged once).
+    bindings_replaced: AtomicBool,
+    /// The administrator's key of a gateway without --auth-file (`--admin-key-file`).
+    admin_key: Option<crate::auth::AdminKey>,
 }
 
 /// How often a gateway looks for fence resets made through other replicas.
@@ -120,8 +132,14 @@ impl Coordinator {
         metrics: Metrics,
         auth: Option<Arc<Authenticator>>,
         issuers: Issuers,
-    ) -> Coordinator {
-        Coordinator {
+        bindings_generation: Option<i64>,
+    ) -> Result<Coordinator, crate::auth::AuthFileError> {
+        let admin_key = config
+            .admin_key_file
+            .as_deref()
+            .map(crate::auth::AdminKey::load)
+            .transpose()?;
+        Ok(Coordinator {
             auth,
             store,
             sql,
@@ -136,7 +154,17 @@ impl Coordinator {
             issuers,
             resets_followed: AtomicU64::new(0),
             fences_suspect: AtomicBool::new(false),
-        }
+            term_takeover: config.term_takeover_timeout,
+            takeovers_followed: AtomicI64::new(0),
+            bindings_generation,
+            bindings_replaced: AtomicBool::new(false),
+            admin_key,
+        })
+    }
+
+    /// The administrator's key of a gateway without --auth-file, if it has one.
+    pub fn admin_key(&self) -> Option<&crate::auth::AdminKey> {
+        self.admin_key.as_ref()
     }
 
     /// The identities and grants requests are checked against, if authentication is on.
@@ -276,9 +304,16 @@ impl Coordinator {
     ) -> Result<Applied, ApiError> {
         let this = Arc::clone(self);
         let seen = self.seen();
+        let raising = self.may_raise(&write.resource, write.token);
         let (write, outcome) = self
             .detached(async move {
-                let outcome = this.store.write(&write).await;
+                let outcome = match raising {
+                    true => {
+                        this.taking_over(&write.resource, write.token, this.store.write(&write))
+                            .await
+                    }
+                    false => this.store.write(&write).await,
+                };
                 if let Ok(WriteOutcome::Applied { .. }) = outcome {
                     this.committed(&write.resource, write.token, seen);
                 }
@@ -310,7 +345,13 @@ impl Coordinator {
         let seen = self.seen();
         let outcome = self
             .detached(async move {
-                let outcome = this.store.advance(&task_resource, token).await;
+                let outcome = this
+                    .taking_over(
+                        &task_resource,
+                        token,
+                        this.store.advance(&task_resource, token),
+                    )
+                    .await;
                 if let Ok(AdvanceOutcome::Applied) = outcome {
                     this.committed(&task_resource, token, seen);
                 }
@@ -418,35 +459,44 @@ impl Coordinator {
         }
     }
 
-    /// Counts and logs a stale rejection that the in-database fence reported (to
-    /// `/v1/sql`, or to a client of the Postgres door), and returns the error to answer
-    /// with. Unlike [`Coordinator::stale`], the fence cache does not learn its highest:
-    /// the database reports it from inside the failed transaction, which may itself
-    /// have raised it — and that raise is rolled back with the transaction.
-    pub fn stale_in_database(
-        &self,
-        rejection: &StaleRejection,
-        holder: Option<String>,
-        door: Door,
-    ) -> ApiError {
-        let fencing = Fencing {
-            token: rejection.presented,
-            holder,
-        };
-        let (resource, highest) = (&rejection.resource, rejection.highest);
-        let rejections = self.cache.count_reported_rejection(resource);
-        let rejected = Rejected {
-            resource,
-            key: None,
-            fencing: &fencing,
-            identity: None,
-            highest,
-        };
-        self.record_stale(&rejected, door, rejections);
-        ApiError::Stale {
-            resource: resource.clone(),
-            presented: rejection.presented,
-            highest,
+    /// Counts and logs what the in-database fence reported to `/v1/sql` or to a client of
+    /// the Postgres door: a refusal the fence proved — a stale token, counted and logged
+    /// as every stale rejection, or a token its issuer never issued — or a `ZF001`/`ZF005`
+    /// that anyone's SQL raised, which is counted apart and changes no rejection count.
+    /// The fence cache never learns from either: the database reports from inside the
+    /// failed transaction, which may itself have raised the fence — and that raise is
+    /// rolled back with it.
+    pub fn db_refusal(&self, reported: &Reported, holder: Option<String>, door: Door) {
+        match reported {
+            Reported::Proven(Refusal::Stale(rejection)) => {
+                let fencing = Fencing {
+                    token: rejection.presented,
+                    holder,
+                };
+                let resource = &rejection.resource;
+                let rejections = self.cache.count_reported_rejection(resource);
+                let rejected = Rejected {
+                    resource,
+                    key: None,
+                    fencing: &fencing,
+                    identity: None,
+                    highest: rejection.highest,
+                };
+                self.record_stale(&rejected, door, rejections);
+            }
+            Reported::Proven(Refusal::NotIssued(rejection)) => {
+                self.not_issued_in_database(rejection, door)
+            }
+            Reported::Unproven { code } => {
+                self.metrics.forged_refusal(door.as_str());
+                if self.stale_log.admit().is_some() {
+                    tracing::warn!(
+                        sqlstate = *code,
+                        door = door.as_str(),
+                        "a fence error without the fence's proof: raised by SQL, not by the fence; not counted as a rejection"
+                    );
+                }
+            }
         }
     }
 
@@ -479,6 +529,14 @@ impl Coordinator {
     }
 
     /// The metrics, for the Postgres door's own.
+    /// The key of the in-database fence's proofs (the Postgres backend only).
+    pub fn proof_key(&self) -> Option<&crate::dbfence::ProofKey> {
+        match &self.store {
+            Store::Postgres(pg) => Some(&pg.keys().proof),
+            Store::Embedded(_) => None,
+        }
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }

@@ -1,15 +1,19 @@
-//! `fencegate protect`, `fencegate unprotect` and `fencegate check`: the operator's
-//! commands for fenced tables, each a call of the schema's SQL function of that name
-//! after the schema is created or migrated.
+//! The operator's commands for the in-database fence: `fencegate protect`,
+//! `unprotect` and `check` (each a call of the schema's SQL function of that name),
+//! `grant`, `revoke` and `grants` (who holds which resources), and `leader-lease
+//! guard` and `retire` (a seed `leader_lease` table its electors cannot forge). The
+//! schema is created or migrated first, if the role may.
 //!
 //! They connect with the operator's database URL and run with its privileges:
-//! protecting a table needs its ownership, which writers must not have.
+//! protecting a table needs its ownership, which writers must not have; granting needs
+//! the schema's ownership.
 
 use std::fmt;
 
 use tokio_postgres::Client;
 
-use crate::config::TablesCommand;
+use crate::auth::Pattern;
+use crate::config::{LeaderLeaseCommand, TablesCommand};
 use crate::pgtls::PgUrlError;
 use crate::store::postgres::{error_text, migrate, PgStartError};
 
@@ -25,6 +29,8 @@ pub enum AdminError {
     Schema(#[from] PgStartError),
     #[error("{0}")]
     Database(String),
+    #[error("{0}")]
+    Usage(String),
 }
 
 impl From<tokio_postgres::Error> for AdminError {
@@ -57,7 +63,312 @@ pub async fn run(command: TablesCommand) -> Result<bool, AdminError> {
             Ok(true)
         }
         TablesCommand::Check(args) => check(&connect(&args.database.database_url).await?).await,
+        TablesCommand::Grant(args) => {
+            let client = connect(&args.database.database_url).await?;
+            if args.resources.is_empty() && !args.tables {
+                return Err(AdminError::Usage(
+                    "say what to grant: --resource PATTERN (repeatable) and/or --tables".into(),
+                ));
+            }
+            grant(&client, &args.role, &args.resources, args.tables).await?;
+            for pattern in &args.resources {
+                println!("granted {} resource {}", args.role, pattern_text(pattern));
+            }
+            if args.tables {
+                println!("granted {} fencing its own tables", args.role);
+            }
+            Ok(true)
+        }
+        TablesCommand::Revoke(args) => {
+            let client = connect(&args.database.database_url).await?;
+            let taken = revoke(&client, &args.role, &args.resources, args.tables).await?;
+            println!("revoked {taken} resource grants of {}", args.role);
+            Ok(true)
+        }
+        TablesCommand::Grants(args) => {
+            let client = connect(&args.database.database_url).await?;
+            for held in grants(&client).await? {
+                println!("{:<28} {}", held.role, held.pattern);
+            }
+            Ok(true)
+        }
+        TablesCommand::LeaderLease(LeaderLeaseCommand::Guard(args)) => {
+            let client = connect(&args.database.database_url).await?;
+            guard_leader_lease(&client, &args.table).await?;
+            println!("guarded {}: electors move its leases only as the seed's statements do, for resources they hold", args.table);
+            Ok(true)
+        }
+        TablesCommand::LeaderLease(LeaderLeaseCommand::Retire(args)) => {
+            let mut client = connect(&args.table.database.database_url).await?;
+            let from = retire_lease(
+                &mut client,
+                &args.table.table,
+                &args.resource,
+                args.epoch,
+                &args.reason,
+            )
+            .await?;
+            println!(
+                "retired epoch {from} of lease {} in {}: back at {}; now reset the fence of {} \
+                 (POST /v1/fences/{}/reset)",
+                args.resource, args.table.table, args.epoch, args.resource, args.resource
+            );
+            Ok(true)
+        }
     }
+}
+
+fn pattern_text(pattern: &Pattern) -> String {
+    match pattern.parts() {
+        (prefix, true) => format!("{prefix}*"),
+        (name, false) => name.to_owned(),
+    }
+}
+
+/// What a role needs to fence tables it owns: the commands' functions (which act with
+/// its privileges, or check its ownership), and the trigger functions (creating a
+/// trigger needs EXECUTE on its function).
+const TABLE_OWNER_GRANTS: &[&str] = &[
+    "GRANT USAGE ON SCHEMA fencegate TO %I",
+    "GRANT EXECUTE ON FUNCTION fencegate.protect(regclass, text), fencegate.unprotect(regclass),
+         fencegate.register_table(regclass, text), fencegate.unregister_table(regclass),
+         fencegate.install_trigger(regclass), fencegate.cover_family(regclass),
+         fencegate.family(regclass), fencegate.ancestors(regclass),
+         fencegate.reachable_from_above(), fencegate.unprotected_descendants(),
+         fencegate.family_coverage(regclass),
+         fencegate.require_resource(text), fencegate.valid_resource(text),
+         fencegate.audit(), fencegate.enforce(), fencegate.guard_leader_lease() TO %I",
+    "GRANT SELECT ON fencegate.protected TO %I",
+];
+
+/// Lets `role` present and raise the fences of `resources`, and (with `tables`) fence
+/// tables it owns; in one transaction.
+pub async fn grant(
+    client: &Client,
+    role: &str,
+    resources: &[Pattern],
+    tables: bool,
+) -> Result<(), AdminError> {
+    let oid = role_oid(client, role).await?;
+    client.batch_execute("BEGIN").await?;
+    let done = async {
+        for pattern in resources {
+            let (text, prefix) = pattern.parts();
+            client
+                .execute(
+                    "INSERT INTO fencegate.authority (role, pattern, prefix)
+                     VALUES ($1::oid::regrole, $2, $3) ON CONFLICT DO NOTHING",
+                    &[&oid, &text, &prefix],
+                )
+                .await?;
+        }
+        let mut statements = Vec::new();
+        if !resources.is_empty() {
+            statements.push("GRANT USAGE ON SCHEMA fencegate TO %I");
+            statements.push("GRANT EXECUTE ON FUNCTION fencegate.fence(text, bigint) TO %I");
+        }
+        if tables {
+            statements.extend_from_slice(TABLE_OWNER_GRANTS);
+        }
+        for statement in statements {
+            run_for_role(client, statement, role).await?;
+        }
+        Ok::<(), AdminError>(())
+    }
+    .await;
+    finish(client, done).await
+}
+
+/// Takes back `resources` from `role` (every resource, and EXECUTE on
+/// `fencegate.fence()`, if none is named), and (with `tables`) the right to fence
+/// tables. Returns how many resource grants it took back.
+pub async fn revoke(
+    client: &Client,
+    role: &str,
+    resources: &[Pattern],
+    tables: bool,
+) -> Result<u64, AdminError> {
+    let oid = role_oid(client, role).await?;
+    client.batch_execute("BEGIN").await?;
+    let done = async {
+        let mut taken = 0;
+        if resources.is_empty() {
+            taken = client
+                .execute("DELETE FROM fencegate.authority WHERE role = $1::oid", &[&oid])
+                .await?;
+            run_for_role(
+                client,
+                "REVOKE EXECUTE ON FUNCTION fencegate.fence(text, bigint) FROM %I",
+                role,
+            )
+            .await?;
+        }
+        for pattern in resources {
+            let (text, prefix) = pattern.parts();
+            taken += client
+                .execute(
+                    "DELETE FROM fencegate.authority WHERE role = $1::oid AND pattern = $2 AND prefix = $3",
+                    &[&oid, &text, &prefix],
+                )
+                .await?;
+        }
+        if tables {
+            for statement in TABLE_OWNER_GRANTS {
+                let revoke = statement.replacen("GRANT", "REVOKE", 1).replace(" TO %I", " FROM %I");
+                run_for_role(client, &revoke, role).await?;
+            }
+        }
+        Ok::<u64, AdminError>(taken)
+    }
+    .await;
+    finish(client, done).await
+}
+
+/// Ends the transaction `done` ran in: commits if it succeeded, else rolls back.
+async fn finish<T>(client: &Client, done: Result<T, AdminError>) -> Result<T, AdminError> {
+    match done {
+        Ok(value) => {
+            client.batch_execute("COMMIT").await?;
+            Ok(value)
+        }
+        Err(error) => {
+            let _ = client.batch_execute("ROLLBACK").await;
+            Err(error)
+        }
+    }
+}
+
+/// The oid of the role named exactly `role`.
+async fn role_oid(client: &Client, role: &str) -> Result<u32, AdminError> {
+    client
+        .query_opt("SELECT oid FROM pg_roles WHERE rolname = $1", &[&role])
+        .await?
+        .map(|row| row.get(0))
+        .ok_or_else(|| AdminError::Usage(format!("there is no role named {role:?}")))
+}
+
+/// Runs `statement` with `%I` replaced by `role`, quoted as an identifier.
+async fn run_for_role(client: &Client, statement: &str, role: &str) -> Result<(), AdminError> {
+    let sql: String = client
+        .query_one(
+            "SELECT format($1::text, $2::text, $2::text)",
+            &[&statement, &role],
+        )
+        .await?
+        .get(0);
+    client.batch_execute(&sql).await?;
+    Ok(())
+}
+
+/// A resource a role holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub role: String,
+    /// A name, or a prefix followed by `*`.
+    pub pattern: String,
+}
+
+/// Every role and the resources it holds, by role.
+pub async fn grants(client: &Client) -> Result<Vec<Held>, AdminError> {
+    let rows = client
+        .query(
+            "SELECT coalesce(r.rolname::text, a.role::oid::text || ' (dropped)'),
+                    a.pattern || CASE WHEN a.prefix THEN '*' ELSE '' END
+             FROM fencegate.authority a LEFT JOIN pg_roles r ON r.oid = a.role
+             ORDER BY 1, 2",
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| Held {
+            role: row.get(0),
+            pattern: row.get(1),
+        })
+        .collect())
+}
+
+/// Guards a `leader_lease` table: the column `holder_role` and the triggers of
+/// `fencegate.guard_leader_lease()`, enabled ALWAYS; in one transaction.
+pub async fn guard_leader_lease(client: &Client, table: &str) -> Result<(), AdminError> {
+    let table = quote_table(table);
+    client.batch_execute("BEGIN").await?;
+    let done = async {
+        client
+            .batch_execute(&format!(
+                "ALTER TABLE {table} ADD COLUMN IF NOT EXISTS holder_role name;
+                 DROP TRIGGER IF EXISTS fencegate_lease_guard ON {table};
+                 DROP TRIGGER IF EXISTS fencegate_lease_guard_truncate ON {table};
+                 CREATE TRIGGER fencegate_lease_guard BEFORE INSERT OR UPDATE OR DELETE ON {table}
+                     FOR EACH ROW EXECUTE FUNCTION fencegate.guard_leader_lease();
+                 CREATE TRIGGER fencegate_lease_guard_truncate BEFORE TRUNCATE ON {table}
+                     FOR EACH STATEMENT EXECUTE FUNCTION fencegate.guard_leader_lease();
+                 ALTER TABLE {table} ENABLE ALWAYS TRIGGER fencegate_lease_guard;
+                 ALTER TABLE {table} ENABLE ALWAYS TRIGGER fencegate_lease_guard_truncate;"
+            ))
+            .await?;
+        Ok::<(), AdminError>(())
+    }
+    .await;
+    finish(client, done).await
+}
+
+/// Retires a forged `leader_lease` record: its epoch back to `epoch` (below the one
+/// recorded), the lease free, and the retirement recorded by the guard with `reason`.
+/// Returns the epoch retired.
+pub async fn retire_lease(
+    client: &mut Client,
+    table: &str,
+    resource: &str,
+    epoch: i64,
+    reason: &str,
+) -> Result<i64, AdminError> {
+    if reason.trim().is_empty() {
+        return Err(AdminError::Usage("--reason must say why".into()));
+    }
+    let table = quote_table(table);
+    let tx = client.transaction().await?;
+    tx.execute(
+        "SELECT set_config('fencegate.reason', $1, true)",
+        &[&reason],
+    )
+    .await?;
+    let current: Option<i64> = tx
+        .query_opt(
+            &format!("SELECT epoch FROM {table} WHERE name = $1 FOR UPDATE"),
+            &[&resource],
+        )
+        .await?
+        .map(|row| row.get(0));
+    let Some(current) = current else {
+        return Err(AdminError::Usage(format!(
+            "{table} has no lease named {resource:?}"
+        )));
+    };
+    if epoch < 0 || epoch >= current {
+        return Err(AdminError::Usage(format!(
+            "lease {resource:?} is at epoch {current}: --epoch must be below it (and not negative)"
+        )));
+    }
+    tx.execute(
+        &format!(
+            "UPDATE {table} SET epoch = $2, holder = NULL, holder_role = NULL,
+                 expires_at = '-infinity' WHERE name = $1"
+        ),
+        &[&resource, &epoch],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(current)
+}
+
+/// A table name as `--leader-lease-table` accepts it, quoted part by part.
+fn quote_table(table: &str) -> String {
+    table
+        .split('.')
+        .map(|part| format!("\"{}\"", part.replace('"', "\"\"")))
+        .collect::<Vec<_>>()
+        .join(".")
 }
 
 /// Connects to `url` and brings the `fencegate` schema to this binary's version — or,
@@ -148,11 +459,10 @@ pub async fn protected(client: &Client) -> Result<Vec<Protected>, AdminError> {
 /// One finding of the audit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Finding {
-    /// `problem` (a hole in the fence) or `warning` (a risk).
+    /// `problem` (a hole in the fence), `warning` (a risk) or `info` (who can reach
+    /// the fence).
     pub severity: String,
-    /// A stable name: `unprotected_partition`, `trigger_not_always`,
-    /// `writer_owns_protected_table`, `role_can_write_fences`,
-    /// `role_can_create_in_fencegate`, `public_can_execute`, `no_partition_guard`.
+    /// A stable name, as docs/fenced-tables.md lists them.
     pub finding: String,
     pub object: String,
     pub detail: String,
@@ -208,10 +518,10 @@ pub async fn check(client: &Client) -> Result<bool, AdminError> {
         println!("{finding}");
     }
     let problems = findings.iter().filter(|f| f.is_problem()).count();
+    let warnings = findings.iter().filter(|f| f.severity == "warning").count();
     println!(
-        "{} fenced tables, {problems} problems, {} warnings",
-        tables.len(),
-        findings.len() - problems
+        "{} fenced tables, {problems} problems, {warnings} warnings",
+        tables.len()
     );
     Ok(problems == 0)
 }

@@ -373,6 +373,26 @@ impl Metrics {
         self.trust.token_refusals.with_label_values(&[reason]).inc();
     }
 
+    /// Counts an error with a fence SQLSTATE that the fence did not raise.
+    pub fn forged_refusal(&self, door: &str) {
+        self.trust.forged_refusals.with_label_values(&[door]).inc();
+    }
+
+    /// Counts sessions of older terms ended by a new term.
+    pub fn terms_taken_over(&self, sessions: u64) {
+        self.trust.takeovers.inc_by(sessions);
+    }
+
+    /// Whether the issuer bindings in the database differ from this gateway's.
+    pub fn issuer_bindings_drift(&self, drift: bool) {
+        self.trust.bindings_drift.set(i64::from(drift));
+    }
+
+    /// Counts the issuer bindings restored over a change without --replace-issuer-bindings.
+    pub fn issuer_bindings_restored(&self) {
+        self.trust.binding_restores.inc();
+    }
+
     /// Counts a fence found behind a committed token, and restored.
     pub fn fence_regressed(&self) {
         self.trust.regressions.inc();
@@ -499,7 +519,7 @@ impl Metrics {
                 .set(presented.as_i64());
         });
         self.rejected_token_lag
-            .observe((highest.get() - presented.get()) as f64);
+            .observe(highest.get().saturating_sub(presented.get()) as f64);
     }
 
     /// Calls `record` with the series of `resource`'s label, and the label. A resource's

@@ -7,6 +7,8 @@ use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
 pub const LEASE_OUTCOMES: [&str; 5] = ["granted", "released", "held", "lost", "exhausted"];
 /// Every value of the `reason` label of `fencegate_token_refusals_total`.
 pub const REFUSAL_REASONS: [&str; 2] = ["not_issued", "holder_mismatch"];
+/// Every value of the `door` label of `fencegate_forged_refusals_total`.
+pub const DOORS: [&str; 2] = ["http", "pg"];
 
 pub(super) struct TrustMetrics {
     pub(super) lease_steps: IntCounterVec,
@@ -14,6 +16,10 @@ pub(super) struct TrustMetrics {
     pub(super) resets: IntCounter,
     pub(super) reset_generation: IntGauge,
     pub(super) regressions: IntCounter,
+    pub(super) forged_refusals: IntCounterVec,
+    pub(super) takeovers: IntCounter,
+    pub(super) bindings_drift: IntGauge,
+    pub(super) binding_restores: IntCounter,
 }
 
 impl TrustMetrics {
@@ -57,7 +63,37 @@ impl TrustMetrics {
             "Fences found below a token this gateway saw committed (the database lost committed transactions, as after a failover to an asynchronous standby), and restored.",
         )
         .unwrap();
+        let forged_refusals = IntCounterVec::new(
+            Opts::new(
+                "fencegate_forged_refusals_total",
+                "Errors with a fence SQLSTATE (ZF001, ZF005) that the fence did not raise (no valid proof), relayed by a door: raised by a client's SQL, never counted as rejections.",
+            ),
+            &["door"],
+        )
+        .unwrap();
+        for door in DOORS {
+            forged_refusals.with_label_values(&[door]);
+        }
+        let takeovers = IntCounter::new(
+            "fencegate_term_takeovers_total",
+            "Sessions of an older term that held a fence row a new term was raising, ended after --term-takeover-timeout (by the in-database fence or by this gateway; read from fencegate.takeovers).",
+        )
+        .unwrap();
+        let bindings_drift = IntGauge::new(
+            "fencegate_issuer_bindings_drift",
+            "1 while the issuer bindings in the database differ from this gateway's --issued-by flags, else 0.",
+        )
+        .unwrap();
+        let binding_restores = IntCounter::new(
+            "fencegate_issuer_binding_restores_total",
+            "Times this gateway found the issuer bindings in the database changed without --replace-issuer-bindings, and restored its own.",
+        )
+        .unwrap();
         TrustMetrics {
+            forged_refusals,
+            takeovers,
+            bindings_drift,
+            binding_restores,
             regressions,
             lease_steps,
             token_refusals,
@@ -73,6 +109,10 @@ impl TrustMetrics {
             Box::new(self.resets.clone()),
             Box::new(self.reset_generation.clone()),
             Box::new(self.regressions.clone()),
+            Box::new(self.forged_refusals.clone()),
+            Box::new(self.takeovers.clone()),
+            Box::new(self.bindings_drift.clone()),
+            Box::new(self.binding_restores.clone()),
         ]
     }
 }

@@ -51,6 +51,8 @@ pub struct DoorOptions {
     pub max_connections: usize,
     pub startup_timeout: Duration,
     pub grace: Duration,
+    /// `idle_in_transaction_session_timeout` of every session; `None`: the server's.
+    pub idle_in_transaction: Option<Duration>,
 }
 
 /// Why the door could not start.
@@ -75,6 +77,8 @@ pub(crate) struct Door {
     keys: Arc<CancelKeys>,
     coordinator: Arc<Coordinator>,
     shutdown: CancellationToken,
+    /// Pinned in every session's start-up options, after the client's own.
+    idle_in_transaction: Option<Duration>,
 }
 
 impl Door {
@@ -96,11 +100,19 @@ impl Door {
             keys: Arc::default(),
             coordinator,
             shutdown,
+            idle_in_transaction: options.idle_in_transaction,
         })
     }
 
     fn metrics(&self) -> &Metrics {
         self.coordinator.metrics()
+    }
+
+    /// The key of the fence's proofs, to tell its refusals from forgeries.
+    fn proof_key(&self) -> &crate::dbfence::ProofKey {
+        self.coordinator
+            .proof_key()
+            .expect("the door runs on the Postgres backend, which has the key")
     }
 
     /// Whether the door ends TLS itself.

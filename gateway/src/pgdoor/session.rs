@@ -40,7 +40,7 @@ use super::login::{authenticate, Login};
 use super::upstream::UpstreamStream;
 use super::wire::{self, backend, frontend, Header, ProtocolError, StartupPacket, WireError};
 use super::Door;
-use crate::dbfence::{sqlstate, StaleRejection};
+use crate::dbfence::Reported;
 
 /// Buffer size of each direction's reader and writer: four per session, so 64 KiB a
 /// session. Larger messages pass through them in pieces.
@@ -165,6 +165,13 @@ where
 {
     let mut upstream_read = BufReader::with_capacity(BUFFER, upstream_read);
     let mut upstream_write = BufWriter::with_capacity(BUFFER, upstream_write);
+    let startup = match door.idle_in_transaction {
+        Some(timeout) => startup.with_options(&format!(
+            "-c idle_in_transaction_session_timeout={}",
+            timeout.as_millis().max(1)
+        )),
+        None => startup,
+    };
     upstream_write.write_all(&startup.raw).await?;
     upstream_write.flush().await?;
 
@@ -497,33 +504,20 @@ async fn tell_protocol_error<W: AsyncWrite + Unpin>(
 }
 
 /// Counts and logs a fencegate rejection that the server sent (a stale token, or one
-/// its issuer never issued), from its fields.
+/// its issuer never issued) — if the fence's proof says the fence made it; a `ZF001` or
+/// `ZF005` that the client's own SQL raised is counted apart.
 fn count_rejection(door: &Door, body: &[u8]) {
-    let code = error_code(body);
-    let stale = code == Some(sqlstate::STALE_TOKEN.as_bytes());
-    if !stale && code != Some(sqlstate::NOT_ISSUED.as_bytes()) {
+    let Some(code) = error_code(body) else {
         return;
-    }
-    let detail = wire::error_fields(body)
-        .find(|(field, _)| *field == b'D')
-        .and_then(|(_, value)| std::str::from_utf8(value).ok());
-    if !stale {
+    };
+    let detail = || {
+        wire::error_fields(body)
+            .find(|(field, _)| *field == b'D')
+            .and_then(|(_, value)| std::str::from_utf8(value).ok())
+    };
+    if let Some(reported) = Reported::read(code, detail(), door.proof_key()) {
         door.coordinator
-            .not_issued_in_database(detail, crate::coordinator::Door::Postgres);
-        return;
-    }
-    match detail.and_then(StaleRejection::from_detail) {
-        Some(rejection) => {
-            door.coordinator.stale_in_database(
-                &rejection,
-                None,
-                crate::coordinator::Door::Postgres,
-            );
-        }
-        None => tracing::warn!(
-            ?detail,
-            "a stale rejection from the database without a readable DETAIL"
-        ),
+            .db_refusal(&reported, None, crate::coordinator::Door::Postgres);
     }
 }
 

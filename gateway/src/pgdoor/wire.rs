@@ -159,6 +159,48 @@ impl StartupPacket {
     }
 }
 
+impl StartupPacket {
+    /// The packet with `extra` appended to its `options` parameter (added if absent),
+    /// so that the server applies it after whatever options the client sent: a
+    /// later `-c` of the same setting wins.
+    pub(crate) fn with_options(&self, extra: &str) -> StartupPacket {
+        let mut pairs: Vec<(&[u8], Vec<u8>)> = Vec::new();
+        let mut fields = self.body().split(|b| *b == 0);
+        while let Some(key) = fields.next() {
+            if key.is_empty() {
+                break;
+            }
+            let Some(value) = fields.next() else {
+                break;
+            };
+            pairs.push((key, value.to_vec()));
+        }
+        match pairs.iter_mut().find(|(key, _)| *key == b"options") {
+            Some((_, value)) => {
+                value.push(b' ');
+                value.extend_from_slice(extra.as_bytes());
+            }
+            None => pairs.push((b"options", extra.as_bytes().to_vec())),
+        }
+        let mut raw = BytesMut::with_capacity(self.raw.len() + extra.len() + 16);
+        raw.extend_from_slice(&[0; 4]);
+        raw.extend_from_slice(&self.code.to_be_bytes());
+        for (key, value) in &pairs {
+            raw.extend_from_slice(key);
+            raw.extend_from_slice(&[0]);
+            raw.extend_from_slice(value);
+            raw.extend_from_slice(&[0]);
+        }
+        raw.extend_from_slice(&[0]);
+        let len = u32::try_from(raw.len()).expect("a start-up packet is small");
+        raw[..4].copy_from_slice(&len.to_be_bytes());
+        StartupPacket {
+            raw: raw.freeze(),
+            code: self.code,
+        }
+    }
+}
+
 /// Reads one start-up packet (length, code, rest), refusing lengths outside
 /// `8..=MAX_STARTUP_PACKET` before allocating.
 pub(crate) async fn read_startup<S: AsyncRead + Unpin>(
@@ -431,6 +473,26 @@ mod tests {
         );
         assert_eq!(startup.parameter("database"), None);
         assert_eq!(&startup.raw[..], &packet[..], "forwarded unchanged");
+
+        let pinned = startup.with_options("-c idle_in_transaction_session_timeout=60000");
+        assert_eq!(pinned.code, startup.code);
+        assert_eq!(pinned.parameter("user").as_deref(), Some("alice"));
+        assert_eq!(
+            pinned.parameter("options").as_deref(),
+            Some("-c fencegate.token=7 -c idle_in_transaction_session_timeout=60000")
+        );
+        let mut reread = pinned.raw.as_ref();
+        let reread = read_startup(&mut reread).await.unwrap();
+        assert_eq!(reread.raw, pinned.raw, "a well-formed packet");
+
+        let mut bare = Vec::new();
+        let body = b"\0\x03\0\0user\0bob\0\0";
+        bare.extend_from_slice(&u32::try_from(4 + body.len()).unwrap().to_be_bytes());
+        bare.extend_from_slice(body);
+        let bare = read_startup(&mut bare.as_slice()).await.unwrap();
+        let pinned = bare.with_options("-c x=1");
+        assert_eq!(pinned.parameter("options").as_deref(), Some("-c x=1"));
+        assert_eq!(pinned.parameter("user").as_deref(), Some("bob"));
     }
 
     #[tokio::test]

@@ -46,7 +46,7 @@ use fencegate_proto::body::{ErrorBody, SqlResult, SqlStatement};
 use fencegate_proto::{ErrorCode, ResourceName, Token};
 
 use crate::config::Config;
-use crate::dbfence::StaleRejection;
+use crate::dbfence::{ProofKey, Refusal};
 use crate::error::ApiError;
 use crate::pgtls::PgUrlError;
 use crate::store::postgres::{describe, error_text, with_client_until, PgPool, PgStore};
@@ -69,6 +69,10 @@ pub struct SqlService {
     policy: SqlPolicy,
     checker: checker::Checker,
     timeout: Duration,
+    /// Opens `fencegate.sql_fence()`: the gateway's alone.
+    fence_key: Vec<u8>,
+    /// Checks the proofs of the fence's refusals.
+    proof: ProofKey,
 }
 
 /// A writer's statements, to run under `token` on `resource`'s fence. The statements
@@ -211,10 +215,17 @@ impl From<SqlError> for ApiError {
 /// Why a transaction was not committed; nothing of it was applied.
 #[derive(Debug, thiserror::Error)]
 pub enum SqlFailure {
-    /// The in-database fence refused a stale token: usually the transaction's own fence
-    /// step, but a writer's statement may also call `fencegate.fence()` itself.
-    #[error("stale fencing token {} for resource {}", .0.presented, .0.resource)]
-    Stale(StaleRejection),
+    /// The in-database fence refused the token (its proof holds): the transaction's
+    /// fence step, stale or not issued.
+    #[error("the fence refused the token: {0:?}")]
+    Fence(Refusal),
+    /// A writer's statement raised a fence SQLSTATE (`code`) that the fence did not
+    /// raise: answered as the writer's own SQL error, and counted apart.
+    #[error("{failed}")]
+    Forged {
+        code: &'static str,
+        failed: SqlError,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -256,9 +267,9 @@ const LOGIN_FACTS: &str = "
                WHERE has_schema_privilege(reach.oid, 'fencegate', 'CREATE'))";
 
 impl SqlService {
-    /// Connects the writer-only pool, grants its login EXECUTE on `fencegate.fence()`
-    /// (through `gateway`, the schema's owner) and checks that the login can reach
-    /// nothing more of fencegate's; see the module doc.
+    /// Connects the writer-only pool, grants its login EXECUTE on
+    /// `fencegate.sql_fence()` (through `gateway`, the schema's owner) and checks that
+    /// the login can reach nothing more of fencegate's; see the module doc.
     pub async fn connect(config: &Config, gateway: &PgStore) -> Result<SqlService, SqlStartError> {
         let url = config
             .sql_database_url
@@ -291,7 +302,7 @@ impl SqlService {
             .map_err(|e| SqlStartError::Connect(error_text(&e)))?
             .get(0);
         gateway
-            .grant_fence(&login)
+            .grant_sql_fence(&login)
             .await
             .map_err(SqlStartError::Unavailable)?;
         let checked = check_login(&client, gateway).await;
@@ -314,6 +325,8 @@ impl SqlService {
             policy: SqlPolicy::from_config(config),
             checker: checker::Checker::start(threads).map_err(SqlStartError::Threads)?,
             timeout: config.backend_timeout,
+            fence_key: gateway.keys().sql.clone(),
+            proof: gateway.keys().proof.clone(),
         })
     }
 
@@ -378,8 +391,21 @@ async fn check_login(
         "has privileges on fencegate's tables",
         "may create objects in schema fencegate",
     ];
-    for (column, what) in what.into_iter().enumerate() {
-        let Some(roles) = row.get::<_, Option<String>>(column) else {
+    let mut found: Vec<(Option<String>, &str)> = what
+        .into_iter()
+        .enumerate()
+        .map(|(column, what)| (row.get::<_, Option<String>>(column), what))
+        .collect();
+    // Authority is read as the schema's owner: the login may not read it.
+    found.push((
+        gateway
+            .authority_reached_by(&login)
+            .await
+            .map_err(SqlStartError::Unavailable)?,
+        "holds resources of its own (fencegate grant): writers' statements could present or raise their fences",
+    ));
+    for (roles, what) in found {
+        let Some(roles) = roles else {
             continue;
         };
         let reason = if roles.split(", ").any(|role| role == login) {

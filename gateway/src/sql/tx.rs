@@ -3,19 +3,21 @@
 //! # Behavior
 //!
 //! 1. `BEGIN`.
-//! 2. The fence step, `SELECT fencegate.fence(resource, token)` ([`crate::dbfence`]):
-//!    the same fence row as every `/v1/kv` write and fence advance of the resource,
-//!    locked from here to the end of the transaction — shared with the open
-//!    transactions of the same token, exclusively to raise it. A stale token ends the
-//!    transaction here, before any of the writer's statements ran. The token is also
-//!    recorded for the triggers of the resource's protected tables.
+//! 2. The fence step, `SELECT fencegate.sql_fence(resource, token, key)`
+//!    ([`crate::dbfence`]): the same fence row as every `/v1/kv` write and fence advance
+//!    of the resource, locked from here to the end of the transaction — shared with the
+//!    open transactions of the same token, exclusively to raise it. A stale token ends
+//!    the transaction here, before any of the writer's statements ran. The step grants
+//!    the rest of the transaction this one resource at this token: the triggers of the
+//!    resource's protected tables honour it, and nothing else. Only the gateway can take
+//!    the step (the key is the schema's, never sent to writers); the SQL login holds no
+//!    resource of its own, so no statement of the writer can present or raise a fence.
 //! 3. `SET LOCAL ROLE` (with `--sql-role`).
 //! 4. The writer's statements, in order: each is prepared (the database reports the
 //!    types of its parameters and columns), its values are converted ([`super::values`]),
 //!    it runs, and its rows are read until the answer's row budget is spent. A
-//!    statement that fails on the in-database fence (`ZF001`: it wrote a protected
-//!    table or called `fencegate.fence()` under a stale token) is a stale rejection
-//!    like the fence step's.
+//!    statement's `ZF001` or `ZF005` is the fence's refusal only if its proof holds;
+//!    anything else a statement raises is the writer's own SQL error.
 //! 5. `COMMIT`.
 //!
 //! Every early return drops the transaction, which rolls it back: the writer's tables
@@ -43,12 +45,12 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Statement;
 
 use super::{values, SqlError, SqlFailure, SqlPolicy, SqlService, SqlTransaction};
-use crate::dbfence::StaleRejection;
+use crate::dbfence::{ProofKey, Reported};
 use crate::store::postgres::{classify, server_unavailable};
 use crate::store::StoreError;
 
 /// The fence step.
-const FENCE: &str = "SELECT fencegate.fence($1::text, $2::bigint)";
+const FENCE: &str = "SELECT fencegate.sql_fence($1::text, $2::bigint, $3::bytea)";
 
 /// Runs `tx`; see the module doc.
 pub(super) async fn run(
@@ -63,7 +65,7 @@ pub(super) async fn run(
                 .await
                 .map_err(|e| classify(e, false))?;
             let transaction = client.transaction().await.map_err(|e| classify(e, false))?;
-            Ok(steps(transaction, &fence, tx, service.policy(), &commit_sent).await)
+            Ok(steps(transaction, &fence, tx, service, &commit_sent).await)
         })
         .await;
     match outcome {
@@ -87,10 +89,16 @@ async fn steps(
     transaction: Transaction<'_>,
     fence: &Statement,
     tx: &SqlTransaction,
-    policy: &SqlPolicy,
+    service: &SqlService,
     commit_sent: &AtomicBool,
 ) -> Result<Vec<SqlResult>, SqlFailure> {
-    let fence_params: [&(dyn ToSql + Sync); 2] = [&tx.resource.as_str(), &tx.token.as_i64()];
+    let policy: &SqlPolicy = service.policy();
+    let proof = &service.proof;
+    let fence_params: [&(dyn ToSql + Sync); 3] = [
+        &tx.resource.as_str(),
+        &tx.token.as_i64(),
+        &service.fence_key.as_slice(),
+    ];
     let eager = if policy.allow_ddl {
         1
     } else {
@@ -112,9 +120,10 @@ async fn steps(
         ),
     );
     if let Err(error) = fenced {
-        return Err(match stale(&error) {
-            Some(rejection) => SqlFailure::Stale(rejection),
-            None => SqlFailure::Store(classify(error, false)),
+        return Err(match refusal(&error, proof) {
+            Some(Reported::Proven(refusal)) => SqlFailure::Fence(refusal),
+            // The gateway's own step cannot raise anything but the fence's refusals.
+            _ => SqlFailure::Store(classify(error, false)),
         });
     }
     set.map_err(|e| classify(e, false))?;
@@ -126,7 +135,7 @@ async fn steps(
             Some(statement) => statement,
             None => transaction.prepare(&request.sql).await,
         }
-        .map_err(|e| failed(Some(index), e))?;
+        .map_err(|e| failed(Some(index), e, proof))?;
         results.push(
             execute(
                 &transaction,
@@ -134,19 +143,20 @@ async fn steps(
                 &statement,
                 &request.params,
                 &mut budget,
+                proof,
             )
             .await?,
         );
     }
     commit_sent.store(true, Ordering::Release);
-    transaction.commit().await.map_err(|e| match stale(&e) {
-        Some(rejection) => SqlFailure::Stale(rejection),
-        None => match server_refusal(None, &e) {
-            Some(refusal) => SqlFailure::Refused(refusal),
+    transaction
+        .commit()
+        .await
+        .map_err(|e| match server_refusal(None, &e, proof) {
+            Some(refusal) => refusal,
             // COMMIT was sent: if the connection broke, it may have committed.
             None => SqlFailure::Store(classify(e, true)),
-        },
-    })?;
+        })?;
     Ok(results)
 }
 
@@ -156,9 +166,9 @@ fn set_role(role: &str) -> String {
     format!("SET LOCAL ROLE \"{}\"", role.replace('"', "\"\""))
 }
 
-/// The stale rejection of the in-database fence, if `error` is one.
-fn stale(error: &tokio_postgres::Error) -> Option<StaleRejection> {
-    StaleRejection::from_db_error(error.as_db_error()?)
+/// What `error` says of the fence: its own refusal, or a `ZF001`/`ZF005` anyone raised.
+fn refusal(error: &tokio_postgres::Error, proof: &ProofKey) -> Option<Reported> {
+    Reported::from_db_error(error.as_db_error()?, proof)
 }
 
 /// Binds, runs and reads one prepared statement.
@@ -168,6 +178,7 @@ async fn execute(
     statement: &Statement,
     params: &[serde_json::Value],
     budget: &mut usize,
+    proof: &ProofKey,
 ) -> Result<SqlResult, SqlFailure> {
     let types = statement.params();
     if params.len() != types.len() {
@@ -231,7 +242,7 @@ async fn execute(
     let rows = transaction
         .query_raw(statement, bound.iter().map(|p| p.as_ref() as &dyn ToSql))
         .await
-        .map_err(|e| failed(Some(index), e))?;
+        .map_err(|e| failed(Some(index), e, proof))?;
     pin_mut!(rows);
     let mut result = SqlResult {
         rows_affected: 0,
@@ -242,7 +253,11 @@ async fn execute(
     let mut seen = 0;
     // Rows past the budget are read and counted but not kept: the answer stays bounded
     // and `rows_affected` stays true.
-    while let Some(row) = rows.try_next().await.map_err(|e| failed(Some(index), e))? {
+    while let Some(row) = rows
+        .try_next()
+        .await
+        .map_err(|e| failed(Some(index), e, proof))?
+    {
         seen += 1;
         if *budget == 0 {
             result.truncated = true;
@@ -267,32 +282,39 @@ async fn execute(
     Ok(result)
 }
 
-/// A writer's statement failed: a stale rejection if the in-database fence refused it,
-/// its own error if the server refused it otherwise, else the backend's.
-fn failed(statement: Option<usize>, error: tokio_postgres::Error) -> SqlFailure {
-    if let Some(rejection) = stale(&error) {
-        return SqlFailure::Stale(rejection);
-    }
-    match server_refusal(statement, &error) {
-        Some(refusal) => SqlFailure::Refused(refusal),
+/// A writer's statement failed: the fence's refusal if it proves to be one, the
+/// writer's own error if the server refused it otherwise, else the backend's.
+fn failed(statement: Option<usize>, error: tokio_postgres::Error, proof: &ProofKey) -> SqlFailure {
+    match server_refusal(statement, &error, proof) {
+        Some(refusal) => refusal,
         None => SqlFailure::Store(classify(error, false)),
     }
 }
 
-/// The server's answer to a writer's statement, unless it says the server itself is
-/// going away or refusing connections (then [`classify`] decides). Serialization
-/// failures, deadlocks, statement and lock timeouts are the writer's to handle: they
-/// come with their SQLSTATE.
-fn server_refusal(statement: Option<usize>, error: &tokio_postgres::Error) -> Option<SqlError> {
+/// The server's answer to a writer's statement (or the commit), unless it says the
+/// server itself is going away or refusing connections (then [`classify`] decides).
+/// Serialization failures, deadlocks, statement and lock timeouts are the writer's to
+/// handle: they come with their SQLSTATE. So does a `ZF001`/`ZF005` without the fence's
+/// proof, which the writer's SQL raised itself ([`SqlFailure::Forged`]).
+fn server_refusal(
+    statement: Option<usize>,
+    error: &tokio_postgres::Error,
+    proof: &ProofKey,
+) -> Option<SqlFailure> {
     let db = error.as_db_error()?;
     let code = db.code();
     if server_unavailable(code) {
         return None;
     }
-    Some(SqlError::Failed {
+    let failed = SqlError::Failed {
         statement,
         sqlstate: code.code().to_owned(),
         message: db.message().to_owned(),
+    };
+    Some(match Reported::from_db_error(db, proof) {
+        Some(Reported::Proven(refusal)) => SqlFailure::Fence(refusal),
+        Some(Reported::Unproven { code }) => SqlFailure::Forged { code, failed },
+        None => SqlFailure::Refused(failed),
     })
 }
 

@@ -101,7 +101,9 @@ public class CheckPgjdbc {
         check(name + ": SQLSTATE", err == null ? null : err.getSQLState(), sqlstate);
         if (detail != null) {
             ServerErrorMessage m = err.getServerErrorMessage();
-            check(name + ": DETAIL", m.getDetail(), detail);
+            String[] parts = m.getDetail().split(" proof=", 2);
+            check(name + ": DETAIL", parts[0], detail);
+            check(name + ": DETAIL proof", parts.length == 2 && parts[1].matches("[0-9a-f]{64}"), true);
             check(name + ": HINT non-empty", m.getHint() != null && !m.getHint().isEmpty(), true);
         }
     }

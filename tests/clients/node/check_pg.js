@@ -65,7 +65,9 @@ async function errorOf(promise) {
 function checkError(name, err, sqlstate, detail) {
   check(`${name}: SQLSTATE`, err && err.code, sqlstate)
   if (detail !== undefined) {
-    check(`${name}: DETAIL`, err.detail, detail)
+    const [fields, proof] = (err.detail || '').split(' proof=')
+    check(`${name}: DETAIL`, fields, detail)
+    check(`${name}: DETAIL proof`, /^[0-9a-f]{64}$/.test(proof || ''), true)
     check(`${name}: HINT non-empty`, Boolean(err.hint), true)
   }
 }

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import re
 import sys
 import time
 
@@ -70,7 +71,9 @@ async def error_of(awaitable):
 def check_error(name, err, sqlstate, detail=None):
     check(f"{name}: SQLSTATE", err and err.sqlstate, sqlstate)
     if detail is not None:
-        check(f"{name}: DETAIL", err.detail, detail)
+        fields, _, proof = (err.detail or "").partition(" proof=")
+        check(f"{name}: DETAIL", fields, detail)
+        check(f"{name}: DETAIL proof", bool(re.fullmatch("[0-9a-f]{64}", proof)), True)
         check(f"{name}: HINT non-empty", bool(err.hint), True)
 
 

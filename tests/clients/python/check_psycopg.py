@@ -12,6 +12,7 @@ exactly what goes over the wire: psycopg's own implicit BEGIN would hide it.
 
 import hashlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -66,7 +67,9 @@ def error_of(fn):
 def check_error(name, err, sqlstate, detail=None):
     check(f"{name}: SQLSTATE", err and err.sqlstate, sqlstate)
     if detail is not None:
-        check(f"{name}: DETAIL", err.diag.message_detail, detail)
+        fields, _, proof = (err.diag.message_detail or "").partition(" proof=")
+        check(f"{name}: DETAIL", fields, detail)
+        check(f"{name}: DETAIL proof", bool(re.fullmatch("[0-9a-f]{64}", proof)), True)
         check(f"{name}: HINT non-empty", bool(err.diag.message_hint), True)
 
 

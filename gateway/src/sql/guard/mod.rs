@@ -27,7 +27,7 @@
 //!   connection) — calls of functions that do the same from inside a query
 //!   ([`DENIED_FUNCTIONS`], large objects), writes to the system catalogs (`UPDATE
 //!   pg_settings` changes settings for the session), and any object in the gateway's
-//!   own `fencegate` schema.
+//!   own `fencegate` schema — its functions too, by whatever name they are called.
 
 use std::ops::ControlFlow;
 use std::time::Duration;
@@ -355,11 +355,35 @@ fn last_part(name: &ObjectName) -> Option<&str> {
     name.0.last().and_then(ident)
 }
 
+/// The functions of schema `fencegate`, as its SQL defines them: refused however they
+/// are named, so that a statement cannot reach one through a `search_path` that lists
+/// the schema. (Postgres refuses them anyway: the SQL login may execute none but the
+/// gateway's fence step, which needs the gateway's key.)
+fn gateway_functions() -> &'static [String] {
+    static NAMES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    NAMES.get_or_init(|| {
+        const DEFINITION: &str = "CREATE OR REPLACE FUNCTION fencegate.";
+        crate::dbfence::FUNCTIONS_SQL
+            .match_indices(DEFINITION)
+            .filter_map(|(at, _)| {
+                let rest = &crate::dbfence::FUNCTIONS_SQL[at + DEFINITION.len()..];
+                rest.split('(').next().map(str::to_owned)
+            })
+            .collect()
+    })
+}
+
 fn denied_function(name: &ObjectName) -> bool {
+    if in_gateway_schema(name) {
+        return true;
+    }
     last_part(name).is_some_and(|last| {
-        DENIED_FUNCTIONS
+        gateway_functions()
             .iter()
-            .any(|denied| last.eq_ignore_ascii_case(denied))
+            .any(|function| last.eq_ignore_ascii_case(function))
+            || DENIED_FUNCTIONS
+                .iter()
+                .any(|denied| last.eq_ignore_ascii_case(denied))
             || DENIED_PREFIXES
                 .iter()
                 .any(|prefix| last.to_ascii_lowercase().starts_with(prefix))

@@ -6,7 +6,8 @@ use redb::{Database, ReadableTable, Table};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::embedded::{
-    lease_record, now_ms, LeaseRow, ObjectRow, ResetRow, FENCES, LEASES, OBJECTS, RESETS,
+    lease_record, now_ms, LeaseRow, ObjectRow, ResetRow, FENCES, LEASES, OBJECTS, RAISES,
+    RAISES_KEPT, RESETS,
 };
 use crate::store::leases::{
     check_reset, decide, next_token, Claimant, Decision, LeaseOp, LeaseOutcome, Reset, ResetOutcome,
@@ -148,6 +149,28 @@ struct Tables<'txn> {
     objects: Table<'txn, (&'static str, &'static str), ObjectRow>,
     leases: Table<'txn, &'static str, LeaseRow>,
     resets: Table<'txn, u64, ResetRow>,
+    raises: Table<'txn, (&'static str, u64), (&'static str, u64)>,
+}
+
+impl Tables<'_> {
+    /// Sets `resource`'s fence to `token`, recording a raise (by `path`) if it rises.
+    fn set_fence(&mut self, resource: &str, token: u64, path: &str) -> Result<(), redb::Error> {
+        let previous = self.fences.insert(resource, token)?.map(|old| old.value());
+        if previous.is_none_or(|previous| previous < token) {
+            self.raises.insert((resource, token), (path, now_ms()))?;
+            let kept: Vec<u64> = self
+                .raises
+                .range((resource, 0)..=(resource, u64::MAX))?
+                .rev()
+                .skip(RAISES_KEPT)
+                .map(|entry| entry.map(|(key, _)| key.value().1))
+                .collect::<Result<_, _>>()?;
+            for old in kept {
+                self.raises.remove((resource, old))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Applies the jobs in order in one write transaction, commits it, and only then
@@ -201,6 +224,7 @@ fn apply_batch(
             objects: txn.open_table(OBJECTS)?,
             leases: txn.open_table(LEASES)?,
             resets: txn.open_table(RESETS)?,
+            raises: txn.open_table(RAISES)?,
         };
         for job in jobs {
             applied.push(job.apply(&mut tables)?);
@@ -233,7 +257,7 @@ fn apply_advance(
     if let Some(highest) = stale_against(tables, resource, token)? {
         return Ok(AdvanceOutcome::Stale { highest });
     }
-    tables.fences.insert(resource.as_str(), token.get())?;
+    tables.set_fence(resource.as_str(), token.get(), "advance")?;
     Ok(AdvanceOutcome::Applied)
 }
 
@@ -270,7 +294,7 @@ fn apply_lease(
             let Some(minted) = next_token(current.token, highest) else {
                 return Ok(LeaseOutcome::Exhausted);
             };
-            tables.fences.insert(resource.as_str(), minted.get())?;
+            tables.set_fence(resource.as_str(), minted.get(), "lease")?;
             (
                 holder,
                 identity,
@@ -305,20 +329,41 @@ fn apply_reset(tables: &mut Tables<'_>, reset: &Reset) -> Result<ResetOutcome, r
         .leases
         .get(resource)?
         .and_then(|entry| Token::new(entry.value().2).ok());
+    // The token a reset goes past is the fence's: the one it declares forged. Every
+    // other token the resource accepted, on any path, is a floor.
+    let forged = highest.map_or(0, Token::get);
     let mut written = 0;
     for entry in tables.objects.range((resource, "")..)? {
         let (key, row) = entry?;
         if key.value().0 != resource {
             break;
         }
-        written = written.max(row.value().0);
+        let token = row.value().0;
+        if token != forged {
+            written = written.max(token);
+        }
     }
-    let floors = [leased, Token::new(written).ok()];
+    let mut raised = 0;
+    for entry in tables.raises.range((resource, 0)..=(resource, u64::MAX))? {
+        let token = entry?.0.value().1;
+        if token != forged {
+            raised = raised.max(token);
+        }
+    }
+    let floors = [leased, Token::new(written).ok(), Token::new(raised).ok()];
     let from = match check_reset(reset, highest, &floors) {
         Ok(from) => from,
         Err(refused) => return Ok(refused),
     };
     tables.fences.insert(resource, reset.to.get())?;
+    let retired: Vec<u64> = tables
+        .raises
+        .range((resource, reset.to.get() + 1)..=(resource, u64::MAX))?
+        .map(|entry| entry.map(|(key, _)| key.value().1))
+        .collect::<Result<_, _>>()?;
+    for token in retired {
+        tables.raises.remove((resource, token))?;
+    }
     let generation = tables
         .resets
         .last()?
@@ -356,7 +401,7 @@ fn apply_write(tables: &mut Tables<'_>, write: &Write) -> Result<WriteOutcome, r
         return Ok(WriteOutcome::PreconditionFailed { current });
     }
     let token = write.token.get();
-    tables.fences.insert(write.resource.as_str(), token)?;
+    tables.set_fence(write.resource.as_str(), token, "kv")?;
     Ok(match &write.op {
         WriteOp::Put(value) => {
             let new_version = version + 1;

@@ -64,6 +64,14 @@ type ResetRow = (
 );
 /// generation -> fence reset: the audit log.
 const RESETS: TableDefinition<u64, ResetRow> = TableDefinition::new("fence_resets");
+/// (resource, token) -> (path, at in ms since the Unix epoch): every raise of a fence,
+/// the latest [`RAISES_KEPT`] per resource; a reset may go below none of these tokens
+/// but the one it declares forged.
+const RAISES: TableDefinition<(&str, u64), (&str, u64)> = TableDefinition::new("raises");
+/// Raises kept per resource.
+const RAISES_KEPT: usize = 32;
+/// Set once the raise log holds every fence the store had before it existed.
+const RAISES_SEEDED_KEY: &str = "raises_seeded";
 /// Marks the file as a fencegate store and records its format.
 const META: TableDefinition<&str, u64> = TableDefinition::new("fencegate_meta");
 const FORMAT_KEY: &str = "format_version";
@@ -307,6 +315,22 @@ impl EmbeddedStore {
 }
 
 /// Marks a new file as a fencegate store, or checks that an existing one is one.
+/// Records the fences of a store written before the raise log, once.
+fn seed_raises(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    let mut meta = txn.open_table(META)?;
+    if meta.get(RAISES_SEEDED_KEY)?.is_some() {
+        return Ok(());
+    }
+    let fences = txn.open_table(FENCES)?;
+    let mut raises = txn.open_table(RAISES)?;
+    for entry in fences.iter()? {
+        let (resource, highest) = entry?;
+        raises.insert((resource.value(), highest.value()), ("unknown", now_ms()))?;
+    }
+    meta.insert(RAISES_SEEDED_KEY, 1)?;
+    Ok(())
+}
+
 fn initialise(db: &Database, path: &Path, existed: bool) -> Result<(), EmbeddedStartError> {
     let open_error = |source: redb::Error| EmbeddedStartError::Open {
         path: path.to_owned(),
@@ -348,6 +372,7 @@ fn initialise(db: &Database, path: &Path, existed: bool) -> Result<(), EmbeddedS
         txn.open_table(OBJECTS).map_err(|e| open_error(e.into()))?;
         txn.open_table(LEASES).map_err(|e| open_error(e.into()))?;
         txn.open_table(RESETS).map_err(|e| open_error(e.into()))?;
+        seed_raises(&txn).map_err(open_error)?;
     }
     txn.commit().map_err(|e| open_error(e.into()))
 }

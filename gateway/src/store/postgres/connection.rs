@@ -223,7 +223,35 @@ pub async fn migrate(client: &mut tokio_postgres::Client) -> Result<(), PgStartE
             .map_err(failed)?;
         tracing::info!(version, "applied fencegate schema migration");
     }
+    // The functions, defined once, whenever their text changed.
+    let digest = functions_digest();
+    let applied: Option<String> = tx
+        .query_opt(statements::FUNCTIONS_DIGEST, &[])
+        .await
+        .map_err(failed)?
+        .map(|row| row.get(0));
+    if applied.as_deref() != Some(digest.as_str()) {
+        tx.batch_execute(crate::dbfence::FUNCTIONS_SQL)
+            .await
+            .map_err(failed)?;
+        tx.execute(statements::RECORD_FUNCTIONS, &[&digest])
+            .await
+            .map_err(failed)?;
+        tracing::info!(%digest, "applied the fencegate schema's functions");
+    }
     tx.commit().await.map_err(failed)
+}
+
+/// The SHA-256 of the schema's functions, in hex.
+fn functions_digest() -> String {
+    ring::digest::digest(
+        &ring::digest::SHA256,
+        crate::dbfence::FUNCTIONS_SQL.as_bytes(),
+    )
+    .as_ref()
+    .iter()
+    .map(|byte| format!("{byte:02x}"))
+    .collect()
 }
 
 /// How long a cancel request may take before the gateway answers anyway.

@@ -49,7 +49,7 @@ pub(super) async fn step(
             let Some(token) = next_token(current.token, highest) else {
                 return Ok(LeaseOutcome::Exhausted);
             };
-            tx.execute(statements::FENCE_SET, &[&resource, &token.as_i64()])
+            tx.execute(statements::FENCE_SET_LEASE, &[&resource, &token.as_i64()])
                 .await
                 .map_err(|e| classify(e, false))?;
             tx.query_one(
@@ -105,18 +105,31 @@ pub(super) async fn reset(client: &mut Object, reset: &Reset) -> Result<ResetOut
         .map_err(|e| classify(e, false))?
         .map(|row| token_from_db(row.get(0)))
         .transpose()?;
+    // The token a reset goes past is the fence's: the one it declares forged. Every
+    // other token the resource accepted, on any path, is a floor.
+    let forged = highest.map_or(0, Token::as_i64);
     let floors = tx
-        .query_one(statements::RESET_FLOORS, &[&resource])
+        .query_one(statements::RESET_FLOORS, &[&resource, &forged])
         .await
         .map_err(|e| classify(e, false))?;
-    let floors = [positive(floors.get(0))?, positive(floors.get(1))?];
+    let floors = [
+        positive(floors.get(0))?,
+        positive(floors.get(1))?,
+        positive(floors.get(2))?,
+    ];
     let from = match check_reset(reset, highest, &floors) {
         Ok(from) => from,
         Err(refused) => return Ok(refused),
     };
-    tx.execute(statements::FENCE_SET, &[&resource, &reset.to.as_i64()])
+    tx.execute(statements::FENCE_LOWER, &[&resource, &reset.to.as_i64()])
         .await
         .map_err(|e| classify(e, false))?;
+    tx.execute(
+        statements::RESET_RETIRE_RAISES,
+        &[&resource, &reset.to.as_i64()],
+    )
+    .await
+    .map_err(|e| classify(e, false))?;
     let generation: i64 = tx
         .query_one(
             statements::RESET_RECORD,

@@ -17,6 +17,7 @@
 //!   a broken one is dropped by the pool's recycle check, and new connections are made
 //!   as the database comes back.
 
+pub mod bindings;
 mod connection;
 mod group;
 mod leases;
@@ -42,6 +43,24 @@ use super::leases::{
     Claimant, LeaseOp, LeaseOutcome, LeaseRecord, Reset, ResetOutcome, ResetRecord,
 };
 use super::{AdvanceOutcome, StoreError, StoredObject, Write, WriteOutcome};
+
+/// Reads the gateway's keys from `fencegate.keys`.
+async fn read_keys(client: &mut Object) -> Result<GatewayKeys, StoreError> {
+    let rows = client
+        .query(statements::KEYS, &[])
+        .await
+        .map_err(|e| classify(e, false))?;
+    let key = |name: &str| {
+        rows.iter()
+            .find(|row| row.get::<_, &str>(0) == name)
+            .map(|row| row.get::<_, Vec<u8>>(1))
+            .ok_or_else(|| StoreError::Internal(format!("fencegate.keys has no key {name:?}")))
+    };
+    Ok(GatewayKeys {
+        sql: key("sql")?,
+        proof: crate::dbfence::ProofKey::new(&key("proof")?),
+    })
+}
 
 /// How the Postgres backend uses its connections.
 pub struct PgOptions {
@@ -69,6 +88,28 @@ pub struct PgStore {
     description: String,
     /// Which server the pools reach, for the fence audit after a failover.
     watch: Arc<ServerWatch>,
+    /// The schema's keys, read once the schema is in place.
+    keys: Option<Arc<GatewayKeys>>,
+}
+
+/// An older-term session that a new term ended (`fencegate.takeovers`).
+#[derive(Debug, Clone)]
+pub struct Takeover {
+    pub id: i64,
+    pub resource: String,
+    pub token: i64,
+    pub pid: i32,
+    pub role: String,
+    pub ended_by: String,
+}
+
+/// The secrets of schema `fencegate` that the gateway uses (`fencegate.keys`).
+#[derive(Clone, Debug)]
+pub struct GatewayKeys {
+    /// Opens `fencegate.sql_fence()`, the fence step of `/v1/sql`.
+    pub sql: Vec<u8>,
+    /// Checks the proofs of the fence's refusals.
+    pub proof: crate::dbfence::ProofKey,
 }
 
 impl PgStore {
@@ -123,11 +164,18 @@ impl PgStore {
             timeout,
             description: String::new(),
             watch,
+            keys: None,
         };
         store
             .with_client(async |client| Ok(migrate(client).await))
             .await
             .map_err(PgStartError::Migrate)??;
+        store.keys = Some(Arc::new(
+            store
+                .with_client(async |client| read_keys(client).await)
+                .await
+                .map_err(PgStartError::Migrate)?,
+        ));
         let used = store
             .with_client(async |client| connection::uses_tls(client).await)
             .await
@@ -148,12 +196,15 @@ impl PgStore {
         .await
     }
 
-    /// Lets `role` call `fencegate.fence()`: the privileges of a writer, and no more.
-    pub async fn grant_fence(&self, role: &str) -> Result<(), StoreError> {
+    /// Lets the SQL login `role` take the fence step of `/v1/sql` (`fencegate.sql_fence()`,
+    /// which also needs the gateway's key), and nothing more: not `fencegate.fence()`,
+    /// which earlier versions granted it.
+    pub async fn grant_sql_fence(&self, role: &str) -> Result<(), StoreError> {
         self.with_client(async |client| {
             for grant in [
                 "SELECT format('GRANT USAGE ON SCHEMA fencegate TO %I', $1::text)",
-                "SELECT format('GRANT EXECUTE ON FUNCTION fencegate.fence(text, bigint) TO %I', $1::text)",
+                "SELECT format('GRANT EXECUTE ON FUNCTION fencegate.sql_fence(text, bigint, bytea) TO %I', $1::text)",
+                "SELECT format('REVOKE EXECUTE ON FUNCTION fencegate.fence(text, bigint) FROM %I', $1::text)",
             ] {
                 let statement: String = client
                     .query_one(grant, &[&role])
@@ -170,8 +221,43 @@ impl PgStore {
         .await
     }
 
+    /// The roles that `login` can act as and that hold resources in
+    /// `fencegate.authority`, comma-separated; `None` if there are none.
+    pub async fn authority_reached_by(&self, login: &str) -> Result<Option<String>, StoreError> {
+        self.with_client(async |client| {
+            let row = client
+                .query_one(
+                    "SELECT string_agg(DISTINCT r.rolname, ', ')
+                     FROM fencegate.authority a JOIN pg_roles r ON r.oid = a.role
+                     WHERE pg_has_role($1::text::name, r.oid, 'MEMBER')",
+                    &[&login],
+                )
+                .await
+                .map_err(|e| classify(e, false))?;
+            Ok(row.get(0))
+        })
+        .await
+    }
+
     pub fn describe(&self) -> String {
         self.description.clone()
+    }
+
+    /// The schema's keys.
+    pub fn keys(&self) -> &GatewayKeys {
+        self.keys.as_ref().expect("read when the store connected")
+    }
+
+    /// Records a setting that the schema's functions read (`fencegate.settings`).
+    pub async fn set_setting(&self, name: &str, value: &str) -> Result<(), StoreError> {
+        self.with_client(async |client| {
+            client
+                .execute(statements::SET_SETTING, &[&name, &value])
+                .await
+                .map_err(|e| classify(e, false))?;
+            Ok(())
+        })
+        .await
     }
 
     /// The paths a write rarely takes — a precondition, a stale token — are boxed: the
@@ -201,7 +287,7 @@ impl PgStore {
         let raised = self
             .with_client(async |client| {
                 let statement = client
-                    .prepare_cached(statements::FENCE_RAISE)
+                    .prepare_cached(statements::FENCE_ADVANCE)
                     .await
                     .map_err(|e| classify(e, false))?;
                 let row = client
@@ -261,30 +347,93 @@ impl PgStore {
             .await
     }
 
-    /// Replaces the `--issued-by` bindings the in-database fence checks
-    /// (`fencegate.issuer_bindings`) with `bindings`, in one transaction.
-    pub async fn write_bindings(
+    /// Adopts the recorded issuer bindings, or writes `bindings`; see [`bindings`].
+    pub async fn adopt_bindings(
         &self,
         bindings: &[crate::config::Binding],
-    ) -> Result<(), StoreError> {
+        replace: bool,
+    ) -> Result<bindings::Adopted, StoreError> {
+        self.with_client(async |client| bindings::adopt(client, bindings, replace).await)
+            .await
+    }
+
+    /// Compares the recorded issuer bindings with `bindings` at `generation`, and
+    /// restores them if they drifted; see [`bindings`].
+    pub async fn follow_bindings(
+        &self,
+        bindings: &[crate::config::Binding],
+        generation: i64,
+    ) -> Result<bindings::Drift, StoreError> {
+        self.with_client(async |client| bindings::follow(client, bindings, generation).await)
+            .await
+    }
+
+    /// The older-term sessions ended since `after` (`fencegate.takeovers`), in order:
+    /// id, resource, token, pid, role, who ended them.
+    pub async fn takeovers_since(&self, after: i64) -> Result<Vec<Takeover>, StoreError> {
         self.with_client(async |client| {
-            let tx = client.transaction().await.map_err(|e| classify(e, false))?;
-            tx.execute("DELETE FROM fencegate.issuer_bindings", &[])
+            let rows = client
+                .query(statements::TAKEOVERS_SINCE, &[&after])
                 .await
                 .map_err(|e| classify(e, false))?;
-            for (position, binding) in (0i32..).zip(bindings) {
-                let (pattern, prefix) = binding.pattern.parts();
-                tx.execute(
-                    "INSERT INTO fencegate.issuer_bindings (position, pattern, prefix, issuer)
-                     VALUES ($1, $2, $3, $4)",
-                    &[&position, &pattern, &prefix, &binding.issuer.as_str()],
+            Ok(rows
+                .iter()
+                .map(|row| Takeover {
+                    id: row.get(0),
+                    resource: row.get(1),
+                    token: row.get(2),
+                    pid: row.get(3),
+                    role: row.get(4),
+                    ended_by: row.get(5),
+                })
+                .collect())
+        })
+        .await
+    }
+
+    /// The id of the last entry of the takeover log (0 if none).
+    pub async fn last_takeover(&self) -> Result<i64, StoreError> {
+        self.with_client(async |client| {
+            let row = client
+                .query_one("SELECT coalesce(max(id), 0) FROM fencegate.takeovers", &[])
+                .await
+                .map_err(|e| classify(e, false))?;
+            Ok(row.get(0))
+        })
+        .await
+    }
+
+    /// Ends the sessions that hold `resource`'s fence for a term older than `token`
+    /// (`fencegate.end_older_terms()`); returns how many.
+    pub async fn end_older_terms(
+        &self,
+        resource: &ResourceName,
+        token: Token,
+    ) -> Result<i32, StoreError> {
+        self.with_client(async |client| {
+            let row = client
+                .query_one(
+                    statements::END_OLDER_TERMS,
+                    &[&resource.as_str(), &token.as_i64()],
                 )
                 .await
                 .map_err(|e| classify(e, false))?;
-            }
-            tx.commit().await.map_err(|e| classify(e, true))
+            Ok(row.get(0))
         })
         .await
+    }
+
+    /// Whether `table` (in the database of `client`) is guarded
+    /// (`fencegate leader-lease guard`): `None` if there is no such table.
+    pub async fn leader_lease_guarded(
+        client: &tokio_postgres::Client,
+        table: &str,
+    ) -> Result<Option<bool>, tokio_postgres::Error> {
+        let quoted: Vec<String> = table.split('.').map(|part| format!("\"{part}\"")).collect();
+        let row = client
+            .query_one(statements::LEASE_TABLE_GUARDED, &[&quoted.join(".")])
+            .await?;
+        Ok(row.get(0))
     }
 
     /// Raises fences that are below tokens seen committed; see [`super::Store::restore_fences`].

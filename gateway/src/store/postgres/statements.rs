@@ -37,9 +37,34 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
          PRIMARY KEY (resource, key)
      );",
     ),
-    (2, crate::dbfence::SCHEMA_SQL),
-    (3, crate::dbfence::ISSUED_SQL),
+    (2, crate::dbfence::M2_SQL),
+    (3, crate::dbfence::M3_SQL),
+    (4, crate::dbfence::M4_SQL),
 ];
+
+/// The digest of the schema's functions as applied (`fencegate.schema_functions`).
+pub const FUNCTIONS_DIGEST: &str = "SELECT digest FROM fencegate.schema_functions";
+/// Records the digest of the functions just applied. `$1` digest.
+pub const RECORD_FUNCTIONS: &str = "INSERT INTO fencegate.schema_functions (digest) VALUES ($1)
+     ON CONFLICT (only_row) DO UPDATE SET digest = EXCLUDED.digest, applied_at = now()";
+/// The gateway's keys: `sql` (the fence step of /v1/sql) and `proof` (the fence's proofs).
+pub const KEYS: &str = "SELECT name, key FROM fencegate.keys WHERE name IN ('sql', 'proof')";
+/// Older-term sessions ended after `$1`, in order.
+pub const TAKEOVERS_SINCE: &str =
+    "SELECT id, resource, token, pid, role, ended_by FROM fencegate.takeovers WHERE id > $1 ORDER BY id";
+/// Ends the sessions holding `$1`'s fence for a term older than `$2`.
+pub const END_OLDER_TERMS: &str = "SELECT fencegate.end_older_terms($1, $2, 'gateway')";
+/// Whether table `$1` (quoted) is guarded by `fencegate.guard_leader_lease()`, with both
+/// its triggers enabled ALWAYS; NULL if it does not exist.
+pub const LEASE_TABLE_GUARDED: &str = "
+    SELECT CASE WHEN to_regclass($1) IS NULL THEN NULL ELSE (
+        SELECT count(*) = 2 FROM pg_trigger t
+        WHERE t.tgrelid = to_regclass($1) AND t.tgenabled = 'A'
+          AND t.tgname IN ('fencegate_lease_guard', 'fencegate_lease_guard_truncate')
+          AND t.tgfoid = to_regprocedure('fencegate.guard_leader_lease()')) END";
+/// Records a setting the schema's functions read. `$1` name, `$2` value.
+pub const SET_SETTING: &str = "INSERT INTO fencegate.settings (name, value) VALUES ($1, $2)
+     ON CONFLICT (name) DO UPDATE SET value = EXCLUDED.value";
 
 /// Creates the schema and the migrations table, serialised between gateways that
 /// start together by a transaction-scoped advisory lock (start-up only).
@@ -57,13 +82,20 @@ pub const SCHEMA_VERSION: &str =
 pub const RECORD_MIGRATION: &str = "INSERT INTO fencegate.schema_migrations (version) VALUES ($1)";
 
 /// Raises the fence to `$2` iff `$2 >= highest`; returns the new highest, or no row if
-/// the token is stale. Locks the fence row either way. `$1` resource, `$2` token.
+/// the token is stale. Locks the fence row either way. `$1` resource, `$2` token;
+/// `$path` the path recorded with a raise (`fencegate.raises`).
 macro_rules! fence_raise {
-    () => {
-        "INSERT INTO fencegate.fences AS f (resource, highest) VALUES ($1::text, $2::bigint)
-         ON CONFLICT (resource) DO UPDATE SET highest = EXCLUDED.highest, updated_at = now()
-             WHERE f.highest <= EXCLUDED.highest
-         RETURNING f.highest"
+    ($path:literal) => {
+        concat!(
+            "INSERT INTO fencegate.fences AS f (resource, highest, raised_by)
+             VALUES ($1::text, $2::bigint, '",
+            $path,
+            "')
+             ON CONFLICT (resource) DO UPDATE
+                 SET highest = EXCLUDED.highest, raised_by = EXCLUDED.raised_by, updated_at = now()
+                 WHERE f.highest <= EXCLUDED.highest
+             RETURNING f.highest"
+        )
     };
 }
 
@@ -107,14 +139,14 @@ macro_rules! object_delete {
 /// transaction: on any error nothing of it remains.
 pub const FENCED_PUT: &str = concat!(
     "WITH fence AS (",
-    fence_raise!(),
+    fence_raise!("kv"),
     ") ",
     object_put!("FROM fence")
 );
 /// As [`FENCED_PUT`], for a delete.
 pub const FENCED_DELETE: &str = concat!(
     "WITH fence AS (",
-    fence_raise!(),
+    fence_raise!("kv"),
     ") ",
     object_delete!("FROM fence")
 );
@@ -145,8 +177,8 @@ macro_rules! group_objects_upsert {
 /// The lock is the one an update would take, without writing a new row version that
 /// [`GROUP_APPLY`] would replace at once.
 pub const GROUP_LOCK: &str = "
-    INSERT INTO fencegate.fences AS f (resource, highest)
-    SELECT resource, 1 FROM unnest($1::text[]) WITH ORDINALITY AS u(resource, n) ORDER BY n
+    INSERT INTO fencegate.fences AS f (resource, highest, raised_by)
+    SELECT resource, 1, 'kv' FROM unnest($1::text[]) WITH ORDINALITY AS u(resource, n) ORDER BY n
     ON CONFLICT (resource) DO UPDATE SET highest = f.highest WHERE false";
 
 /// Applies a run of a group's writes in one statement, after [`GROUP_LOCK`] in the same
@@ -177,7 +209,7 @@ pub const GROUP_APPLY: &str = concat!(
         WINDOW earlier AS (PARTITION BY w.resource ORDER BY w.n
                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
     ), raised AS (
-        UPDATE fencegate.fences f SET highest = top.token, updated_at = now()
+        UPDATE fencegate.fences f SET highest = top.token, raised_by = 'kv', updated_at = now()
         FROM (SELECT resource, max(token) AS token FROM judged WHERE accepted
               GROUP BY resource) top
         WHERE f.resource = ANY ($1::text[]) AND f.resource = top.resource
@@ -209,10 +241,11 @@ pub const GROUP_APPLY: &str = concat!(
 pub const GROUP_WRITE: &str = concat!(
     "
     WITH fenced AS (
-        INSERT INTO fencegate.fences AS f (resource, highest)
-        SELECT resource, token FROM unnest($1::text[], $2::bigint[])
+        INSERT INTO fencegate.fences AS f (resource, highest, raised_by)
+        SELECT resource, token, 'kv' FROM unnest($1::text[], $2::bigint[])
             WITH ORDINALITY AS u(resource, token, n) ORDER BY n
-        ON CONFLICT (resource) DO UPDATE SET highest = EXCLUDED.highest, updated_at = now()
+        ON CONFLICT (resource) DO UPDATE
+            SET highest = EXCLUDED.highest, raised_by = EXCLUDED.raised_by, updated_at = now()
             WHERE f.highest <= EXCLUDED.highest
         RETURNING f.resource, f.highest AS token
     ), w AS (
@@ -231,8 +264,10 @@ pub const GROUP_WRITE: &str = concat!(
     ORDER BY w.n"
 );
 
-/// The fence step alone: an advance, or the first statement of a conditional write.
-pub const FENCE_RAISE: &str = fence_raise!();
+/// The fence step alone: an advance.
+pub const FENCE_ADVANCE: &str = fence_raise!("advance");
+/// The first statement of a conditional write.
+pub const FENCE_RAISE: &str = fence_raise!("kv");
 /// The object steps alone, run inside a transaction that already holds the fence lock.
 pub const OBJECT_PUT: &str = object_put!("");
 pub const OBJECT_DELETE: &str = object_delete!("");
@@ -276,13 +311,19 @@ pub const LEASE_READ: &str = concat!(
 
 /// Locks the resource's fence row, creating it if missing (the caller raises it in the
 /// same transaction); returns its highest, 0 if the row is new. `$1` resource.
-pub const FENCE_LOCK: &str = "INSERT INTO fencegate.fences AS f (resource, highest) VALUES ($1, 1)
+pub const FENCE_LOCK: &str =
+    "INSERT INTO fencegate.fences AS f (resource, highest, raised_by) VALUES ($1, 1, 'lease')
      ON CONFLICT (resource) DO UPDATE SET highest = f.highest
      RETURNING CASE WHEN xmax = 0 THEN 0 ELSE highest END";
 
-/// Sets a locked fence row's highest. `$1` resource, `$2` highest.
-pub const FENCE_SET: &str =
-    "UPDATE fencegate.fences SET highest = $2, updated_at = now() WHERE resource = $1";
+/// Raises a locked fence row to a token a lease minted. `$1` resource, `$2` highest.
+pub const FENCE_SET_LEASE: &str =
+    "UPDATE fencegate.fences SET highest = $2, raised_by = 'lease', updated_at = now()
+     WHERE resource = $1";
+/// Lowers a locked fence row (a reset). `$1` resource, `$2` highest.
+pub const FENCE_LOWER: &str =
+    "UPDATE fencegate.fences SET highest = $2, raised_by = 'reset', updated_at = now()
+     WHERE resource = $1";
 
 /// Gives the lease a new term. `$1` resource, `$2` holder, `$3` identity, `$4` token,
 /// `$5` ttl in milliseconds.
@@ -307,19 +348,25 @@ pub const LEASE_FREE: &str = concat!(
     lease_columns!()
 );
 
-/// A reset's floors: the lease's last token and the highest token an object of the
-/// resource carries (0 when none). `$1` resource.
+/// A reset's floors (0 when none): the lease's last token; and, besides `$2`, the
+/// highest token the reset declares forged, the highest token an object of the
+/// resource was written with and the highest token a raise of its fence recorded
+/// (`fencegate.raises`: every path). `$1` resource, `$2` the forged token.
 pub const RESET_FLOORS: &str =
     "SELECT coalesce((SELECT token FROM fencegate.leases WHERE resource = $1), 0),
-            coalesce((SELECT max(token) FROM fencegate.objects WHERE resource = $1), 0)";
+            coalesce((SELECT max(token) FROM fencegate.objects WHERE resource = $1 AND token <> $2), 0),
+            coalesce((SELECT max(token) FROM fencegate.raises WHERE resource = $1 AND token <> $2), 0)";
+/// Forgets the raises a reset went below. `$1` resource, `$2` the reset's token.
+pub const RESET_RETIRE_RAISES: &str =
+    "DELETE FROM fencegate.raises WHERE resource = $1 AND token > $2";
 /// The resource's fence, locked. `$1` resource.
 pub const FENCE_FOR_UPDATE: &str =
     "SELECT highest FROM fencegate.fences WHERE resource = $1 FOR UPDATE";
 /// Records a reset; returns its generation. `$1` resource, `$2` from, `$3` to,
 /// `$4` identity, `$5` reason.
 pub const RESET_RECORD: &str =
-    "INSERT INTO fencegate.fence_resets (resource, from_token, to_token, identity, reason)
-     VALUES ($1, $2, $3, $4, $5) RETURNING generation";
+    "INSERT INTO fencegate.fence_resets (resource, from_token, to_token, identity, reason, forged)
+     VALUES ($1, $2, $3, $4, $5, $2) RETURNING generation";
 /// Resets after generation `$1`, in order.
 pub const RESETS_SINCE: &str = "SELECT generation, resource, to_token FROM fencegate.fence_resets
      WHERE generation > $1 ORDER BY generation";
@@ -338,9 +385,10 @@ pub const FENCES_RESTORE: &str = "
           AND NOT EXISTS (SELECT 1 FROM fencegate.fence_resets r
                           WHERE r.resource = s.resource AND r.generation > $3)
     ), raised AS (
-        INSERT INTO fencegate.fences AS f (resource, highest)
-        SELECT resource, seen FROM behind
-        ON CONFLICT (resource) DO UPDATE SET highest = EXCLUDED.highest, updated_at = now()
+        INSERT INTO fencegate.fences AS f (resource, highest, raised_by)
+        SELECT resource, seen, 'restore' FROM behind
+        ON CONFLICT (resource) DO UPDATE
+            SET highest = EXCLUDED.highest, raised_by = EXCLUDED.raised_by, updated_at = now()
             WHERE f.highest < EXCLUDED.highest
         RETURNING f.resource
     )

@@ -1,0 +1,1004 @@
+-- The functions of schema fencegate: the one home of every function body. The
+-- gateway applies this file after the migrations whenever its digest changes
+-- (CREATE OR REPLACE keeps each function's identity, its grants and the triggers that
+-- call it).
+--
+-- The in-database fence. fencegate.fence(resource, token) checks or raises a
+-- resource's row in fencegate.fences (the row the HTTP API uses) and keeps it locked
+-- to the end of the transaction. Statement-level triggers on protected tables make
+-- the same check with the token the transaction presented, so a stale writer's
+-- INSERT, UPDATE, DELETE, TRUNCATE or COPY fails inside its own transaction, whatever
+-- shape its SQL takes.
+--
+-- Authority. A role presents or raises only the fences of resources it holds: granted
+-- to it, or to a role it can act as, in fencegate.authority (`fencegate grant`); the
+-- schema's owner and superusers hold every resource. A table's resource comes from
+-- fencegate.protected_tables, which only protect() writes, never from the trigger's
+-- arguments. A /v1/sql transaction holds only the resource of its fence step, which
+-- only the gateway can take (fencegate.sql_fence and its key).
+--
+-- Lock rule: a token equal to the highest takes the fence row FOR SHARE, so writers of
+-- one term run side by side; a higher token takes it exclusively (the upsert), so a new
+-- term waits for the open transactions of the old one, and their later statements then
+-- find the raised fence and fail. Every session that holds a fence row for its term
+-- also holds a shared advisory lock on the row's lock_key, so that a new term that
+-- waited --term-takeover-timeout can find those sessions and end them.
+--
+-- Errors use SQLSTATE class ZF, which no driver or ORM retries by itself:
+--   ZF001 stale token       DETAIL 'resource=<r> presented=<n> highest=<n> proof=<hex>'
+--   ZF002 missing token     DETAIL 'resource=<r>'
+--   ZF003 invalid token     DETAIL 'resource=<r> presented=<text>'
+--   ZF004 invalid resource name
+--   ZF005 token not issued  DETAIL 'resource=<r> presented=<n> issued=<n> proof=<hex>'
+--   ZF006 not authorized    DETAIL 'resource=<r> role=<role>'
+--   ZF007 trigger on a table that protect did not fence   DETAIL 'table=<t>'
+--   ZF008 a leader_lease change its guard refuses         DETAIL 'resource=<r>'
+-- The proof is an HMAC of the DETAIL before it, under a key only the gateway and these
+-- functions read: a rejection that anyone can RAISE is told apart from the fence's own.
+
+-- Bodies of earlier versions with other arguments.
+DROP FUNCTION IF EXISTS fencegate.fence_check(text, bigint, regclass);
+
+-- A resource name as the HTTP API accepts it: 1-200 bytes of [A-Za-z0-9._-], not only dots.
+CREATE OR REPLACE FUNCTION fencegate.valid_resource(resource text) RETURNS boolean
+    LANGUAGE sql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT resource ~ '^[A-Za-z0-9._-]{1,200}$' AND resource !~ '^\.+$'
+$fn$;
+
+CREATE OR REPLACE FUNCTION fencegate.require_resource(resource text) RETURNS void
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF resource IS NULL OR NOT fencegate.valid_resource(resource) THEN
+        RAISE EXCEPTION USING ERRCODE = 'ZF004',
+            MESSAGE = format('fencegate: invalid resource name %s', coalesce(quote_literal(left(resource, 200)), 'NULL')),
+            HINT = 'A resource name is 1 to 200 characters of A-Z, a-z, 0-9, ".", "_" and "-", and not only dots.';
+    END IF;
+END
+$fn$;
+
+-- The role a SECURITY DEFINER function of this schema was called as: SET ROLE's role,
+-- else the session's. (Inside such a function current_user is its owner; the setting
+-- `role` is not changed by entering it.) Without a SET clause, so that it is inlined.
+CREATE OR REPLACE FUNCTION fencegate.caller() RETURNS name
+    LANGUAGE sql STABLE
+AS $fn$
+    SELECT CASE pg_catalog.current_setting('role')
+               WHEN 'none' THEN SESSION_USER
+               ELSE pg_catalog.current_setting('role')::name END
+$fn$;
+
+-- Whether role `who` holds `resource`: a grant of fencegate.authority to a role it can
+-- act as, or it can act as the schema's owner (as every superuser can). Inlined.
+CREATE OR REPLACE FUNCTION fencegate.holds(who name, resource text) RETURNS boolean
+    LANGUAGE sql STABLE
+AS $fn$
+    SELECT EXISTS (SELECT FROM fencegate.authority a
+                   WHERE a.pattern = holds.resource AND NOT a.prefix
+                     AND pg_catalog.pg_has_role(holds.who, a.role, 'MEMBER'))
+        OR EXISTS (SELECT FROM fencegate.authority a
+                   WHERE a.prefix AND pg_catalog.starts_with(holds.resource, a.pattern)
+                     AND pg_catalog.pg_has_role(holds.who, a.role, 'MEMBER'))
+        OR pg_catalog.pg_has_role(holds.who,
+               (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname = 'fencegate'),
+               'MEMBER')
+$fn$;
+
+-- ZF006 unless the caller holds `resource`.
+CREATE OR REPLACE FUNCTION fencegate.require_holds(resource text) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    who name := fencegate.caller();
+BEGIN
+    IF NOT fencegate.holds(who, resource) THEN
+        RAISE EXCEPTION USING ERRCODE = 'ZF006',
+            MESSAGE = format('fencegate: role %s may not present or raise the fence of resource "%s"', quote_ident(who), resource),
+            DETAIL = format('resource=%s role=%s', resource, who),
+            HINT = format('The fence of a resource is presented and raised only by roles granted it: fencegate grant %s --resource %s', quote_ident(who), resource),
+            CONSTRAINT = 'fencegate_fence';
+    END IF;
+END
+$fn$;
+
+-- The HMAC-SHA256 of `detail` under the key `proof`, in hex.
+CREATE OR REPLACE FUNCTION fencegate.proof(detail text) RETURNS text
+    LANGUAGE sql STABLE
+AS $fn$
+    SELECT pg_catalog.encode(pg_catalog.sha256(k.outer_pad
+               || pg_catalog.sha256(k.inner_pad || pg_catalog.convert_to(detail, 'UTF8'))), 'hex')
+    FROM fencegate.keys k WHERE k.name = 'proof'
+$fn$;
+
+-- ZF001: `token` is below `highest`, the resource's highest accepted token. `tbl`
+-- names the protected table whose trigger asked (NULL: none).
+CREATE OR REPLACE FUNCTION fencegate.refuse_stale(resource text, token bigint, highest bigint, tbl regclass)
+    RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    detail text := format('resource=%s presented=%s highest=%s', resource, token, highest);
+    hint text := 'This writer''s lease has passed to a newer term: stop the work of this term, and do not retry it with the same token.';
+BEGIN
+    IF tbl IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'ZF001',
+            MESSAGE = format('fencegate: stale fencing token %s for resource "%s": its highest accepted token is %s',
+                             token, resource, highest),
+            DETAIL = detail || ' proof=' || fencegate.proof(detail),
+            HINT = hint,
+            CONSTRAINT = 'fencegate_fence';
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'ZF001',
+        MESSAGE = format('fencegate: stale fencing token %s for resource "%s" (table %s): its highest accepted token is %s',
+                         token, resource, tbl, highest),
+        DETAIL = detail || ' proof=' || fencegate.proof(detail),
+        HINT = hint,
+        CONSTRAINT = 'fencegate_fence',
+        SCHEMA = (SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = tbl),
+        TABLE = (SELECT c.relname FROM pg_class c WHERE c.oid = tbl);
+END
+$fn$;
+
+-- ZF005 unless `token` was issued for `resource`: a resource bound to the gateway's
+-- leases accepts no token above its lease's last. Asked only for a new term.
+CREATE OR REPLACE FUNCTION fencegate.require_issued(resource text, token bigint) RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    issuer text;
+    issued bigint;
+    detail text;
+BEGIN
+    SELECT b.issuer INTO issuer FROM fencegate.issuer_bindings b
+        WHERE CASE WHEN b.prefix THEN starts_with(require_issued.resource, b.pattern)
+                   ELSE b.pattern = require_issued.resource END
+        ORDER BY b.position LIMIT 1;
+    IF issuer IS DISTINCT FROM 'gateway' THEN
+        RETURN;
+    END IF;
+    SELECT coalesce(max(l.token), 0) INTO issued FROM fencegate.leases l
+        WHERE l.resource = require_issued.resource;
+    IF issued < require_issued.token THEN
+        detail := format('resource=%s presented=%s issued=%s', require_issued.resource, require_issued.token, issued);
+        RAISE EXCEPTION USING ERRCODE = 'ZF005',
+            MESSAGE = format('fencegate: token %s was not issued for resource "%s": its lease has issued up to %s',
+                             require_issued.token, require_issued.resource, issued),
+            DETAIL = detail || ' proof=' || fencegate.proof(detail),
+            HINT = 'Present the token the gateway''s lease issued for the current term (POST /v1/leases/<resource>/acquire).',
+            CONSTRAINT = 'fencegate_fence';
+    END IF;
+END
+$fn$;
+
+-- The token as a number, or ZF002 (none) / ZF003 (not a token).
+CREATE OR REPLACE FUNCTION fencegate.parse_token(resource text, presented text, tbl regclass) RETURNS bigint
+    LANGUAGE plpgsql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF presented IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'ZF002',
+            MESSAGE = format('fencegate: no fencing token for resource "%s"%s', resource,
+                             CASE WHEN tbl IS NULL THEN '' ELSE format(', which fences table %s', tbl) END),
+            DETAIL = format('resource=%s', resource),
+            HINT = format('Present the token of your lease first in the transaction: SELECT fencegate.fence(%L, <token>), or set fencegate.token (SET LOCAL, set_config, or options=-c fencegate.token=%s=<token>).', resource, resource),
+            CONSTRAINT = 'fencegate_fence';
+    END IF;
+    IF presented !~ '^[0-9]{1,19}$' OR presented::numeric NOT BETWEEN 1 AND 9223372036854775807 THEN
+        RAISE EXCEPTION USING ERRCODE = 'ZF003',
+            MESSAGE = format('fencegate: invalid fencing token %s for resource "%s": a token is a decimal integer from 1 to 9223372036854775807',
+                             quote_literal(left(presented, 40)), resource),
+            DETAIL = format('resource=%s presented=%s', resource, left(presented, 40)),
+            HINT = 'Present the token your lease store issued for the current term.',
+            CONSTRAINT = 'fencegate_fence';
+    END IF;
+    RETURN presented::bigint;
+END
+$fn$;
+
+-- The token the setting fencegate.token presents for `resource`: `orders=42,billing=7`
+-- names each resource; a bare `42` is for whichever resource the role holds. Inlined.
+CREATE OR REPLACE FUNCTION fencegate.setting_token(resource text, setting text) RETURNS text
+    LANGUAGE sql IMMUTABLE
+AS $fn$
+    SELECT CASE WHEN pg_catalog.strpos(setting, '=') = 0 THEN nullif(pg_catalog.btrim(setting), '')
+                ELSE nullif(pg_catalog.split_part(pg_catalog.split_part(
+                         ',' || pg_catalog.replace(setting, ' ', '') || ',', ',' || resource || '=', 2), ',', 1), '')
+           END
+$fn$;
+
+-- The token this transaction presented for `resource`: the one a fencegate.fence() call
+-- recorded, else the fencegate.token setting; NULL if neither. Not trusted: the caller
+-- checks it against the fence and the role's authority like any other token. Inlined.
+CREATE OR REPLACE FUNCTION fencegate.presented(resource text) RETURNS text
+    LANGUAGE sql STABLE
+AS $fn$
+    SELECT coalesce(
+        nullif(pg_catalog.split_part(pg_catalog.split_part(
+                   ' ' || pg_catalog.current_setting('fencegate.fenced', true) || ' ',
+                   ' ' || resource || '=', 2), ' ', 1), ''),
+        fencegate.setting_token(resource, pg_catalog.current_setting('fencegate.token', true)))
+$fn$;
+
+-- Ends the sessions that hold `resource`'s fence row for a term older than `token`
+-- (they hold its advisory key), if the fence is still below `token`: what a new term
+-- does after waiting --term-takeover-timeout for them. The gateway's own sessions and
+-- superusers' are left alone. Ending a session rolls its transaction back; nothing of
+-- an older term commits after a newer one. Needs the schema's owner to be a member of
+-- pg_signal_backend (fencegate check says so). Returns how many it ended.
+CREATE OR REPLACE FUNCTION fencegate.end_older_terms(resource text, token bigint, ended_by text)
+    RETURNS integer
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    highest bigint;
+    key bigint;
+    owner oid := (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'fencegate');
+    holder record;
+    ended integer := 0;
+BEGIN
+    SELECT f.highest, f.lock_key INTO highest, key FROM fencegate.fences f
+        WHERE f.resource = end_older_terms.resource;
+    IF highest IS NULL OR highest >= end_older_terms.token THEN
+        RETURN 0;
+    END IF;
+    FOR holder IN
+        SELECT DISTINCT l.pid, a.usename::text AS role
+        FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+        WHERE l.locktype = 'advisory' AND l.objsubid = 1
+          AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+          AND l.classid = ((key >> 32) & 4294967295)::oid AND l.objid = (key & 4294967295)::oid
+          AND l.pid <> pg_backend_pid()
+          AND NOT pg_has_role(a.usesysid, owner, 'MEMBER')
+    LOOP
+        BEGIN
+            IF pg_terminate_backend(holder.pid) THEN
+                ended := ended + 1;
+                INSERT INTO fencegate.takeovers (resource, token, pid, role, ended_by)
+                    VALUES (end_older_terms.resource, end_older_terms.token, holder.pid, holder.role, ended_by);
+            END IF;
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE WARNING 'fencegate: could not end session % of role %, which holds an older term of resource "%": grant pg_signal_backend to the owner of schema fencegate',
+                holder.pid, holder.role, end_older_terms.resource;
+        END;
+    END LOOP;
+    DELETE FROM fencegate.takeovers t WHERE t.at < now() - interval '7 days';
+    RETURN ended;
+END
+$fn$;
+
+-- Raises `resource`'s fence to `token` (created if missing), recording `path`, if
+-- `token` is above it; returns the new highest and the row's lock key, or NULLs if the
+-- fence was already at or above `token`. Waits at most the term takeover timeout for
+-- the sessions of the older term, then ends them (end_older_terms) and waits again.
+CREATE OR REPLACE FUNCTION fencegate.raise_fence(resource text, token bigint, path text,
+                                                 OUT highest bigint, OUT lock_key bigint)
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    wait text := (SELECT s.value FROM fencegate.settings s WHERE s.name = 'term_takeover_timeout_ms');
+    before text := current_setting('lock_timeout');
+BEGIN
+    IF wait IS NOT NULL AND wait <> '0'
+       AND (before::interval = interval '0' OR before::interval > (wait || 'ms')::interval) THEN
+        BEGIN
+            PERFORM set_config('lock_timeout', wait || 'ms', true);
+            INSERT INTO fencegate.fences AS f (resource, highest, raised_by)
+                VALUES (raise_fence.resource, raise_fence.token, raise_fence.path)
+                ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+                    SET highest = EXCLUDED.highest, raised_by = EXCLUDED.raised_by, updated_at = now()
+                    WHERE f.highest < EXCLUDED.highest
+                RETURNING f.highest, f.lock_key INTO raise_fence.highest, raise_fence.lock_key;
+            PERFORM set_config('lock_timeout', before, true);
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM fencegate.end_older_terms(raise_fence.resource, raise_fence.token, 'fence');
+        END;
+    END IF;
+    INSERT INTO fencegate.fences AS f (resource, highest, raised_by)
+        VALUES (raise_fence.resource, raise_fence.token, raise_fence.path)
+        ON CONFLICT ON CONSTRAINT fences_pkey DO UPDATE
+            SET highest = EXCLUDED.highest, raised_by = EXCLUDED.raised_by, updated_at = now()
+            WHERE f.highest < EXCLUDED.highest
+        RETURNING f.highest, f.lock_key INTO raise_fence.highest, raise_fence.lock_key;
+END
+$fn$;
+
+-- The check itself: raises the fence to `token` or checks it, leaving the row locked
+-- (FOR SHARE when equal, exclusively when raised) and the row's advisory key held;
+-- ZF001 if the token is stale, ZF005 if its issuer never issued it. `tbl` names the
+-- protected table whose trigger asked (NULL: none), `path` the path that raises.
+-- Callers are SECURITY DEFINER functions of this schema that checked the authority.
+CREATE OR REPLACE FUNCTION fencegate.fence_check(resource text, token bigint, tbl regclass, path text)
+    RETURNS bigint
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    highest bigint;
+    key bigint;
+BEGIN
+    -- Three rounds at most: a round ends early only when the upsert found a row it did
+    -- not raise, which the next round then reads (and holds locked) as it is.
+    FOR round IN 1..3 LOOP
+        SELECT f.highest INTO highest FROM fencegate.fences f
+            WHERE f.resource = fence_check.resource;
+        IF highest = fence_check.token THEN
+            -- Same term: a share lock. If a raise holds the row, this waits for it and
+            -- then reads the raised value.
+            SELECT f.highest, f.lock_key INTO highest, key FROM fencegate.fences f
+                WHERE f.resource = fence_check.resource FOR SHARE;
+        ELSIF highest IS NULL OR highest < fence_check.token THEN
+            -- A new term: only if its issuer issued it; then the exclusive upsert, which
+            -- waits for every open transaction that holds the row, old term or new.
+            PERFORM fencegate.require_issued(fence_check.resource, fence_check.token);
+            SELECT r.highest, r.lock_key INTO highest, key
+                FROM fencegate.raise_fence(fence_check.resource, fence_check.token, fence_check.path) r;
+            CONTINUE WHEN highest IS NULL;
+        END IF;
+        IF highest = fence_check.token THEN
+            PERFORM pg_try_advisory_xact_lock_shared(key);
+            RETURN highest;
+        ELSIF highest > fence_check.token THEN
+            PERFORM fencegate.refuse_stale(fence_check.resource, fence_check.token, highest, tbl);
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'fencegate: the fence of resource "%" kept changing while it was checked', fence_check.resource;
+END
+$fn$;
+
+-- The fence step for writers: checks `token` against `resource`'s fence, raising it if
+-- higher, keeps the fence row locked until the transaction ends, and records the token
+-- for the triggers of the resource's protected tables. Returns the highest token. The
+-- caller must hold the resource (ZF006).
+--
+-- The common case — the current term's token, presented by a role that holds the
+-- resource — is one statement. Everything else (a new term, a stale or invalid token,
+-- an unknown resource, no authority) goes through the checks and fence_check().
+-- (PL/pgSQL sets up its expressions again in every transaction; the fast paths keep to
+-- few of them, and to no regular expression.)
+CREATE OR REPLACE FUNCTION fencegate.fence(resource text, token bigint) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    highest bigint;
+    fenced text := coalesce(current_setting('fencegate.fenced', true), '');
+BEGIN
+    SELECT f.highest INTO highest FROM fencegate.fences f
+        WHERE f.resource = fence.resource AND f.highest = fence.token
+          AND fencegate.holds(fencegate.caller(), fence.resource)
+          AND pg_try_advisory_xact_lock_shared(f.lock_key) IS NOT NULL
+        FOR SHARE;
+    IF NOT FOUND THEN
+        PERFORM fencegate.require_resource(fence.resource);
+        PERFORM fencegate.require_holds(fence.resource);
+        PERFORM fencegate.parse_token(fence.resource, fence.token::text, NULL);
+        highest := fencegate.fence_check(fence.resource, fence.token, NULL, 'door');
+    END IF;
+    -- Newest first: fencegate.presented() reads the first entry of a resource.
+    IF strpos(' ' || fenced, ' ' || fence.resource || '=' || fence.token || ' ') <> 1 THEN
+        PERFORM set_config('fencegate.fenced', fence.resource || '=' || fence.token || ' ' || fenced, true);
+    END IF;
+    RETURN highest;
+END
+$fn$;
+
+-- The fence step of a /v1/sql transaction, run by the gateway only (`key` is the
+-- gateway's key `sql`): fence_check() for the gateway's SQL login, which holds no
+-- resource itself, and the grant of this one resource and token to the rest of the
+-- transaction (fencegate.sql_grants), which the triggers of its tables honour.
+CREATE OR REPLACE FUNCTION fencegate.sql_fence(resource text, token bigint, key bytea) RETURNS bigint
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    highest bigint;
+BEGIN
+    IF NOT EXISTS (SELECT FROM fencegate.keys k WHERE k.name = 'sql' AND k.key = sql_fence.key) THEN
+        RAISE EXCEPTION USING ERRCODE = 'ZF006',
+            MESSAGE = 'fencegate: only the gateway takes the fence step of a /v1/sql transaction',
+            DETAIL = format('resource=%s role=%s', sql_fence.resource, fencegate.caller()),
+            CONSTRAINT = 'fencegate_fence';
+    END IF;
+    SELECT f.highest INTO highest FROM fencegate.fences f
+        WHERE f.resource = sql_fence.resource AND f.highest = sql_fence.token
+          AND pg_try_advisory_xact_lock_shared(f.lock_key) IS NOT NULL
+        FOR SHARE;
+    IF NOT FOUND THEN
+        PERFORM fencegate.require_resource(sql_fence.resource);
+        PERFORM fencegate.parse_token(sql_fence.resource, sql_fence.token::text, NULL);
+        highest := fencegate.fence_check(sql_fence.resource, sql_fence.token, NULL, 'sql');
+    END IF;
+    INSERT INTO fencegate.sql_grants AS g (pid, xact, resource, token)
+        VALUES (pg_backend_pid(), pg_current_xact_id(), sql_fence.resource, sql_fence.token)
+        ON CONFLICT (pid) DO UPDATE
+            SET xact = EXCLUDED.xact, resource = EXCLUDED.resource, token = EXCLUDED.token;
+    RETURN highest;
+END
+$fn$;
+
+-- The trigger's long way: the table's registration, the transaction's /v1/sql grant
+-- or the caller's authority, the presented token, and fence_check().
+CREATE OR REPLACE FUNCTION fencegate.enforce_slow(tbl regclass) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    resource text := (SELECT p.resource FROM fencegate.protected_tables p WHERE p.tbl = enforce_slow.tbl);
+    granted_resource text;
+    granted_token bigint;
+    who name;
+BEGIN
+    IF resource IS NULL THEN
+        RAISE EXCEPTION USING ERRCODE = 'ZF007',
+            MESSAGE = format('fencegate: table %s is not fenced, but a trigger on it calls the fence', tbl),
+            DETAIL = format('table=%s', tbl),
+            HINT = 'Only fencegate protect fences a table (and records its resource); drop this trigger.',
+            CONSTRAINT = 'fencegate_fence';
+    END IF;
+    SELECT g.resource, g.token INTO granted_resource, granted_token FROM fencegate.sql_grants g
+        WHERE g.pid = pg_backend_pid() AND g.xact = pg_current_xact_id_if_assigned();
+    IF FOUND THEN
+        -- A /v1/sql transaction: the resource of its fence step is all it holds.
+        IF granted_resource <> resource THEN
+            who := fencegate.caller();
+            RAISE EXCEPTION USING ERRCODE = 'ZF006',
+                MESSAGE = format('fencegate: table %s is fenced for resource "%s", not for "%s", the resource of this transaction', tbl, resource, granted_resource),
+                DETAIL = format('resource=%s role=%s', resource, who),
+                CONSTRAINT = 'fencegate_fence';
+        END IF;
+        PERFORM fencegate.fence_check(resource, granted_token, tbl, 'sql');
+        RETURN;
+    END IF;
+    PERFORM fencegate.require_holds(resource);
+    PERFORM fencegate.fence_check(resource,
+                                  fencegate.parse_token(resource, fencegate.presented(resource), tbl),
+                                  tbl, 'door');
+END
+$fn$;
+
+-- The trigger of protected tables: statement-level on every fenced table, and
+-- row-level on fenced tables that a write through an unfenced ancestor could reach.
+-- Fails closed: without a token for the table's resource, or without authority over
+-- it, the statement is refused.
+--
+-- Every statement checks again, since any record of an earlier check in this
+-- transaction could be forged (custom settings are writable by every role). The common
+-- case is one statement: the registration, the authority (or the transaction's /v1/sql
+-- grant), and the share lock of a fence row whose highest is the presented token.
+CREATE OR REPLACE FUNCTION fencegate.enforce() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    -- Compared as text, so that no cast can fail here; a token written otherwise
+    -- ('007') is read properly by the long way.
+    PERFORM FROM fencegate.protected_tables p
+        JOIN fencegate.fences f ON f.resource = p.resource
+        WHERE p.tbl = TG_RELID
+          AND ((f.highest::text = fencegate.presented(p.resource)
+                AND NOT EXISTS (SELECT FROM fencegate.sql_grants g
+                                WHERE g.pid = pg_backend_pid() AND g.xact = pg_current_xact_id_if_assigned())
+                AND fencegate.holds(fencegate.caller(), p.resource))
+               OR EXISTS (SELECT FROM fencegate.sql_grants g
+                          WHERE g.pid = pg_backend_pid() AND g.xact = pg_current_xact_id_if_assigned()
+                            AND g.resource = p.resource AND g.token = f.highest))
+          AND pg_try_advisory_xact_lock_shared(f.lock_key) IS NOT NULL
+        FOR SHARE OF f;
+    IF NOT FOUND THEN
+        PERFORM fencegate.enforce_slow(TG_RELID);
+    END IF;
+    IF TG_LEVEL = 'ROW' THEN
+        IF TG_OP = 'DELETE' THEN
+            RETURN OLD;
+        END IF;
+        RETURN NEW;
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+-- A table and every table below it: partitions at any depth, and inheritance children.
+CREATE OR REPLACE FUNCTION fencegate.family(tbl regclass) RETURNS SETOF regclass
+    LANGUAGE sql STABLE
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+    WITH RECURSIVE family(rel) AS (
+        SELECT tbl::oid
+        UNION
+        SELECT i.inhrelid FROM pg_inherits i JOIN family ON i.inhparent = family.rel
+    )
+    SELECT rel::regclass FROM family
+$fn$;
+
+-- A table and every table above it: the tables a write through which reaches it.
+CREATE OR REPLACE FUNCTION fencegate.ancestors(tbl regclass) RETURNS SETOF regclass
+    LANGUAGE sql STABLE
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+    WITH RECURSIVE up(rel) AS (
+        SELECT tbl::oid
+        UNION
+        SELECT i.inhparent FROM pg_inherits i JOIN up ON i.inhrelid = up.rel
+    )
+    SELECT rel::regclass FROM up
+$fn$;
+
+-- Protected tables: every registered table, with its resource and the state of its
+-- statement trigger (NULL: the trigger is missing).
+CREATE OR REPLACE VIEW fencegate.protected AS
+    SELECT p.tbl, p.resource COLLATE "C" AS resource, t.tgenabled AS enabled
+    FROM fencegate.protected_tables p
+    LEFT JOIN pg_trigger t ON t.tgrelid = p.tbl AND t.tgname = 'fencegate_fence'
+                          AND t.tgfoid = 'fencegate.enforce()'::regprocedure;
+
+-- Records `rel` as fenced for `resource`, for a caller that can act as its owner.
+CREATE OR REPLACE FUNCTION fencegate.register_table(rel regclass, resource text) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    existing text;
+BEGIN
+    PERFORM fencegate.require_resource(resource);
+    IF NOT pg_has_role(fencegate.caller(), (SELECT c.relowner FROM pg_class c WHERE c.oid = rel), 'MEMBER') THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('fencegate: only the owner of table %s may fence it', rel);
+    END IF;
+    SELECT p.resource INTO existing FROM fencegate.protected_tables p WHERE p.tbl = rel;
+    IF existing IS NOT NULL AND existing <> resource THEN
+        RAISE EXCEPTION 'fencegate: table % is already fenced for resource "%"; unprotect it first', rel, existing;
+    END IF;
+    INSERT INTO fencegate.protected_tables (tbl, resource) VALUES (rel, resource)
+        ON CONFLICT (tbl) DO NOTHING;
+END
+$fn$;
+
+-- Forgets that `rel` is fenced, for a caller that can act as its owner.
+CREATE OR REPLACE FUNCTION fencegate.unregister_table(rel regclass) RETURNS boolean
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF NOT pg_has_role(fencegate.caller(), (SELECT c.relowner FROM pg_class c WHERE c.oid = rel), 'MEMBER') THEN
+        RAISE EXCEPTION USING ERRCODE = '42501',
+            MESSAGE = format('fencegate: only the owner of table %s may take its fence off', rel);
+    END IF;
+    DELETE FROM fencegate.protected_tables p WHERE p.tbl = rel;
+    RETURN FOUND;
+END
+$fn$;
+
+-- Puts the statement trigger on a registered table, ENABLE ALWAYS (so that
+-- session_replication_role = replica does not skip it). Runs with the caller's
+-- privileges: only a table's owner may change its triggers.
+CREATE OR REPLACE FUNCTION fencegate.install_trigger(rel regclass) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'fencegate_fence') THEN
+        EXECUTE format('CREATE TRIGGER fencegate_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION fencegate.enforce()', rel);
+    END IF;
+    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER fencegate_fence', rel);
+END
+$fn$;
+
+-- Fenced tables with rows that a write through an ancestor could reach unchecked: an
+-- ancestor not fenced for the same resource fires only its own statement triggers, so
+-- these tables need the row-level trigger too. One row per such table, with one such
+-- ancestor.
+CREATE OR REPLACE FUNCTION fencegate.reachable_from_above() RETURNS TABLE (tbl regclass, resource text, ancestor regclass)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT DISTINCT ON (p.tbl) p.tbl, p.resource, a.rel
+    FROM fencegate.protected_tables p
+    JOIN pg_class c ON c.oid = p.tbl AND c.relkind = 'r'
+    CROSS JOIN LATERAL fencegate.ancestors(p.tbl) AS a(rel)
+    WHERE a.rel <> p.tbl
+      AND NOT EXISTS (SELECT FROM fencegate.protected_tables q WHERE q.tbl = a.rel AND q.resource = p.resource)
+    ORDER BY p.tbl, a.rel
+$fn$;
+
+-- The fenced tables of `tbl`'s family (every table above and below it): whether each
+-- needs the row-level trigger (reachable_from_above) and whether it has it. Read-only.
+CREATE OR REPLACE FUNCTION fencegate.family_coverage(tbl regclass)
+    RETURNS TABLE (rel regclass, needed boolean, present boolean)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT DISTINCT m.rel,
+           m.rel IN (SELECT r.tbl FROM fencegate.reachable_from_above() r),
+           EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = m.rel AND t.tgname = 'fencegate_fence_row')
+    FROM fencegate.ancestors(tbl) AS a(top)
+    CROSS JOIN LATERAL fencegate.family(a.top) AS m(rel)
+    WHERE EXISTS (SELECT FROM fencegate.protected_tables p WHERE p.tbl = m.rel)
+$fn$;
+
+-- Gives the row-level trigger to the fenced tables of `tbl`'s family that need it, and
+-- takes it from those that no longer do. Runs with the caller's privileges.
+CREATE OR REPLACE FUNCTION fencegate.cover_family(tbl regclass) RETURNS void
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    member record;
+BEGIN
+    FOR member IN SELECT * FROM fencegate.family_coverage(tbl) LOOP
+        IF member.needed AND NOT member.present THEN
+            EXECUTE format('CREATE TRIGGER fencegate_fence_row BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION fencegate.enforce()', member.rel);
+        ELSIF NOT member.needed AND member.present THEN
+            EXECUTE format('DROP TRIGGER fencegate_fence_row ON %s', member.rel);
+        END IF;
+        IF member.needed THEN
+            EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER fencegate_fence_row', member.rel);
+        END IF;
+    END LOOP;
+END
+$fn$;
+
+-- Fences `tbl` and every partition and child below it for `resource` (and gives the
+-- row-level trigger to those that a write through an unfenced ancestor could reach).
+-- Runs with the caller's privileges: the caller must own the tables. Returns the
+-- tables it fenced.
+CREATE OR REPLACE FUNCTION fencegate.protect(tbl regclass, resource text) RETURNS SETOF regclass
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    rel regclass;
+BEGIN
+    PERFORM fencegate.require_resource(resource);
+    FOR rel IN SELECT fencegate.family(tbl) LOOP
+        IF (SELECT c.relkind FROM pg_class c WHERE c.oid = rel) NOT IN ('r', 'p') THEN
+            RAISE EXCEPTION 'fencegate: % is not a table; only tables and partitioned tables can be protected', rel;
+        END IF;
+        PERFORM fencegate.register_table(rel, resource);
+        PERFORM fencegate.install_trigger(rel);
+        RETURN NEXT rel;
+    END LOOP;
+    PERFORM fencegate.cover_family(tbl);
+END
+$fn$;
+
+-- Takes the fence off `tbl` and everything below it; returns those tables.
+CREATE OR REPLACE FUNCTION fencegate.unprotect(tbl regclass) RETURNS SETOF regclass
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    rel regclass;
+BEGIN
+    FOR rel IN SELECT p.tbl FROM fencegate.protected p WHERE p.tbl IN (SELECT fencegate.family(unprotect.tbl)) LOOP
+        PERFORM fencegate.unregister_table(rel);
+        EXECUTE format('DROP TRIGGER IF EXISTS fencegate_fence ON %s', rel);
+        EXECUTE format('DROP TRIGGER IF EXISTS fencegate_fence_row ON %s', rel);
+        RETURN NEXT rel;
+    END LOOP;
+    PERFORM fencegate.cover_family(tbl);
+END
+$fn$;
+
+-- Partitions and children of protected tables that are not fenced themselves, with
+-- the resource of their nearest protected ancestor.
+CREATE OR REPLACE FUNCTION fencegate.unprotected_descendants() RETURNS TABLE (tbl regclass, resource text, parent regclass)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+    WITH RECURSIVE below(rel, resource, parent) AS (
+        SELECT i.inhrelid, p.resource, p.tbl::oid
+            FROM fencegate.protected_tables p JOIN pg_inherits i ON i.inhparent = p.tbl
+        UNION
+        SELECT i.inhrelid, b.resource, b.parent
+            FROM below b JOIN pg_inherits i ON i.inhparent = b.rel
+    )
+    SELECT b.rel::regclass, b.resource, b.parent::regclass FROM below b
+    WHERE NOT EXISTS (SELECT FROM fencegate.protected_tables p WHERE p.tbl = b.rel)
+$fn$;
+
+-- The event trigger function of the partition guard, at the end of every CREATE
+-- TABLE, ALTER TABLE, DROP TABLE and DROP TRIGGER: fences new partitions and children
+-- of protected tables (and attached ones); puts back the statement trigger of a fenced
+-- table that anyone but a superuser dropped or disabled (a table's owner may change
+-- its triggers, not take its fence off: that is `fencegate unprotect`); keeps the
+-- row-level triggers where families need them; and forgets dropped tables. Installed
+-- by install_partition_guard(), and runs as the superuser who installed it.
+CREATE OR REPLACE FUNCTION fencegate.fence_new_partitions() RETURNS event_trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    missing record;
+    repaired record;
+BEGIN
+    DELETE FROM fencegate.protected_tables p WHERE NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = p.tbl);
+    FOR missing IN SELECT * FROM fencegate.unprotected_descendants() LOOP
+        INSERT INTO fencegate.protected_tables (tbl, resource) VALUES (missing.tbl, missing.resource)
+            ON CONFLICT (tbl) DO NOTHING;
+        PERFORM fencegate.install_trigger(missing.tbl);
+    END LOOP;
+    IF NOT (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = fencegate.caller()) THEN
+        FOR repaired IN SELECT p.tbl, p.enabled FROM fencegate.protected p WHERE p.enabled IS DISTINCT FROM 'A' LOOP
+            PERFORM fencegate.install_trigger(repaired.tbl);
+            RAISE WARNING 'fencegate: the fence trigger of table % was %; it is back',
+                repaired.tbl, CASE WHEN repaired.enabled IS NULL THEN 'dropped' ELSE 'disabled' END
+                USING HINT = 'Only fencegate unprotect takes the fence off a table.';
+        END LOOP;
+    END IF;
+    FOR missing IN SELECT DISTINCT r.tbl FROM fencegate.reachable_from_above() r
+                   WHERE NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = r.tbl AND t.tgname = 'fencegate_fence_row' AND t.tgenabled = 'A') LOOP
+        PERFORM fencegate.cover_family(missing.tbl);
+    END LOOP;
+END
+$fn$;
+
+-- Installs (or reinstalls) the event trigger of the partition guard. Creating an event
+-- trigger needs a superuser; the function then runs as that superuser, so that it may
+-- add the trigger to a partition whoever created it.
+CREATE OR REPLACE FUNCTION fencegate.install_partition_guard() RETURNS void
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    DROP EVENT TRIGGER IF EXISTS fencegate_partitions;
+    EXECUTE format('ALTER FUNCTION fencegate.fence_new_partitions() OWNER TO %I', current_user);
+    CREATE EVENT TRIGGER fencegate_partitions ON ddl_command_end
+        WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'DROP TABLE', 'DROP TRIGGER')
+        EXECUTE FUNCTION fencegate.fence_new_partitions();
+END
+$fn$;
+
+-- Records every raise of a fence (fencegate.raises), keeping the latest 32 per resource.
+CREATE OR REPLACE FUNCTION fencegate.log_raise() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    INSERT INTO fencegate.raises (resource, token, path)
+        VALUES (NEW.resource, NEW.highest, NEW.raised_by)
+        ON CONFLICT (resource, token) DO NOTHING;
+    DELETE FROM fencegate.raises r
+        WHERE r.resource = NEW.resource
+          AND r.token < (SELECT k.token FROM fencegate.raises k WHERE k.resource = NEW.resource
+                         ORDER BY k.token DESC OFFSET 31 LIMIT 1);
+    RETURN NULL;
+END
+$fn$;
+
+DROP TRIGGER IF EXISTS fencegate_raised ON fencegate.fences;
+CREATE TRIGGER fencegate_raised AFTER UPDATE OF highest ON fencegate.fences
+    FOR EACH ROW WHEN (NEW.highest > OLD.highest) EXECUTE FUNCTION fencegate.log_raise();
+DROP TRIGGER IF EXISTS fencegate_created ON fencegate.fences;
+CREATE TRIGGER fencegate_created AFTER INSERT ON fencegate.fences
+    FOR EACH ROW EXECUTE FUNCTION fencegate.log_raise();
+ALTER TABLE fencegate.fences ENABLE ALWAYS TRIGGER fencegate_raised;
+ALTER TABLE fencegate.fences ENABLE ALWAYS TRIGGER fencegate_created;
+
+-- The guard of a seed `leader_lease` table (`fencegate leader-lease guard`): electors
+-- move a lease only the way the seed's statements do, and only for resources they
+-- hold. A new term raises the epoch by exactly one, and only when the lease is free,
+-- expired, or held by the same role; renewing and releasing keep the epoch, by the
+-- holder's role only; electors never delete. holder_role records the role that took
+-- the term. The table's owner (the administrator) may change anything; lowering an
+-- epoch (retiring a forged record) needs a reason in fencegate.reason and is recorded
+-- in fencegate.issuer_retirements.
+CREATE OR REPLACE FUNCTION fencegate.guard_leader_lease() RETURNS trigger
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    who name := fencegate.caller();
+    owner oid := (SELECT c.relowner FROM pg_class c WHERE c.oid = TG_RELID);
+    resource text;
+    reason text := nullif(current_setting('fencegate.reason', true), '');
+BEGIN
+    IF pg_has_role(who, owner, 'MEMBER') THEN
+        IF TG_OP = 'UPDATE' AND NEW.epoch < OLD.epoch THEN
+            IF reason IS NULL THEN
+                RAISE EXCEPTION USING ERRCODE = 'ZF008',
+                    MESSAGE = format('fencegate: lowering the epoch of lease "%s" retires a forged record and needs a reason', OLD.name),
+                    DETAIL = format('resource=%s', OLD.name),
+                    HINT = 'Use fencegate leader-lease retire, which records who, when and why.';
+            END IF;
+            INSERT INTO fencegate.issuer_retirements (lease_table, name, from_epoch, to_epoch, role, reason)
+                VALUES (TG_RELID::regclass::text, OLD.name, OLD.epoch, NEW.epoch, who, reason);
+        END IF;
+        IF TG_LEVEL = 'STATEMENT' THEN
+            RETURN NULL;
+        ELSIF TG_OP = 'DELETE' THEN
+            RETURN OLD;
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
+        RAISE EXCEPTION USING ERRCODE = 'ZF008',
+            MESSAGE = format('fencegate: electors may not %s leases of %s: a lease row keeps its epoch for good', lower(TG_OP), TG_RELID::regclass),
+            DETAIL = format('resource=%s', CASE WHEN TG_OP = 'DELETE' THEN OLD.name END);
+    END IF;
+    resource := NEW.name;
+    IF NOT fencegate.holds(who, resource) THEN
+        RAISE EXCEPTION USING ERRCODE = 'ZF006',
+            MESSAGE = format('fencegate: role %s may not elect for resource "%s"', quote_ident(who), resource),
+            DETAIL = format('resource=%s role=%s', resource, who),
+            HINT = format('fencegate grant %s --resource %s', quote_ident(who), resource),
+            CONSTRAINT = 'fencegate_fence';
+    END IF;
+    IF TG_OP = 'INSERT' THEN
+        IF NEW.epoch NOT IN (0, 1) THEN
+            RAISE EXCEPTION USING ERRCODE = 'ZF008',
+                MESSAGE = format('fencegate: a new lease "%s" starts at epoch 0 or 1, not %s', resource, NEW.epoch),
+                DETAIL = format('resource=%s', resource);
+        END IF;
+        NEW.holder_role := CASE WHEN NEW.holder IS NULL THEN NULL ELSE who END;
+        RETURN NEW;
+    END IF;
+    IF NEW.name <> OLD.name THEN
+        RAISE EXCEPTION USING ERRCODE = 'ZF008',
+            MESSAGE = format('fencegate: lease "%s" may not be renamed', OLD.name),
+            DETAIL = format('resource=%s', OLD.name);
+    END IF;
+    IF NEW.epoch = OLD.epoch + 1 THEN
+        IF OLD.holder IS NOT NULL AND OLD.expires_at >= now() AND OLD.holder_role IS DISTINCT FROM who THEN
+            RAISE EXCEPTION USING ERRCODE = 'ZF008',
+                MESSAGE = format('fencegate: lease "%s" is held by another role until %s', resource, OLD.expires_at),
+                DETAIL = format('resource=%s', resource);
+        END IF;
+        NEW.holder_role := who;
+        RETURN NEW;
+    ELSIF NEW.epoch = OLD.epoch THEN
+        IF NEW.holder_role IS DISTINCT FROM OLD.holder_role
+           OR (OLD.holder_role IS DISTINCT FROM who AND (OLD.holder IS NOT NULL OR NEW.holder IS NOT NULL)) THEN
+            RAISE EXCEPTION USING ERRCODE = 'ZF008',
+                MESSAGE = format('fencegate: only the role that took the term of lease "%s" may renew or release it', resource),
+                DETAIL = format('resource=%s', resource);
+        END IF;
+        RETURN NEW;
+    END IF;
+    RAISE EXCEPTION USING ERRCODE = 'ZF008',
+        MESSAGE = format('fencegate: the epoch of lease "%s" may only rise by one, on a new term (from %s to %s refused)', resource, OLD.epoch, NEW.epoch),
+        DETAIL = format('resource=%s', resource);
+END
+$fn$;
+
+-- What `fencegate check` reports: one row per finding. `problem` rows are holes in the
+-- fence; `warning` rows are risks; `info` rows say who can reach the fence.
+CREATE OR REPLACE FUNCTION fencegate.audit() RETURNS TABLE (severity text, finding text, object text, detail text)
+    LANGUAGE sql STABLE SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+    WITH owner AS (
+        SELECT n.nspowner AS oid FROM pg_namespace n WHERE n.nspname = 'fencegate'
+    ),
+    -- Roles other than superusers and those acting as the schema's owner.
+    other AS (
+        SELECT r.oid, r.rolname FROM pg_roles r
+        WHERE NOT r.rolsuper AND r.rolname !~ '^pg_'
+          AND NOT pg_has_role(r.oid, (SELECT oid FROM owner), 'MEMBER')
+    ),
+    -- Writers: roles that hold a resource or may call fencegate.fence().
+    writer AS (
+        SELECT o.oid, o.rolname FROM other o
+        WHERE has_function_privilege(o.oid, 'fencegate.fence(text, bigint)', 'EXECUTE')
+           OR EXISTS (SELECT FROM fencegate.authority a WHERE pg_has_role(o.oid, a.role, 'MEMBER'))
+    ),
+    fence_triggers AS (
+        SELECT t.tgrelid::regclass AS tbl, t.tgname
+        FROM pg_trigger t
+        WHERE t.tgfoid = 'fencegate.enforce()'::regprocedure AND NOT t.tgisinternal
+    )
+    SELECT 'problem', 'unprotected_partition', d.tbl::text,
+           format('below %s, which is fenced for resource "%s", but not fenced itself: writes straight to it are not fenced (fencegate protect %s --resource %s)',
+                  d.parent, d.resource, d.tbl, d.resource)
+        FROM fencegate.unprotected_descendants() d
+    UNION ALL
+    SELECT 'problem', 'reachable_through_ancestor', r.tbl::text,
+           format('fenced for resource "%s", but a write through %s, which is not fenced for it, reaches its rows and it has no row-level fence trigger (fencegate protect %s --resource %s)',
+                  r.resource, r.ancestor, r.tbl, r.resource)
+        FROM fencegate.reachable_from_above() r
+        WHERE NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = r.tbl AND t.tgname = 'fencegate_fence_row' AND t.tgenabled = 'A')
+    UNION ALL
+    SELECT DISTINCT 'warning', 'unfenced_ancestor', r.ancestor::text,
+           format('above %s, which is fenced for resource "%s": its own rows are not fenced (writes through it into fenced tables are, row by row)',
+                  r.tbl, r.resource)
+        FROM fencegate.reachable_from_above() r
+    UNION ALL
+    SELECT 'problem', 'trigger_not_always', p.tbl::text,
+           format('the fencegate trigger is %s, not ENABLE ALWAYS (fencegate protect %s --resource %s)',
+                  CASE p.enabled WHEN 'D' THEN 'disabled' WHEN 'R' THEN 'enabled for replicas only' WHEN 'O' THEN 'enabled for origin sessions only' ELSE 'missing' END,
+                  p.tbl, p.resource)
+        FROM fencegate.protected p WHERE p.enabled IS DISTINCT FROM 'A'
+    UNION ALL
+    SELECT 'problem', 'unregistered_fence_trigger', ft.tbl::text,
+           format('trigger %s calls fencegate.enforce() but the table was not fenced by fencegate protect: drop the trigger',
+                  quote_ident(ft.tgname))
+        FROM fence_triggers ft
+        WHERE NOT EXISTS (SELECT FROM fencegate.protected_tables p WHERE p.tbl = ft.tbl)
+    UNION ALL
+    SELECT 'problem', 'writer_owns_protected_table', p.tbl::text,
+           format('writer role %s can act as the owner %s of this table, and so drop or disable its trigger',
+                  quote_ident(w.rolname), quote_ident(o.rolname))
+        FROM fencegate.protected_tables p
+        JOIN pg_class c ON c.oid = p.tbl
+        JOIN pg_roles o ON o.oid = c.relowner
+        JOIN writer w ON pg_has_role(w.oid, c.relowner, 'MEMBER')
+    UNION ALL
+    SELECT 'problem', 'role_can_write_fences', quote_ident(o.rolname),
+           format('role %s has privileges on %s, or can act as a role that does: it could change fences directly',
+                  quote_ident(o.rolname), c.oid::regclass)
+        FROM other o
+        CROSS JOIN pg_class c
+        WHERE c.relnamespace = 'fencegate'::regnamespace AND c.relkind IN ('r', 'p')
+          AND has_table_privilege(o.oid, c.oid, 'INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER')
+    UNION ALL
+    SELECT 'problem', 'role_can_create_in_fencegate', quote_ident(o.rolname),
+           format('role %s may create objects in schema fencegate', quote_ident(o.rolname))
+        FROM other o
+        WHERE has_schema_privilege(o.oid, 'fencegate', 'CREATE')
+    UNION ALL
+    SELECT 'problem', 'public_can_execute', p.oid::regprocedure::text,
+           'every role may execute this function of schema fencegate (REVOKE EXECUTE ... FROM PUBLIC)'
+        FROM pg_proc p
+        WHERE p.pronamespace = 'fencegate'::regnamespace
+          AND EXISTS (SELECT FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+                      WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')
+    UNION ALL
+    SELECT 'info', 'role_can_reach_fence', quote_ident(o.rolname),
+           format('may call %s; holds %s', string_agg(DISTINCT p.proname, ', '),
+                  coalesce((SELECT string_agg(a.pattern || CASE WHEN a.prefix THEN '*' ELSE '' END, ', ' ORDER BY a.pattern)
+                            FROM fencegate.authority a WHERE pg_has_role(o.oid, a.role, 'MEMBER')), 'no resource'))
+        FROM other o
+        JOIN pg_proc p ON p.pronamespace = 'fencegate'::regnamespace
+                      AND p.proname IN ('fence', 'sql_fence', 'enforce', 'guard_leader_lease', 'protect', 'unprotect')
+        WHERE has_function_privilege(o.oid, p.oid, 'EXECUTE')
+        GROUP BY o.oid, o.rolname
+    UNION ALL
+    SELECT 'warning', 'authority_of_missing_role', a.role::oid::text,
+           format('resource pattern %s%s is granted to a role that no longer exists (fencegate revoke)',
+                  a.pattern, CASE WHEN a.prefix THEN '*' ELSE '' END)
+        FROM fencegate.authority a
+        WHERE NOT EXISTS (SELECT FROM pg_roles r WHERE r.oid = a.role)
+    UNION ALL
+    SELECT 'problem', 'prepared_transactions_enabled', 'max_prepared_transactions',
+           format('max_prepared_transactions is %s: a prepared transaction can hold a fence row across disconnects and restarts, and no new term can end it; set it to 0',
+                  current_setting('max_prepared_transactions'))
+        WHERE current_setting('max_prepared_transactions')::int > 0
+    UNION ALL
+    SELECT 'problem', 'prepared_transaction_holds_fence', f.resource,
+           format('prepared transaction %s holds the fence of resource "%s": COMMIT PREPARED or ROLLBACK PREPARED it', l.virtualtransaction, f.resource)
+        FROM pg_locks l
+        JOIN fencegate.fences f ON l.classid = ((f.lock_key >> 32) & 4294967295)::oid AND l.objid = (f.lock_key & 4294967295)::oid
+        WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.pid IS NULL
+    UNION ALL
+    SELECT 'warning', 'takeover_cannot_end_sessions', quote_ident(r.rolname),
+           format('the owner of schema fencegate, %s, may not end other roles'' sessions: a new term cannot end an older term''s sessions that hold its fence (GRANT pg_signal_backend TO %s)',
+                  quote_ident(r.rolname), quote_ident(r.rolname))
+        FROM pg_roles r
+        WHERE r.oid = (SELECT oid FROM owner) AND NOT r.rolsuper
+          AND NOT pg_has_role(r.oid, 'pg_signal_backend', 'MEMBER')
+    UNION ALL
+    SELECT 'warning', 'no_partition_guard', 'fencegate_partitions',
+           'no event trigger fences new partitions of protected tables as they are created or puts back a fence trigger that was dropped: run SELECT fencegate.install_partition_guard() as a superuser, or run fencegate check after changing fenced tables'
+        WHERE NOT EXISTS (SELECT FROM pg_event_trigger e WHERE e.evtname = 'fencegate_partitions' AND e.evtenabled <> 'D'
+                          AND e.evttags @> ARRAY['CREATE TABLE', 'ALTER TABLE', 'DROP TABLE', 'DROP TRIGGER'])
+$fn$;
+
+REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fencegate FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA fencegate FROM PUBLIC;
+
+DO $do$
+BEGIN
+    IF (SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user) THEN
+        PERFORM fencegate.install_partition_guard();
+    END IF;
+END
+$do$;
