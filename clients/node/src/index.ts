@@ -1,0 +1,44 @@
+/**
+ * fencegate for Node: fenced writes, hosted leases and fenced transactions.
+ *
+ * A writer that holds a lease presents its fencing token with every write; the gateway,
+ * or Postgres itself for fenced tables, refuses a token older than the newest one it has
+ * accepted for the resource. This package is the writer's side:
+ *
+ * - {@link Gateway}: the HTTP API (objects, fences, hosted leases step by step,
+ *   `/v1/sql`), with bearer keys and TLS.
+ * - {@link Lease}: one term of a hosted lease, renewed in the background, ended on the
+ *   holder's own clock before the lease can pass, with an `AbortSignal` that aborts at
+ *   once when the gateway says the term is over.
+ * - {@link fencedTransaction}: a node-postgres transaction that presents the token
+ *   first, through the gateway's Postgres door or straight to Postgres.
+ * - One error class per stable error code.
+ *
+ * @packageDocumentation
+ */
+
+export * from './errors.js';
+export { fenceError, fenceErrorFromSqlstate, fencedTransaction, SQLSTATE_STALE, SQLSTATE_TOKEN_NOT_ISSUED } from './fenced.js';
+export type { Queryable } from './fenced.js';
+export { DEFAULT_TIMEOUT_MS, DEFAULT_URL, Gateway } from './gateway.js';
+export type { GatewayOptions } from './gateway.js';
+export { Lease, leaseTiming } from './lease.js';
+export type { LeaseOptions, LeaseTiming, LostReason } from './lease.js';
+export { MAX_TOKEN, checkToken } from './protocol.js';
+export type {
+  FenceState,
+  IfMatch,
+  LeaseState,
+  ObjectWriteOptions,
+  PutOptions,
+  SqlOutcome,
+  SqlResult,
+  Statement,
+  StatementLike,
+  StoredObject,
+  TokenLike,
+  WriteOptions,
+  WriteResult,
+} from './protocol.js';
+export type { TlsFiles } from './transport.js';
+export { VERSION } from './version.js';

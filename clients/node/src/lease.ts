@@ -1,0 +1,388 @@
+/**
+ * Leases hosted by the gateway, held for one term.
+ *
+ * A `Lease` is one term. Acquiring it mints a new fencing token and raises the
+ * resource's fence to it in the same step, so the term's first write needs no advance
+ * and the previous term's late writes are refused from then on. While held it renews
+ * itself every `renewEveryMs` (a third of the TTL by default).
+ *
+ * ## Timing
+ *
+ * The holder's own monotonic clock (`performance.now()`) decides when to stop. Each
+ * successful renewal moves the **deadline** to the instant the renewal was *sent*, plus
+ * the TTL, less `marginMs` (a third of the TTL by default). The gateway starts the TTL
+ * when the request arrives, later than it was sent, so the holder stops at least
+ * `marginMs` before any rival can take over, whatever the network did.
+ *
+ * ## The end of the term
+ *
+ * `signal` (an `AbortSignal`) aborts, with a {@link LeaseLost} as its `reason`, on the
+ * first of: `409 lease_lost` from a renewal; `409 stale_token` (or `ZF001` in a fenced
+ * transaction) from any call made through the lease; the deadline passing without a
+ * successful renewal (a gateway that is down is a transient error and never ends the
+ * term by itself, but the holder cannot vouch for longer than the deadline that nobody
+ * else holds the lease); {@link Lease.release}. After that every call through the lease
+ * throws {@link LeaseLost} without being sent. To lead again, acquire a new lease.
+ *
+ * @module
+ */
+
+import { setTimeout as sleep } from 'node:timers/promises';
+
+import { FencegateError, LeaseHeld, LeaseLost, StaleToken, TransientError } from './errors.js';
+import { type Queryable, fencedTransaction } from './fenced.js';
+import type { Gateway } from './gateway.js';
+import type {
+  FenceState,
+  IfMatch,
+  LeaseState,
+  SqlOutcome,
+  StatementLike,
+  StoredObject,
+  WriteResult,
+} from './protocol.js';
+import { checkTtl } from './protocol.js';
+
+/** Why a term ended. */
+export type LostReason =
+  /** The gateway or Postgres refused a call made under the term: a newer term wrote. */
+  | 'stale_token'
+  /** The gateway said the lease is no longer held at the term's token. */
+  | 'lease_lost'
+  /** No renewal succeeded before the deadline: stepped down on the holder's clock. */
+  | 'deadline'
+  /** Released by its holder. */
+  | 'released';
+
+/** A lease's timing, in milliseconds; every default is a fraction of `ttlMs`. */
+export interface LeaseOptions {
+  /** How long each acquisition or renewal holds on the gateway's clock (15 s). */
+  ttlMs?: number | undefined;
+  /** How long before the TTL could pass the holder steps down (`ttlMs / 3`). */
+  marginMs?: number | undefined;
+  /** Time between renewals (`ttlMs / 3`); below `ttlMs - marginMs`. */
+  renewEveryMs?: number | undefined;
+  /**
+   * Time between tries after a failed renewal, and between tries to acquire a lease
+   * someone else holds (`min(renewEveryMs, ttlMs / 10)`).
+   */
+  retryEveryMs?: number | undefined;
+}
+
+/** A checked timing. */
+export interface LeaseTiming {
+  readonly ttlMs: number;
+  readonly marginMs: number;
+  readonly renewEveryMs: number;
+  readonly retryEveryMs: number;
+}
+
+/** Fills in the defaults and checks that the timing can work. */
+export function leaseTiming(options: LeaseOptions = {}): LeaseTiming {
+  const ttlMs = checkTtl(options.ttlMs ?? 15_000);
+  const marginMs = options.marginMs ?? ttlMs / 3;
+  const renewEveryMs = options.renewEveryMs ?? ttlMs / 3;
+  const retryEveryMs = options.retryEveryMs ?? Math.min(renewEveryMs, ttlMs / 10);
+  if (!(marginMs > 0 && marginMs < ttlMs)) {
+    throw new RangeError(`marginMs must be above 0 and below ttlMs (${ttlMs}), not ${marginMs}`);
+  }
+  if (!(renewEveryMs > 0 && renewEveryMs < ttlMs - marginMs)) {
+    throw new RangeError(
+      `renewEveryMs must be above 0 and below ttlMs - marginMs (${ttlMs - marginMs}), ` +
+        `or the lease would step down before it renews; not ${renewEveryMs}`,
+    );
+  }
+  if (!(retryEveryMs > 0)) throw new RangeError(`retryEveryMs must be above 0, not ${retryEveryMs}`);
+  return { ttlMs, marginMs, renewEveryMs, retryEveryMs };
+}
+
+/** Longest wait for a release on the way out: an unreleased lease just expires. */
+const RELEASE_TIMEOUT_MS = 2_000;
+
+const now = (): number => performance.now();
+
+/**
+ * One term of a lease hosted by the gateway. Make one with {@link Gateway.lease}.
+ *
+ * @example
+ * ```ts
+ * const lease = gateway.lease('sweeper', { holder: 'node-a', ttlMs: 15_000 });
+ * await lease.acquire();
+ * try {
+ *   while (!lease.signal.aborted) {
+ *     await lease.put('invoice-1/reminder', 'sent');
+ *     await setTimeout(1000, undefined, { signal: lease.signal }).catch(() => {});
+ *   }
+ * } finally {
+ *   await lease.release();
+ * }
+ * ```
+ */
+export class Lease {
+  readonly gateway: Gateway;
+  /** The lease's name, which is also the resource it fences. */
+  readonly resource: string;
+  readonly holder: string;
+  readonly timing: LeaseTiming;
+  /** Aborted when the term ends; its `reason` is a {@link LeaseLost}. */
+  readonly signal: AbortSignal;
+
+  readonly #controller = new AbortController();
+  #token: bigint | undefined;
+  #deadline = Number.NEGATIVE_INFINITY;
+  #reason: LostReason | undefined;
+  #renewTimer: NodeJS.Timeout | undefined;
+  #deadlineTimer: NodeJS.Timeout | undefined;
+
+  constructor(gateway: Gateway, resource: string, holder: string, options: LeaseOptions = {}) {
+    this.gateway = gateway;
+    this.resource = resource;
+    this.holder = holder;
+    this.timing = leaseTiming(options);
+    this.signal = this.#controller.signal;
+  }
+
+  /** The fencing token of this term (the same for the whole term). */
+  get token(): bigint {
+    if (this.#token === undefined) throw new Error('the lease has not been acquired');
+    return this.#token;
+  }
+
+  /** Why the term ended; `undefined` while it lasts. */
+  get reason(): LostReason | undefined {
+    return this.#reason;
+  }
+
+  /** Whether the term lasts: acquired, not ended, deadline not passed. */
+  get held(): boolean {
+    return this.#token !== undefined && this.#reason === undefined && now() < this.#deadline;
+  }
+
+  /** Milliseconds until the holder steps down unless a renewal succeeds; 0 when not held. */
+  remaining(): number {
+    return this.held ? this.#deadline - now() : 0;
+  }
+
+  /** Calls `callback(reason)` when the term ends; at once if it has ended. */
+  onLost(callback: (reason: LostReason) => void): void {
+    const call = (): void => {
+      try {
+        callback(this.#reason ?? 'deadline');
+      } catch (error) {
+        process.emitWarning(error instanceof Error ? error : String(error), 'FencegateLeaseCallbackWarning');
+      }
+    };
+    if (this.signal.aborted) call();
+    else this.signal.addEventListener('abort', call, { once: true });
+  }
+
+  /**
+   * The term's token if the term lasts; throws {@link LeaseLost} otherwise. The clock is
+   * read here too, so a busy event loop that delayed the deadline timer cannot let a
+   * write out after the deadline.
+   */
+  check(): bigint {
+    const token = this.token;
+    if (this.#reason === undefined && now() >= this.#deadline) this.#end('deadline');
+    if (this.#reason !== undefined) throw this.signal.reason as LeaseLost;
+    return token;
+  }
+
+  /**
+   * Acquires the lease. Waiting (the default), it tries every `retryEveryMs` until the
+   * lease is free, riding out transient errors, or until `timeoutMs` passes or `signal`
+   * aborts; otherwise it tries once. Resolves to whether it was acquired; rejects with
+   * other errors (for example {@link Forbidden}).
+   */
+  async acquire(options: { wait?: boolean; timeoutMs?: number; signal?: AbortSignal } = {}): Promise<boolean> {
+    if (this.#token !== undefined) {
+      throw new Error('a Lease is one term and was acquired already: make a new one to lead again');
+    }
+    const wait = options.wait ?? true;
+    const giveUp = options.timeoutMs === undefined ? Number.POSITIVE_INFINITY : now() + options.timeoutMs;
+    for (;;) {
+      const sent = now();
+      let pause: number;
+      try {
+        const state = await this.gateway.acquireLease(this.resource, { holder: this.holder, ttlMs: this.timing.ttlMs });
+        this.#begin(state, sent);
+        return true;
+      } catch (error) {
+        if (error instanceof LeaseHeld) {
+          if (!wait) return false;
+          pause = Math.min(this.timing.retryEveryMs, error.expiresInMs ?? Number.POSITIVE_INFINITY);
+          // Jitter, so that followers do not all ask at the same instant.
+          pause = Math.max(pause, 1) * (1 + Math.random() * 0.2);
+        } else if (error instanceof TransientError && wait) {
+          pause = this.timing.retryEveryMs;
+        } else {
+          throw error;
+        }
+      }
+      const left = giveUp - now();
+      if (left <= 0) return false;
+      await sleep(Math.min(pause, left), undefined, options.signal === undefined ? {} : { signal: options.signal });
+    }
+  }
+
+  /**
+   * Ends the term and gives the lease up, so that a rival may take it at once. Nothing
+   * more is sent under the term once this begins; a release that fails is no error (the
+   * lease then expires after its TTL).
+   */
+  async release(): Promise<void> {
+    const token = this.#token;
+    const reason = this.#reason;
+    if (token === undefined) return;
+    this.#end('released');
+    // After a step-down on the deadline the gateway may still count the lease ours.
+    if (reason === undefined || reason === 'deadline') {
+      try {
+        await this.gateway.releaseLease(this.resource, { token, holder: this.holder, timeoutMs: RELEASE_TIMEOUT_MS });
+      } catch (error) {
+        if (!(error instanceof FencegateError)) throw error;
+      }
+    }
+  }
+
+  /**
+   * Runs `work` with the term's signal, and settles as soon as the term ends: with
+   * `work`'s result, or rejected with {@link LeaseLost} (pass the signal on to what
+   * `work` awaits, so that it stops too).
+   */
+  run<T>(work: (signal: AbortSignal) => Promise<T>): Promise<T> {
+    try {
+      this.check();
+    } catch (error) {
+      return Promise.reject(error);
+    }
+    const signal = this.signal;
+    return new Promise<T>((resolve, reject) => {
+      const onEnd = (): void => reject(signal.reason);
+      signal.addEventListener('abort', onEnd, { once: true });
+      work(signal)
+        .then(resolve, reject)
+        .finally(() => signal.removeEventListener('abort', onEnd));
+    });
+  }
+
+  // -- the background
+
+  #begin(state: LeaseState, sent: number): void {
+    if (state.token === null) throw new FencegateError('the gateway granted a lease without a token');
+    this.#token = state.token;
+    this.#extend(state, sent);
+    this.#scheduleRenewal(this.timing.renewEveryMs);
+  }
+
+  #extend(state: LeaseState, sent: number): void {
+    const holds = Math.min(this.timing.ttlMs, state.expiresInMs);
+    this.#deadline = Math.max(this.#deadline, sent + holds - this.timing.marginMs);
+    clearTimeout(this.#deadlineTimer);
+    this.#deadlineTimer = setTimeout(() => this.#onDeadline(), Math.max(0, this.#deadline - now()));
+  }
+
+  #onDeadline(): void {
+    const left = this.#deadline - now();
+    if (left > 0) this.#deadlineTimer = setTimeout(() => this.#onDeadline(), left);
+    else this.#end('deadline');
+  }
+
+  #scheduleRenewal(delayMs: number): void {
+    this.#renewTimer = setTimeout(() => void this.#renew(), delayMs);
+  }
+
+  async #renew(): Promise<void> {
+    if (this.#reason !== undefined) return;
+    const token = this.token;
+    const left = this.#deadline - now();
+    if (left <= 0) {
+      this.#end('deadline');
+      return;
+    }
+    const sent = now();
+    try {
+      const state = await this.gateway.renewLease(this.resource, {
+        token,
+        ttlMs: this.timing.ttlMs,
+        holder: this.holder,
+        timeoutMs: Math.ceil(left),
+      });
+      if (this.#reason !== undefined) return;
+      this.#extend(state, sent);
+      this.#scheduleRenewal(this.timing.renewEveryMs);
+    } catch (error) {
+      if (this.#reason !== undefined) return;
+      if (error instanceof LeaseLost) {
+        this.#end('lease_lost');
+        return;
+      }
+      // Down, slow or refusing: the term lasts until the deadline, and the deadline
+      // timer ends it there if no renewal gets through by then.
+      this.#scheduleRenewal(this.timing.retryEveryMs);
+    }
+  }
+
+  #end(reason: LostReason): void {
+    if (this.#reason !== undefined) return;
+    this.#reason = reason;
+    clearTimeout(this.#renewTimer);
+    clearTimeout(this.#deadlineTimer);
+    this.#controller.abort(
+      new LeaseLost(`the term of lease ${this.resource} is over (${reason}): acquire a new lease to lead again`, {
+        body: { error: LeaseLost.code, resource: this.resource, reason },
+      }),
+    );
+  }
+
+  // -- calls under the term
+
+  async #under<T>(call: (token: bigint) => Promise<T>): Promise<T> {
+    const token = this.check();
+    try {
+      return await call(token);
+    } catch (error) {
+      if (error instanceof StaleToken) this.#end('stale_token');
+      else if (error instanceof LeaseLost) this.#end('lease_lost');
+      throw error;
+    }
+  }
+
+  /** Writes an object of the lease's resource with the term's token. */
+  put(
+    key: string,
+    value: string | Uint8Array,
+    options: { ifMatch?: IfMatch; ifNoneMatch?: boolean; idempotencyKey?: string } = {},
+  ): Promise<WriteResult> {
+    return this.#under((token) =>
+      this.gateway.put(this.resource, key, value, { ...options, token, holder: this.holder }),
+    );
+  }
+
+  /** Deletes an object of the lease's resource with the term's token. */
+  delete(key: string, options: { ifMatch?: IfMatch; idempotencyKey?: string } = {}): Promise<WriteResult> {
+    return this.#under((token) => this.gateway.delete(this.resource, key, { ...options, token, holder: this.holder }));
+  }
+
+  /** Reads an object of the lease's resource (no token needed). */
+  get(key: string): Promise<StoredObject | null> {
+    return this.gateway.get(this.resource, key);
+  }
+
+  /** Raises the resource's fence to the term's token. */
+  advance(options: { idempotencyKey?: string } = {}): Promise<FenceState> {
+    return this.#under((token) => this.gateway.advance(this.resource, { ...options, token, holder: this.holder }));
+  }
+
+  /** Runs statements after the fence check of the term's token (`/v1/sql`). */
+  sql(statements: readonly StatementLike[], options: { idempotencyKey?: string } = {}): Promise<SqlOutcome> {
+    return this.#under((token) =>
+      this.gateway.sql(this.resource, statements, { ...options, token, holder: this.holder }),
+    );
+  }
+
+  /** {@link fencedTransaction} with the term's token; a stale rejection ends the term. */
+  transaction<C extends Queryable, T>(client: C, work: (client: C) => Promise<T>): Promise<T> {
+    return this.#under((token) => fencedTransaction(client, this.resource, token, work));
+  }
+}

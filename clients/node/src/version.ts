@@ -1,0 +1,2 @@
+/** The package's version, sent in `User-Agent`; kept equal to package.json's by a test. */
+export const VERSION = '0.1.0';

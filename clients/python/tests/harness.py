@@ -1,0 +1,198 @@
+"""Real things for the tests to run against: the gateway binary, and a TCP hop that can
+hold what a client sends. No fixed ports: everything binds port 0."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Callable, TypeVar
+
+REPO = Path(__file__).resolve().parents[3]
+"""The root of the fencegate workspace."""
+
+BINARY = Path(os.environ.get("FENCEGATE_BIN", REPO / "target" / "debug" / "fencegate"))
+"""The gateway binary under test."""
+
+START_TIMEOUT = 30.0
+
+_T = TypeVar("_T")
+
+
+def eventually(probe: Callable[[], _T | None], timeout: float = 5.0, interval: float = 0.01) -> _T:
+    """The first truthy value of ``probe()``, polled until ``timeout``; fails if none."""
+    give_up = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > give_up:
+            raise AssertionError(f"not true within {timeout} s: {probe}")
+        time.sleep(interval)
+
+
+class GatewayProcess:
+    """The ``fencegate`` binary, started with ``args`` on a free port, JSON logs kept.
+
+    Readiness is the "fencegate ready" log line, which also names the addresses.
+    """
+
+    def __init__(self, args: Sequence[str], *, scheme: str = "http") -> None:
+        self.args = list(args)
+        self.scheme = scheme
+        self.addr = ""
+        self.pg_addr: str | None = None
+        self.logs: list[str] = []
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{self.addr}"
+
+    @property
+    def pid(self) -> int:
+        assert self._proc is not None
+        return self._proc.pid
+
+    def start(self, listen: str = "127.0.0.1:0") -> GatewayProcess:
+        assert BINARY.exists(), f"{BINARY} is missing: cargo build -p fencegate-gateway --bin fencegate"
+        command = [str(BINARY), "--listen", listen, "--log-format", "json", *self.args]
+        if "--database-url" in self.args and "--pg-listen" not in self.args:
+            command += ["--pg-listen", "127.0.0.1:0"]
+        # Only what is passed here configures the gateway.
+        env = {"PATH": os.environ.get("PATH", ""), "RUST_BACKTRACE": "1"}
+        proc = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+        )
+        self._proc = proc
+        ready = threading.Event()
+        assert proc.stderr is not None
+        threading.Thread(target=self._read_logs, args=(proc.stderr, ready), daemon=True).start()
+        if not ready.wait(START_TIMEOUT) or not self.addr:
+            self.kill()
+            raise RuntimeError(f"the gateway did not start: {command}\n" + "\n".join(self.logs))
+        return self
+
+    def _read_logs(self, stream: IO[bytes], ready: threading.Event) -> None:
+        for raw in stream:
+            line = raw.decode(errors="replace").rstrip()
+            self.logs.append(line)
+            if not ready.is_set():
+                try:
+                    fields = json.loads(line).get("fields", {})
+                except ValueError:
+                    continue
+                if fields.get("message") == "fencegate ready":
+                    self.addr = fields["addr"]
+                    self.pg_addr = fields.get("pg_addr")
+                    ready.set()
+        ready.set()  # the process ended: wake the starter, which sees no address
+
+    def restart(self) -> GatewayProcess:
+        """Stops the gateway and starts it again on the same address and store."""
+        self.stop()
+        return self.start(listen=self.addr)
+
+    def stop(self) -> None:
+        """SIGTERM, and SIGKILL if it has not exited within 10 s."""
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        self._proc.send_signal(signal.SIGCONT)  # a paused process cannot exit
+        self._proc.terminate()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL: the gateway dies at once, as on a crash."""
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(10)
+
+    def pause(self) -> None:
+        """SIGSTOP: connections are accepted by the kernel, nothing is answered."""
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+
+class Hop:
+    """A TCP hop in front of ``target`` that records what clients send and can hold it.
+
+    ``hold()`` keeps every byte sent from then on (on open and new connections) until
+    ``release()``: to the client it looks like a network that delays its packets, to
+    the gateway like requests that arrive late.
+    """
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self._target = (host, int(port))
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.addr = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._lock = threading.Lock()
+        self._sent = bytearray()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.addr}"
+
+    def sent(self) -> bytes:
+        """Everything clients sent through the hop so far."""
+        with self._lock:
+            return bytes(self._sent)
+
+    def hold(self) -> None:
+        self._flowing.clear()
+
+    def release(self) -> None:
+        self._flowing.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self._flowing.set()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self._target)
+            except OSError:
+                client.close()
+                continue
+            threading.Thread(target=self._pump, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, False), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, from_client: bool) -> None:
+        try:
+            while True:
+                chunk = source.recv(65536)
+                if not chunk:
+                    break
+                if from_client:
+                    with self._lock:
+                        self._sent += chunk
+                    self._flowing.wait()
+                sink.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for end in (source, sink):
+                with contextlib.suppress(OSError):
+                    end.shutdown(socket.SHUT_RDWR)
