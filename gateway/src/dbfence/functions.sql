@@ -585,11 +585,17 @@ CREATE OR REPLACE FUNCTION fencegate.install_trigger(rel regclass) RETURNS void
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
 AS $fn$
+DECLARE
+    enabled "char" := (SELECT t.tgenabled FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'fencegate_fence');
 BEGIN
-    IF NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'fencegate_fence') THEN
+    -- No DDL when there is nothing to do: the partition guard runs after every ALTER
+    -- TABLE, and calls this.
+    IF enabled IS NULL THEN
         EXECUTE format('CREATE TRIGGER fencegate_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION fencegate.enforce()', rel);
     END IF;
-    EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER fencegate_fence', rel);
+    IF enabled IS DISTINCT FROM 'A' THEN
+        EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER fencegate_fence', rel);
+    END IF;
 END
 $fn$;
 
@@ -613,13 +619,13 @@ $fn$;
 -- The fenced tables of `tbl`'s family (every table above and below it): whether each
 -- needs the row-level trigger (reachable_from_above) and whether it has it. Read-only.
 CREATE OR REPLACE FUNCTION fencegate.family_coverage(tbl regclass)
-    RETURNS TABLE (rel regclass, needed boolean, present boolean)
+    RETURNS TABLE (rel regclass, needed boolean, enabled "char")
     LANGUAGE sql STABLE SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $fn$
     SELECT DISTINCT m.rel,
            m.rel IN (SELECT r.tbl FROM fencegate.reachable_from_above() r),
-           EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = m.rel AND t.tgname = 'fencegate_fence_row')
+           (SELECT t.tgenabled FROM pg_trigger t WHERE t.tgrelid = m.rel AND t.tgname = 'fencegate_fence_row')
     FROM fencegate.ancestors(tbl) AS a(top)
     CROSS JOIN LATERAL fencegate.family(a.top) AS m(rel)
     WHERE EXISTS (SELECT FROM fencegate.protected_tables p WHERE p.tbl = m.rel)
@@ -634,13 +640,15 @@ AS $fn$
 DECLARE
     member record;
 BEGIN
+    -- No DDL when there is nothing to do: the partition guard runs after every ALTER
+    -- TABLE and DROP TRIGGER, and calls this.
     FOR member IN SELECT * FROM fencegate.family_coverage(tbl) LOOP
-        IF member.needed AND NOT member.present THEN
+        IF member.needed AND member.enabled IS NULL THEN
             EXECUTE format('CREATE TRIGGER fencegate_fence_row BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION fencegate.enforce()', member.rel);
-        ELSIF NOT member.needed AND member.present THEN
+        ELSIF NOT member.needed AND member.enabled IS NOT NULL THEN
             EXECUTE format('DROP TRIGGER fencegate_fence_row ON %s', member.rel);
         END IF;
-        IF member.needed THEN
+        IF member.needed AND member.enabled IS DISTINCT FROM 'A' THEN
             EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER fencegate_fence_row', member.rel);
         END IF;
     END LOOP;
@@ -820,10 +828,13 @@ BEGIN
         END IF;
         RETURN NEW;
     END IF;
-    IF TG_OP IN ('DELETE', 'TRUNCATE') THEN
+    IF TG_OP = 'TRUNCATE' THEN
         RAISE EXCEPTION USING ERRCODE = 'ZF008',
-            MESSAGE = format('fencegate: electors may not %s leases of %s: a lease row keeps its epoch for good', lower(TG_OP), TG_RELID::regclass),
-            DETAIL = format('resource=%s', CASE WHEN TG_OP = 'DELETE' THEN OLD.name END);
+            MESSAGE = format('fencegate: electors may not truncate %s: a lease row keeps its epoch for good', TG_RELID::regclass);
+    ELSIF TG_OP = 'DELETE' THEN
+        RAISE EXCEPTION USING ERRCODE = 'ZF008',
+            MESSAGE = format('fencegate: electors may not delete lease "%s": a lease row keeps its epoch for good', OLD.name),
+            DETAIL = format('resource=%s', OLD.name);
     END IF;
     resource := NEW.name;
     IF NOT fencegate.holds(who, resource) THEN
