@@ -614,6 +614,38 @@ async fn every_query_runs_against_a_live_gateway_and_every_alert_fires() {
         "the fence is back at the token seen committed"
     );
 
+    // A client of the door raises the fence's SQLSTATE itself: counted apart.
+    let door = fencegate_tests::fenced::connect_with(
+        &fencegate_tests::db::via(&db.url(), gateway.pg_addr()),
+        "",
+    )
+    .await;
+    let forged = Instant::now();
+    door.batch_execute(
+        "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = 'ZF001', MESSAGE = 'stale', \
+         DETAIL = 'resource=orders presented=1 highest=2'; END $$",
+    )
+    .await
+    .expect_err("the forged rejection");
+    detections.push(
+        prometheus
+            .wait_for_firing("FencegateForgedRejections", None, forged)
+            .await,
+    );
+
+    // The issuer bindings are changed by hand: the gateway puts its own back.
+    db.execute(
+        "INSERT INTO fencegate.issuer_bindings (position, pattern, prefix, issuer)
+         VALUES (0, 'orders', false, 'gateway')",
+    )
+    .await;
+    let changed = Instant::now();
+    detections.push(
+        prometheus
+            .wait_for_firing("FencegateIssuerBindingsDrift", None, changed)
+            .await,
+    );
+
     // A flapping leader: seven terms in a row on one resource, each one scraped.
     let first_term = Instant::now();
     for token in 1..=7 {
