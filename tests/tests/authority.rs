@@ -156,6 +156,16 @@ async fn per_connection_tokens_raise_only_the_roles_own_fences() {
         sqlstate(named.batch_execute("DELETE FROM b_rows").await),
         "ZF006"
     );
+    // The other tenant's current token, named: the token is right, the role is not.
+    let current = tenants.alice("-c fencegate.token=b=3").await;
+    assert_eq!(
+        sqlstate(
+            current
+                .batch_execute("INSERT INTO b_rows VALUES (9, 'x')")
+                .await
+        ),
+        "ZF006"
+    );
     // Named for another resource only: no token for a-1.
     let other = tenants.alice("-c fencegate.token=a-2=5").await;
     assert_eq!(

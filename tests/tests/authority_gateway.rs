@@ -141,18 +141,25 @@ async fn the_embedded_store_records_every_raise() {
     let dir = DataDir::create();
     let data_dir = dir.0.display().to_string();
     let gateway = Gateway::builder()
-        .args(&["--data-dir", &data_dir, "--admin-key-file", &key_file.path()])
+        .args(&[
+            "--data-dir",
+            &data_dir,
+            "--admin-key-file",
+            &key_file.path(),
+        ])
         .spawn()
         .await;
     let client = gateway.client();
     assert_eq!(client.advance("orders", 5).await.status, 200);
     assert_eq!(client.advance("orders", MAX).await.status, 200);
     let refused = reset(&client, Some(&admin), "orders", 4).await;
-    assert_eq!(refused.error_code(), "reset_refused", "{:?}", refused.json());
     assert_eq!(
-        reset(&client, Some(&admin), "orders", 5).await.status,
-        200
+        refused.error_code(),
+        "reset_refused",
+        "{:?}",
+        refused.json()
     );
+    assert_eq!(reset(&client, Some(&admin), "orders", 5).await.status, 200);
     assert_eq!(
         client.put("orders", "k", 4, "old").await.error_code(),
         "stale_token"
@@ -177,8 +184,7 @@ async fn one_replica_cannot_weaken_the_bindings() {
         .err()
         .expect("a replica without the bindings does not start");
     assert!(
-        other.logs.contains("--replace-issuer-bindings")
-            && other.logs.contains("gateway:orders"),
+        other.logs.contains("--replace-issuer-bindings") && other.logs.contains("gateway:orders"),
         "{other}"
     );
     let recorded: i64 = db
@@ -242,9 +248,11 @@ async fn an_older_term_cannot_hold_a_new_one_off() {
 
     // Over HTTP: an advance.
     let old = door.writer("").await;
-    old.batch_execute("BEGIN; SELECT fencegate.fence('sweeper', 7); UPDATE sweep_state SET note = 'old'")
-        .await
-        .unwrap();
+    old.batch_execute(
+        "BEGIN; SELECT fencegate.fence('sweeper', 7); UPDATE sweep_state SET note = 'old'",
+    )
+    .await
+    .unwrap();
     let started = Instant::now();
     let advanced = client.advance("sweeper", 8).await;
     assert_eq!(advanced.status, 200, "{:?}", advanced.json());
@@ -254,8 +262,15 @@ async fn an_older_term_cannot_hold_a_new_one_off() {
         started.elapsed()
     );
     let ended = old.batch_execute("COMMIT").await.unwrap_err();
-    assert!(ended.is_closed() || ended.as_db_error().is_some(), "{ended:?}");
-    assert_eq!(door.note().await, "initial", "the old term's write is rolled back");
+    assert!(
+        ended.is_closed() || ended.as_db_error().is_some(),
+        "{ended:?}"
+    );
+    assert_eq!(
+        door.note().await,
+        "initial",
+        "the old term's write is rolled back"
+    );
 
     // In the database: a new leader's fence() through the door ends the session that
     // holds the row by its per-connection token.
@@ -265,10 +280,15 @@ async fn an_older_term_cannot_hold_a_new_one_off() {
         .await
         .unwrap();
     let leader = door.writer("").await;
-    leader
-        .batch_execute("BEGIN; SELECT fencegate.fence('sweeper', 9); UPDATE sweep_state SET note = 'nine'; COMMIT;")
-        .await
-        .expect("the raise completes");
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        leader.batch_execute(
+            "BEGIN; SELECT fencegate.fence('sweeper', 9); UPDATE sweep_state SET note = 'nine'; COMMIT;",
+        ),
+    )
+    .await
+    .expect("the raise ends the older term's session instead of waiting for it")
+    .expect("the raise completes");
     assert!(holder.batch_execute("COMMIT").await.is_err());
     assert_eq!(door.note().await, "nine");
     assert_eq!(door.db.highest("sweeper").await, Some(9));
@@ -279,8 +299,7 @@ async fn an_older_term_cannot_hold_a_new_one_off() {
         .value("SELECT count(*) FROM fencegate.takeovers")
         .await;
     assert_eq!(takeovers, 2);
-    wait_for(|| async { client.metric("fencegate_term_takeovers_total").await == Some(2.0) })
-        .await;
+    wait_for(|| async { client.metric("fencegate_term_takeovers_total").await == Some(2.0) }).await;
     assert_eq!(
         door.gateway
             .events("a new term ended a session of an older term that held its fence")
@@ -350,7 +369,11 @@ async fn forged_rejections_are_not_counted_as_rejections() {
         )
         .await;
     assert_eq!(
-        (sql.status, sql.json()["error"].as_str(), sql.json()["sqlstate"].as_str()),
+        (
+            sql.status,
+            sql.json()["error"].as_str(),
+            sql.json()["sqlstate"].as_str()
+        ),
         (400, Some("sql_error"), Some("ZF001")),
         "a forged stale rejection is the writer's own SQL error, not a 409"
     );
@@ -402,7 +425,9 @@ async fn check_refuses_prepared_transactions() {
         .start()
         .await;
     let url = cluster.url();
-    let admin = fencegate_gateway::dbfence::admin::connect(&url).await.unwrap();
+    let admin = fencegate_gateway::dbfence::admin::connect(&url)
+        .await
+        .unwrap();
     admin
         .query_one("SELECT fencegate.fence('orders', 3)", &[])
         .await
@@ -411,16 +436,19 @@ async fn check_refuses_prepared_transactions() {
         .batch_execute("BEGIN; SELECT fencegate.fence('orders', 3); PREPARE TRANSACTION 'held';")
         .await
         .unwrap();
-    let findings = fencegate_gateway::dbfence::admin::audit(&admin).await.unwrap();
-    let problem = |name: &str| {
-        findings
-            .iter()
-            .any(|f| f.finding == name && f.is_problem())
-    };
+    let findings = fencegate_gateway::dbfence::admin::audit(&admin)
+        .await
+        .unwrap();
+    let problem = |name: &str| findings.iter().any(|f| f.finding == name && f.is_problem());
     assert!(problem("prepared_transactions_enabled"), "{findings:?}");
     assert!(problem("prepared_transaction_holds_fence"), "{findings:?}");
-    admin.batch_execute("ROLLBACK PREPARED 'held'").await.unwrap();
-    let findings = fencegate_gateway::dbfence::admin::audit(&admin).await.unwrap();
+    admin
+        .batch_execute("ROLLBACK PREPARED 'held'")
+        .await
+        .unwrap();
+    let findings = fencegate_gateway::dbfence::admin::audit(&admin)
+        .await
+        .unwrap();
     assert!(
         !findings
             .iter()

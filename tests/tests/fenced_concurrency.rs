@@ -103,6 +103,46 @@ async fn a_raise_waits_for_the_old_term_then_shuts_it_out() {
     assert_eq!(by_term, [(1, 7), (1, 7), (2, 8)]);
 }
 
+/// The same with the token presented per connection (`fencegate.token`), through the
+/// trigger alone, at READ COMMITTED: the old term's open transaction holds the fence
+/// row, so the new term's raise waits for it instead of committing first — else the
+/// old term's write would land after the new term's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_connection_token_holds_the_fence_for_its_transaction() {
+    let fenced = counter().await;
+    fenced.raise("counter", 7).await;
+    let old = fenced.writer("-c fencegate.token=counter=7").await;
+    old.batch_execute("BEGIN; INSERT INTO log VALUES (1, 7)")
+        .await
+        .unwrap();
+    let new = fenced.writer("").await;
+    let raise = tokio::spawn(async move {
+        new.batch_execute(
+            "BEGIN; SELECT fencegate.fence('counter', 8); INSERT INTO log VALUES (2, 8); COMMIT",
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !raise.is_finished(),
+        "the raise must wait for the open term-7 transaction"
+    );
+    assert_eq!(fenced.highest("counter").await, Some(7));
+    old.batch_execute("COMMIT").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), raise)
+        .await
+        .expect("the raise completes once the old term's transaction ends")
+        .unwrap()
+        .unwrap();
+    // The old term's later transaction is refused.
+    let refused = old
+        .batch_execute("INSERT INTO log VALUES (1, 7)")
+        .await
+        .unwrap_err();
+    assert_eq!(fence_error(&refused).code().code(), "ZF001");
+    assert_eq!(fenced.count("log").await, 2);
+}
+
 /// Many writers with random tokens, some through `fencegate.fence()` and some through
 /// the `fencegate.token` setting alone, increment one counter: the counter counts
 /// exactly the committed transactions, and along the commit order tokens never go
