@@ -6,12 +6,15 @@
 #
 #   tests/bench/fenced-tables.sh [ROUNDS] [SECONDS]      (defaults: 3 rounds of 5 s)
 #
-# Needs pgbench and psql, a Postgres at $PGURL (default postgres://postgres@127.0.0.1:5432)
-# and the fencegate binary (target/release, else target/debug; build it first). The
-# fenced writers present their token for the session (options=-c fencegate.token=7);
-# the "fence()" rows call SELECT fencegate.fence('bench', 7) first in each transaction
-# instead. synchronous_commit is off for these sessions: the fence's cost does not
-# depend on it, and the commit's fsync would drown it in noise.
+# Needs pgbench and psql, a Postgres at $PGURL (default postgres://postgres@127.0.0.1:5432,
+# a superuser) and the fencegate binary ($FENCEGATE, else target/release, else
+# target/debug; build it first). The writers log in as role fg_bench_writer, which
+# holds resource `bench` (fencegate grant) and nothing else: the fence checks their
+# authority as it checks any writer's. The fenced writers present their token for the
+# session (options=-c fencegate.token=7); the "fence()" rows call
+# SELECT fencegate.fence('bench', 7) first in each transaction instead.
+# synchronous_commit is off for these sessions: the fence's cost does not depend on it,
+# and the commit's fsync would drown it in noise.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -20,21 +23,32 @@ SECONDS_PER_RUN=${2:-5}
 IN_SERVER_RUNS=${IN_SERVER_RUNS:-7}
 PGURL=${PGURL:-postgres://postgres@127.0.0.1:5432}
 DB=fg_bench_fenced
-FENCEGATE=target/release/fencegate
+WRITER=fg_bench_writer
+FENCEGATE=${FENCEGATE:-target/release/fencegate}
 [ -x "$FENCEGATE" ] || FENCEGATE=target/debug/fencegate
 [ -x "$FENCEGATE" ] || { echo "build fencegate first: cargo build --release" >&2; exit 1; }
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 
-psql "$PGURL/postgres" -qX -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB"
+psql "$PGURL/postgres" -qX -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" \
+  -c "DROP ROLE IF EXISTS $WRITER" -c "CREATE DATABASE $DB" -c "CREATE ROLE $WRITER LOGIN"
 URL="$PGURL/$DB"
-psql "$URL" -qX -v ON_ERROR_STOP=1 <<'SQL'
+# The writer's URL: the superuser's with the writer's name.
+WURL="${PGURL%%://*}://$WRITER@${PGURL#*@}/$DB"
+psql "$URL" -qX -v ON_ERROR_STOP=1 <<SQL
 CREATE TABLE plain (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0);
 CREATE TABLE fenced (id int PRIMARY KEY, v bigint NOT NULL DEFAULT 0);
 INSERT INTO plain (id) SELECT generate_series(1, 10000);
 INSERT INTO fenced (id) SELECT generate_series(1, 10000);
+GRANT SELECT, UPDATE ON plain, fenced TO $WRITER;
 SQL
 "$FENCEGATE" protect fenced --resource bench --database-url "$URL" >/dev/null
+if "$FENCEGATE" grant --help >/dev/null 2>&1; then
+  "$FENCEGATE" grant "$WRITER" --resource bench --database-url "$URL" >/dev/null
+else # versions before `fencegate grant`: EXECUTE on fence() was all a writer needed
+  psql "$URL" -qX -c "GRANT USAGE ON SCHEMA fencegate TO $WRITER" \
+    -c "GRANT EXECUTE ON FUNCTION fencegate.fence(text, bigint) TO $WRITER" >/dev/null
+fi
 psql "$URL" -qX -c "SELECT fencegate.fence('bench', 7)" >/dev/null
 
 update() { printf 'UPDATE %s SET v = v + 1 WHERE id = :id;\n' "$1"; }
@@ -49,7 +63,7 @@ done
 # run NAME SCRIPT CLIENTS OPTIONS: appends "name clients tps latency_ms" to results.
 run() {
   local out
-  out=$(PGOPTIONS="-c synchronous_commit=off $4" pgbench "$URL" -n -M prepared \
+  out=$(PGOPTIONS="-c synchronous_commit=off $4" pgbench "$WURL" -n -M prepared \
         -c "$3" -j "$(( $3 < 2 ? $3 : 2 ))" -T "$SECONDS_PER_RUN" -f "$WORK/$2.sql" 2>&1)
   local tps lat
   tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' <<<"$out")
@@ -121,7 +135,7 @@ SQL
     echo "CALL st_plain(20000);"
     echo "CALL st_fenced(20000);"
   done
-} | psql "$URL" -qX -v ON_ERROR_STOP=1 | sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' | paste - - - - - | python3 -c '
+} | psql "$WURL" -qX -v ON_ERROR_STOP=1 | sed -n 's/^Time: \([0-9.]*\) ms.*/\1/p' | paste - - - - - | python3 -c '
 import statistics, sys
 runs = [list(map(float, line.split())) for line in sys.stdin]
 def per(i, j, n):  # us per unit of column j minus column i, over the runs
@@ -133,4 +147,4 @@ print(f"  a 1-statement transaction takes {base(0, 5000):.1f} us unfenced; the f
       f"with a session token, {per(0, 2, 5000)} with a fence() call first")
 print(f"  a further statement in a transaction takes {base(3, 20000):.1f} us unfenced; the fence adds {per(3, 4, 20000)}")
 '
-psql "$PGURL/postgres" -qX -c "DROP DATABASE $DB WITH (FORCE)"
+psql "$PGURL/postgres" -qX -c "DROP DATABASE $DB WITH (FORCE)" -c "DROP ROLE $WRITER"

@@ -642,3 +642,58 @@ async fn a_sql_login_with_resources_of_its_own_is_refused() {
         "{refused}"
     );
 }
+
+/// The same with `--sql-role`: the writer's statements run as that role, which holds no
+/// resource; the transaction's own resource is all they hold. A `--sql-role` that
+/// holds resources is refused at start, like the login.
+#[tokio::test]
+async fn with_a_sql_role_too() {
+    let tenants = Tenants::create().await;
+    let db = &tenants.fenced.db;
+    let sql_login = db.create_role("sql", "LOGIN").await;
+    let sql_role = db.create_role("sqlrole", "NOLOGIN").await;
+    db.execute(&format!(
+        "GRANT {sql_role} TO {sql_login};
+         GRANT USAGE ON SCHEMA public TO {sql_role};
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {sql_role};"
+    ))
+    .await;
+    let gateway = fencegate_tests::gateway::Gateway::builder()
+        .database(&db.url())
+        .sql_as(&db.url_as(&sql_login))
+        .args(&["--sql-role", &sql_role])
+        .spawn()
+        .await;
+    let client = gateway.client();
+    let statements = |sql: &str| serde_json::json!({"statements": [{"sql": sql}]});
+    let own = client
+        .sql("b", 3, statements("INSERT INTO b_rows VALUES (1, 'sql')"))
+        .await;
+    assert_eq!(own.status, 200, "{:?}", own.json());
+    let crossed = client
+        .sql("b", 3, statements("INSERT INTO a_rows VALUES (1, 'x')"))
+        .await;
+    assert_eq!(crossed.json()["sqlstate"], "ZF006", "{:?}", crossed.json());
+    drop(gateway);
+
+    fencegate_gateway::dbfence::admin::grant(
+        &tenants.fenced.admin,
+        &sql_role,
+        &[fencegate_gateway::auth::Pattern::parse("a-*").unwrap()],
+        false,
+    )
+    .await
+    .unwrap();
+    let refused = fencegate_tests::gateway::Gateway::builder()
+        .database(&db.url())
+        .sql_as(&db.url_as(&sql_login))
+        .args(&["--sql-role", &sql_role])
+        .try_spawn()
+        .await
+        .err()
+        .expect("a --sql-role that holds resources does not start");
+    assert!(
+        refused.logs.contains(&format!("can act as {sql_role}")),
+        "{refused}"
+    );
+}
