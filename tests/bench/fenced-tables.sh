@@ -6,6 +6,8 @@
 #
 #   tests/bench/fenced-tables.sh [ROUNDS] [SECONDS]      (defaults: 3 rounds of 5 s)
 #
+# ROUNDS 0 runs only the in-server loops (IN_SERVER_RUNS of them, default 7).
+#
 # Needs pgbench and psql, a Postgres at $PGURL (default postgres://postgres@127.0.0.1:5432,
 # a superuser) and the fencegate binary ($FENCEGATE, else target/release, else
 # target/debug; build it first). The writers log in as role fg_bench_writer, which
@@ -73,6 +75,7 @@ run() {
 }
 
 TOKEN="-c fencegate.token=7"
+if [ "$ROUNDS" -gt 0 ]; then
 for round in $(seq "$ROUNDS"); do
   echo "round $round of $ROUNDS" >&2
   for clients in 1 16; do
@@ -109,6 +112,7 @@ for clients in (1, 16):
           f"per further statement {(five - one) / 4:+.1f} us; "
           f"fence() call per transaction {call:+.1f} us (one more statement, round trip included)")
 PY
+fi
 
 echo
 echo "Inside the server, one session, no round trips (median and range of $IN_SERVER_RUNS interleaved runs):"

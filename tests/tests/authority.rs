@@ -697,3 +697,148 @@ async fn with_a_sql_role_too() {
         "{refused}"
     );
 }
+
+/// Grants of a dropped role are revoked by its oid; revoking the right to fence tables
+/// leaves the role's resources; `grants` lists both kinds.
+#[tokio::test]
+async fn revoke_and_grants_cover_every_kind() {
+    let tenants = Tenants::create().await;
+    let db = &tenants.fenced.db;
+    let admin = &tenants.fenced.admin;
+    let alice_role = format!("{}_alice", db.name());
+    fencegate_gateway::dbfence::admin::grant(admin, &alice_role, &[], true)
+        .await
+        .unwrap();
+    let listed = fencegate_gateway::dbfence::admin::grants(admin)
+        .await
+        .unwrap();
+    let has = |listed: &[fencegate_gateway::dbfence::admin::Held], role: &str, pattern: &str| {
+        listed
+            .iter()
+            .any(|h| h.role == role && h.pattern == pattern)
+    };
+    assert!(has(&listed, &alice_role, "a-*"), "{listed:?}");
+    assert!(has(&listed, &alice_role, "--tables"), "{listed:?}");
+    fencegate_gateway::dbfence::admin::revoke(admin, &alice_role, &[], true)
+        .await
+        .unwrap();
+    let listed = fencegate_gateway::dbfence::admin::grants(admin)
+        .await
+        .unwrap();
+    assert!(has(&listed, &alice_role, "a-*"), "{listed:?}");
+    assert!(!has(&listed, &alice_role, "--tables"), "{listed:?}");
+    tenants
+        .alice("")
+        .await
+        .query_one("SELECT fencegate.fence('a-1', 3)", &[])
+        .await
+        .expect("alice keeps her resources");
+
+    // A dropped role's grant stays until revoked by its oid.
+    let gone = db.create_role("gone", "").await;
+    fencegate_gateway::dbfence::admin::grant(
+        admin,
+        &gone,
+        &[fencegate_gateway::auth::Pattern::parse("z").unwrap()],
+        false,
+    )
+    .await
+    .unwrap();
+    let oid: u32 = db
+        .value(&format!(
+            "SELECT oid FROM pg_roles WHERE rolname = '{gone}'"
+        ))
+        .await;
+    db.execute(&format!(
+        "REVOKE ALL ON SCHEMA fencegate FROM {gone};
+         REVOKE ALL ON FUNCTION fencegate.fence(text, bigint) FROM {gone};
+         DROP ROLE {gone};"
+    ))
+    .await;
+    let findings = fencegate_gateway::dbfence::admin::audit(admin)
+        .await
+        .unwrap();
+    assert!(
+        findings
+            .iter()
+            .any(|f| f.finding == "authority_of_missing_role" && f.object == oid.to_string()),
+        "{findings:?}"
+    );
+    let taken = fencegate_gateway::dbfence::admin::revoke(admin, &oid.to_string(), &[], false)
+        .await
+        .unwrap();
+    assert_eq!(taken, 1);
+    let findings = fencegate_gateway::dbfence::admin::audit(admin)
+        .await
+        .unwrap();
+    assert!(
+        !findings
+            .iter()
+            .any(|f| f.finding == "authority_of_missing_role"),
+        "{findings:?}"
+    );
+}
+
+/// A gateway whose login is not a superuser starts on a schema whose partition guard a
+/// superuser installed — its function belongs to that superuser, and the gateway leaves
+/// it as it is; `check` says when it is out of date, until a superuser installs it again.
+#[tokio::test]
+async fn a_gateway_login_that_is_not_a_superuser_upgrades_around_the_guard() {
+    let db = fencegate_tests::db::TestDb::create().await;
+    let login = db.create_role("gw", "LOGIN").await;
+    db.execute(&format!(
+        "GRANT CREATE ON DATABASE {} TO {login}",
+        db.name()
+    ))
+    .await;
+    let url = db.url_as(&login);
+    fencegate_gateway::dbfence::admin::connect(&url)
+        .await
+        .expect("the gateway's login creates the schema");
+    let superuser = fencegate_gateway::dbfence::admin::connect(&db.url())
+        .await
+        .unwrap();
+    superuser
+        .batch_execute("SELECT fencegate.install_partition_guard()")
+        .await
+        .unwrap();
+    // A later version of the functions, applied by the gateway's login.
+    db.execute("UPDATE fencegate.schema_functions SET digest = 'an earlier version'")
+        .await;
+    let gateway = fencegate_gateway::dbfence::admin::connect(&url)
+        .await
+        .expect("the functions are applied around the superuser's");
+    let applied: String = db
+        .value("SELECT digest FROM fencegate.schema_functions")
+        .await;
+    assert_ne!(applied, "an earlier version");
+    let outdated = |findings: &[fencegate_gateway::dbfence::admin::Finding]| {
+        findings
+            .iter()
+            .any(|f| f.finding == "partition_guard_outdated")
+    };
+    let findings = fencegate_gateway::dbfence::admin::audit(&gateway)
+        .await
+        .unwrap();
+    assert!(!outdated(&findings), "{findings:?}");
+    // An earlier body, as a superuser of an earlier version left it.
+    superuser
+        .batch_execute(
+            "CREATE OR REPLACE FUNCTION fencegate.fence_new_partitions() RETURNS event_trigger
+                 LANGUAGE plpgsql SECURITY DEFINER AS $$ BEGIN END $$",
+        )
+        .await
+        .unwrap();
+    let findings = fencegate_gateway::dbfence::admin::audit(&gateway)
+        .await
+        .unwrap();
+    assert!(outdated(&findings), "{findings:?}");
+    superuser
+        .batch_execute("SELECT fencegate.install_partition_guard()")
+        .await
+        .unwrap();
+    let findings = fencegate_gateway::dbfence::admin::audit(&gateway)
+        .await
+        .unwrap();
+    assert!(!outdated(&findings), "{findings:?}");
+}

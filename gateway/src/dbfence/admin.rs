@@ -129,7 +129,6 @@ fn pattern_text(pattern: &Pattern) -> String {
 /// its privileges, or check its ownership), and the trigger functions (creating a
 /// trigger needs EXECUTE on its function).
 const TABLE_OWNER_GRANTS: &[&str] = &[
-    "GRANT USAGE ON SCHEMA fencegate TO %I",
     "GRANT EXECUTE ON FUNCTION fencegate.protect(regclass, text), fencegate.unprotect(regclass),
          fencegate.register_table(regclass, text), fencegate.unregister_table(regclass),
          fencegate.install_trigger(regclass), fencegate.cover_family(regclass),
@@ -162,9 +161,8 @@ pub async fn grant(
                 )
                 .await?;
         }
-        let mut statements = Vec::new();
+        let mut statements = vec!["GRANT USAGE ON SCHEMA fencegate TO %I"];
         if !resources.is_empty() {
-            statements.push("GRANT USAGE ON SCHEMA fencegate TO %I");
             statements.push("GRANT EXECUTE ON FUNCTION fencegate.fence(text, bigint) TO %I");
         }
         if tables {
@@ -179,29 +177,40 @@ pub async fn grant(
     finish(client, done).await
 }
 
-/// Takes back `resources` from `role` (every resource, and EXECUTE on
-/// `fencegate.fence()`, if none is named), and (with `tables`) the right to fence
-/// tables. Returns how many resource grants it took back.
+/// Takes back `resources` from `role`, and (with `tables`) the right to fence tables;
+/// with neither, every resource and EXECUTE on `fencegate.fence()`. USAGE on the
+/// schema stays: alone it grants nothing. `role` may also be the oid of a dropped role
+/// whose grants remain (`fencegate grants` shows them). Returns how many resource
+/// grants it took back.
 pub async fn revoke(
     client: &Client,
     role: &str,
     resources: &[Pattern],
     tables: bool,
 ) -> Result<u64, AdminError> {
-    let oid = role_oid(client, role).await?;
+    // A dropped role's grants are named by its oid.
+    let (oid, role_exists) = match role_oid(client, role).await {
+        Ok(oid) => (oid, true),
+        Err(error) => match role.parse::<u32>() {
+            Ok(oid) if !tables => (oid, false),
+            _ => return Err(error),
+        },
+    };
     client.batch_execute("BEGIN").await?;
     let done = async {
         let mut taken = 0;
-        if resources.is_empty() {
+        if resources.is_empty() && !tables {
             taken = client
                 .execute("DELETE FROM fencegate.authority WHERE role = $1::oid", &[&oid])
                 .await?;
-            run_for_role(
-                client,
-                "REVOKE EXECUTE ON FUNCTION fencegate.fence(text, bigint) FROM %I",
-                role,
-            )
-            .await?;
+            if role_exists {
+                run_for_role(
+                    client,
+                    "REVOKE EXECUTE ON FUNCTION fencegate.fence(text, bigint) FROM %I",
+                    role,
+                )
+                .await?;
+            }
         }
         for pattern in resources {
             let (text, prefix) = pattern.parts();
@@ -268,13 +277,19 @@ pub struct Held {
     pub pattern: String,
 }
 
-/// Every role and the resources it holds, by role.
+/// Every role and the resources it holds, by role; and the roles that may fence tables
+/// they own (pattern `--tables`). A dropped role's grants are listed by its oid.
 pub async fn grants(client: &Client) -> Result<Vec<Held>, AdminError> {
     let rows = client
         .query(
             "SELECT coalesce(r.rolname::text, a.role::oid::text || ' (dropped)'),
                     a.pattern || CASE WHEN a.prefix THEN '*' ELSE '' END
              FROM fencegate.authority a LEFT JOIN pg_roles r ON r.oid = a.role
+             UNION ALL
+             SELECT r.rolname::text, '--tables' FROM pg_roles r
+             WHERE NOT r.rolsuper AND r.rolname !~ '^pg_'
+               AND r.oid <> (SELECT nspowner FROM pg_namespace WHERE nspname = 'fencegate')
+               AND has_function_privilege(r.oid, 'fencegate.protect(regclass, text)', 'EXECUTE')
              ORDER BY 1, 2",
             &[],
         )
@@ -389,6 +404,10 @@ pub async fn connect(url: &str) -> Result<Client, AdminError> {
     match migrate(&mut client).await {
         Ok(()) => Ok(client),
         Err(PgStartError::Migrate(error)) => {
+            tracing::warn!(
+                %error,
+                "could not bring schema fencegate to this version as this role; using it as installed"
+            );
             let installed: bool = client
                 .query_one(
                     "SELECT EXISTS (SELECT FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace

@@ -36,8 +36,9 @@
 -- The proof is an HMAC of the DETAIL before it, under a key only the gateway and these
 -- functions read: a rejection that anyone can RAISE is told apart from the fence's own.
 
--- Bodies of earlier versions with other arguments.
+-- Bodies of earlier versions with other arguments or results.
 DROP FUNCTION IF EXISTS fencegate.fence_check(text, bigint, regclass);
+DROP FUNCTION IF EXISTS fencegate.holds(name, text);
 
 -- A resource name as the HTTP API accepts it: 1-200 bytes of [A-Za-z0-9._-], not only dots.
 CREATE OR REPLACE FUNCTION fencegate.valid_resource(resource text) RETURNS boolean
@@ -72,17 +73,20 @@ AS $fn$
 $fn$;
 
 -- Whether role `who` holds `resource`: a grant of fencegate.authority to a role it can
--- act as, or it can act as the schema's owner (as every superuser can). Inlined.
-CREATE OR REPLACE FUNCTION fencegate.holds(who name, resource text) RETURNS boolean
+-- act as, or it can act as the schema's owner (as every superuser can). A set-returning
+-- SQL function of one SELECT, so that the planner inlines it into the query that uses
+-- it (`FROM fencegate.holding(...) h WHERE h.held`), and its plan is cached with that
+-- query's: a scalar SQL function with subqueries would be planned again at every call.
+CREATE OR REPLACE FUNCTION fencegate.holding(who name, resource text) RETURNS TABLE (held boolean)
     LANGUAGE sql STABLE
 AS $fn$
     SELECT EXISTS (SELECT FROM fencegate.authority a
-                   WHERE a.pattern = holds.resource AND NOT a.prefix
-                     AND pg_catalog.pg_has_role(holds.who, a.role, 'MEMBER'))
+                   WHERE a.pattern = holding.resource AND NOT a.prefix
+                     AND pg_catalog.pg_has_role(holding.who, a.role, 'MEMBER'))
         OR EXISTS (SELECT FROM fencegate.authority a
-                   WHERE a.prefix AND pg_catalog.starts_with(holds.resource, a.pattern)
-                     AND pg_catalog.pg_has_role(holds.who, a.role, 'MEMBER'))
-        OR pg_catalog.pg_has_role(holds.who,
+                   WHERE a.prefix AND pg_catalog.starts_with(holding.resource, a.pattern)
+                     AND pg_catalog.pg_has_role(holding.who, a.role, 'MEMBER'))
+        OR pg_catalog.pg_has_role(holding.who,
                (SELECT n.nspowner FROM pg_catalog.pg_namespace n WHERE n.nspname = 'fencegate'),
                'MEMBER')
 $fn$;
@@ -95,7 +99,7 @@ AS $fn$
 DECLARE
     who name := fencegate.caller();
 BEGIN
-    IF NOT fencegate.holds(who, resource) THEN
+    IF NOT (SELECT h.held FROM fencegate.holding(who, resource) h) THEN
         RAISE EXCEPTION USING ERRCODE = 'ZF006',
             MESSAGE = format('fencegate: role %s may not present or raise the fence of resource "%s"', quote_ident(who), resource),
             DETAIL = format('resource=%s role=%s', resource, who),
@@ -375,9 +379,9 @@ DECLARE
 BEGIN
     SELECT f.highest INTO highest FROM fencegate.fences f
         WHERE f.resource = fence.resource AND f.highest = fence.token
-          AND fencegate.holds(fencegate.caller(), fence.resource)
+          AND EXISTS (SELECT FROM fencegate.holding(fencegate.caller(), fence.resource) h WHERE h.held)
           AND pg_try_advisory_xact_lock_shared(f.lock_key) IS NOT NULL
-        FOR SHARE;
+        FOR SHARE OF f;
     IF NOT FOUND THEN
         PERFORM fencegate.require_resource(fence.resource);
         PERFORM fencegate.require_holds(fence.resource);
@@ -422,6 +426,8 @@ BEGIN
         VALUES (pg_backend_pid(), pg_current_xact_id(), sql_fence.resource, sql_fence.token)
         ON CONFLICT (pid) DO UPDATE
             SET xact = EXCLUDED.xact, resource = EXCLUDED.resource, token = EXCLUDED.token;
+    -- The triggers' hint that this transaction's authority is its grant (see enforce()).
+    PERFORM set_config('fencegate.sql_step', 'on', true);
     RETURN highest;
 END
 $fn$;
@@ -482,18 +488,28 @@ AS $fn$
 BEGIN
     -- Compared as text, so that no cast can fail here; a token written otherwise
     -- ('007') is read properly by the long way.
-    PERFORM FROM fencegate.protected_tables p
-        JOIN fencegate.fences f ON f.resource = p.resource
-        WHERE p.tbl = TG_RELID
-          AND ((f.highest::text = fencegate.presented(p.resource)
-                AND NOT EXISTS (SELECT FROM fencegate.sql_grants g
-                                WHERE g.pid = pg_backend_pid() AND g.xact = pg_current_xact_id_if_assigned())
-                AND fencegate.holds(fencegate.caller(), p.resource))
-               OR EXISTS (SELECT FROM fencegate.sql_grants g
-                          WHERE g.pid = pg_backend_pid() AND g.xact = pg_current_xact_id_if_assigned()
-                            AND g.resource = p.resource AND g.token = f.highest))
-          AND pg_try_advisory_xact_lock_shared(f.lock_key) IS NOT NULL
-        FOR SHARE OF f;
+    -- A /v1/sql transaction says so in fencegate.sql_step, set by its fence step: a hint
+    -- only, which a writer can set or reset. Set by anyone else, the grant is not found
+    -- and the long way decides; reset in a /v1/sql transaction, the SQL login holds no
+    -- resource of its own (the gateway refuses to start otherwise, and fencegate check
+    -- reports it), and the long way, which reads the grant first, decides.
+    IF current_setting('fencegate.sql_step', true) = 'on' THEN
+        PERFORM FROM fencegate.protected_tables p
+            JOIN fencegate.fences f ON f.resource = p.resource
+            JOIN fencegate.sql_grants g ON g.resource = p.resource AND g.token = f.highest
+            WHERE p.tbl = TG_RELID
+              AND g.pid = pg_backend_pid() AND g.xact = pg_current_xact_id_if_assigned()
+              AND pg_try_advisory_xact_lock_shared(f.lock_key) IS NOT NULL
+            FOR SHARE OF f;
+    ELSE
+        PERFORM FROM fencegate.protected_tables p
+            JOIN fencegate.fences f ON f.resource = p.resource
+            WHERE p.tbl = TG_RELID
+              AND f.highest::text = fencegate.presented(p.resource)
+              AND EXISTS (SELECT FROM fencegate.holding(fencegate.caller(), p.resource) h WHERE h.held)
+              AND pg_try_advisory_xact_lock_shared(f.lock_key) IS NOT NULL
+            FOR SHARE OF f;
+    END IF;
     IF NOT FOUND THEN
         PERFORM fencegate.enforce_slow(TG_RELID);
     END IF;
@@ -538,6 +554,7 @@ $fn$;
 CREATE OR REPLACE VIEW fencegate.protected AS
     SELECT p.tbl, p.resource COLLATE "C" AS resource, t.tgenabled AS enabled
     FROM fencegate.protected_tables p
+    JOIN pg_class c ON c.oid = p.tbl
     LEFT JOIN pg_trigger t ON t.tgrelid = p.tbl AND t.tgname = 'fencegate_fence'
                           AND t.tgfoid = 'fencegate.enforce()'::regprocedure;
 
@@ -721,6 +738,15 @@ $fn$;
 -- its triggers, not take its fence off: that is `fencegate unprotect`); keeps the
 -- row-level triggers where families need them; and forgets dropped tables. Installed
 -- by install_partition_guard(), and runs as the superuser who installed it.
+--
+-- Its definition is kept as text (partition_guard_definition()), because the function
+-- belongs to the superuser who installed the guard: a gateway whose login is not a
+-- superuser cannot replace it, and leaves it as it is (fencegate check then reports
+-- partition_guard_outdated until a superuser runs install_partition_guard() again).
+CREATE OR REPLACE FUNCTION fencegate.partition_guard_definition() RETURNS text
+    LANGUAGE sql IMMUTABLE
+    SET search_path = pg_catalog, pg_temp
+AS $definition$ SELECT $guard$
 CREATE OR REPLACE FUNCTION fencegate.fence_new_partitions() RETURNS event_trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
@@ -729,6 +755,7 @@ DECLARE
     missing record;
     repaired record;
 BEGIN
+    -- fencegate partition guard 4 (fencegate.audit() looks for this line)
     DELETE FROM fencegate.protected_tables p WHERE NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = p.tbl);
     FOR missing IN SELECT * FROM fencegate.unprotected_descendants() LOOP
         INSERT INTO fencegate.protected_tables (tbl, resource) VALUES (missing.tbl, missing.resource)
@@ -749,17 +776,36 @@ BEGIN
     END LOOP;
 END
 $fn$;
+$guard$ $definition$;
 
--- Installs (or reinstalls) the event trigger of the partition guard. Creating an event
--- trigger needs a superuser; the function then runs as that superuser, so that it may
--- add the trigger to a partition whoever created it.
+DO $do$
+DECLARE
+    owner oid := (SELECT p.proowner FROM pg_proc p
+                  WHERE p.oid = to_regprocedure('fencegate.fence_new_partitions()'));
+BEGIN
+    IF owner IS NULL OR pg_has_role(current_user, owner, 'USAGE') THEN
+        EXECUTE fencegate.partition_guard_definition();
+    ELSE
+        RAISE WARNING 'fencegate: the partition guard''s function belongs to role %, and is left as it is; a superuser brings it up to date with SELECT fencegate.install_partition_guard()',
+            owner::regrole;
+    END IF;
+END
+$do$;
+
+-- Installs (or reinstalls) the partition guard: its function, up to date, and its
+-- event trigger. Creating an event trigger needs a superuser; the function then runs
+-- as that superuser, so that it may add the trigger to a partition whoever created it.
+-- (So does the code of this schema that it calls: install the guard only if the
+-- gateway's login is trusted as much.)
 CREATE OR REPLACE FUNCTION fencegate.install_partition_guard() RETURNS void
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
 AS $fn$
 BEGIN
     DROP EVENT TRIGGER IF EXISTS fencegate_partitions;
+    EXECUTE fencegate.partition_guard_definition();
     EXECUTE format('ALTER FUNCTION fencegate.fence_new_partitions() OWNER TO %I', current_user);
+    REVOKE ALL ON FUNCTION fencegate.fence_new_partitions() FROM PUBLIC;
     CREATE EVENT TRIGGER fencegate_partitions ON ddl_command_end
         WHEN TAG IN ('CREATE TABLE', 'ALTER TABLE', 'DROP TABLE', 'DROP TRIGGER')
         EXECUTE FUNCTION fencegate.fence_new_partitions();
@@ -837,7 +883,7 @@ BEGIN
             DETAIL = format('resource=%s', OLD.name);
     END IF;
     resource := NEW.name;
-    IF NOT fencegate.holds(who, resource) THEN
+    IF NOT (SELECT h.held FROM fencegate.holding(who, resource) h) THEN
         RAISE EXCEPTION USING ERRCODE = 'ZF006',
             MESSAGE = format('fencegate: role %s may not elect for resource "%s"', quote_ident(who), resource),
             DETAIL = format('resource=%s role=%s', resource, who),
@@ -973,6 +1019,13 @@ AS $fn$
         WHERE has_function_privilege(o.oid, p.oid, 'EXECUTE')
         GROUP BY o.oid, o.rolname
     UNION ALL
+    SELECT 'problem', 'sql_login_holds_resources', quote_ident(o.rolname),
+           format('role %s may take the fence step of /v1/sql and holds resources of its own: the writers'' statements of /v1/sql could present or raise them (fencegate revoke %s)',
+                  quote_ident(o.rolname), quote_ident(o.rolname))
+        FROM other o
+        WHERE has_function_privilege(o.oid, 'fencegate.sql_fence(text, bigint, bytea)', 'EXECUTE')
+          AND EXISTS (SELECT FROM fencegate.authority a WHERE pg_has_role(o.oid, a.role, 'MEMBER'))
+    UNION ALL
     SELECT 'warning', 'authority_of_missing_role', a.role::oid::text,
            format('resource pattern %s%s is granted to a role that no longer exists (fencegate revoke)',
                   a.pattern, CASE WHEN a.prefix THEN '*' ELSE '' END)
@@ -997,13 +1050,31 @@ AS $fn$
         WHERE r.oid = (SELECT oid FROM owner) AND NOT r.rolsuper
           AND NOT pg_has_role(r.oid, 'pg_signal_backend', 'MEMBER')
     UNION ALL
+    SELECT 'warning', 'partition_guard_outdated', 'fencegate_partitions',
+           'the partition guard runs a function of an earlier version (it belongs to the superuser who installed it): a superuser runs SELECT fencegate.install_partition_guard() to bring it up to date'
+        FROM pg_event_trigger e JOIN pg_proc p ON p.oid = e.evtfoid
+        WHERE e.evtname = 'fencegate_partitions'
+          AND p.prosrc NOT LIKE '%fencegate partition guard 4 %'
+    UNION ALL
     SELECT 'warning', 'no_partition_guard', 'fencegate_partitions',
            'no event trigger fences new partitions of protected tables as they are created or puts back a fence trigger that was dropped: run SELECT fencegate.install_partition_guard() as a superuser, or run fencegate check after changing fenced tables'
         WHERE NOT EXISTS (SELECT FROM pg_event_trigger e WHERE e.evtname = 'fencegate_partitions' AND e.evtenabled <> 'D'
                           AND e.evttags @> ARRAY['CREATE TABLE', 'ALTER TABLE', 'DROP TABLE', 'DROP TRIGGER'])
 $fn$;
 
-REVOKE ALL ON ALL FUNCTIONS IN SCHEMA fencegate FROM PUBLIC;
+-- No function of the schema is PUBLIC's; those of another owner (the partition guard's,
+-- a superuser's) are left to it.
+DO $do$
+DECLARE
+    function regprocedure;
+BEGIN
+    FOR function IN SELECT p.oid::regprocedure FROM pg_proc p
+                    WHERE p.pronamespace = 'fencegate'::regnamespace
+                      AND pg_has_role(current_user, p.proowner, 'USAGE') LOOP
+        EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', function);
+    END LOOP;
+END
+$do$;
 REVOKE ALL ON ALL TABLES IN SCHEMA fencegate FROM PUBLIC;
 
 DO $do$

@@ -7,12 +7,15 @@
 //!
 //! - Writers' SQL runs on its own pool, logged in as a writer-only role
 //!   (`--sql-database-url`). At start the gateway grants it EXECUTE on
-//!   `fencegate.fence()` and refuses to start if it — or any role it can become — is a
-//!   superuser, can create roles, owns schema `fencegate`, or has any privilege on its
-//!   tables ([`SqlService::connect`]).
-//! - The fence step is `fencegate.fence(resource, token)` ([`crate::dbfence`]), and a
-//!   writer's tables are protected for their resource, so naming another resource does
-//!   not let a stale writer write them.
+//!   `fencegate.sql_fence()` only, and refuses to start if it — or any role it can
+//!   become — is a superuser, can create roles, owns schema `fencegate`, has any
+//!   privilege on its tables, or holds resources of its own (`fencegate grant`)
+//!   ([`SqlService::connect`]).
+//! - The fence step is `fencegate.sql_fence(resource, token, key)`
+//!   ([`crate::dbfence`]), which only the gateway can take (the key is the schema's), and
+//!   which grants the rest of the transaction that one resource: a statement that
+//!   writes a table fenced for another resource, or calls the fence, is refused by
+//!   Postgres.
 //! - Every request starts from a clean session: each connection is reset when it is
 //!   taken from the pool (`RESET ALL`, role and session authorisation, temporary
 //!   tables, advisory locks, cursors, `LISTEN`, sequence state), and the settings the
@@ -100,7 +103,8 @@ pub enum SqlStartError {
          as a role that cannot reach the gateway's own tables. Create one for it, e.g.\n  \
          CREATE ROLE fencegate_sql LOGIN PASSWORD '...';\n  \
          GRANT SELECT, INSERT, UPDATE, DELETE ON <the writers' tables> TO fencegate_sql;\n\
-         (the gateway grants it EXECUTE on fencegate.fence() itself; see docs/sql.md)"
+         (the gateway grants it the fence step of /v1/sql itself; never fencegate grant it \
+         resources; see docs/sql.md)"
     )]
     UnsafeLogin { login: String, reason: String },
     #[error(

@@ -239,6 +239,9 @@ pub async fn migrate(client: &mut tokio_postgres::Client) -> Result<(), PgStartE
             .map_err(failed)?;
         tracing::info!(%digest, "applied the fencegate schema's functions");
     }
+    tx.execute(statements::FORGET_DROPPED_TABLES, &[])
+        .await
+        .map_err(failed)?;
     tx.commit().await.map_err(failed)
 }
 

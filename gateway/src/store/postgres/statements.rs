@@ -47,6 +47,10 @@ pub const FUNCTIONS_DIGEST: &str = "SELECT digest FROM fencegate.schema_function
 /// Records the digest of the functions just applied. `$1` digest.
 pub const RECORD_FUNCTIONS: &str = "INSERT INTO fencegate.schema_functions (digest) VALUES ($1)
      ON CONFLICT (only_row) DO UPDATE SET digest = EXCLUDED.digest, applied_at = now()";
+/// Forgets the fenced tables that were dropped (the partition guard does at once, where
+/// a superuser installed it).
+pub const FORGET_DROPPED_TABLES: &str = "DELETE FROM fencegate.protected_tables p
+     WHERE NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = p.tbl)";
 /// The gateway's keys: `sql` (the fence step of /v1/sql) and `proof` (the fence's proofs).
 pub const KEYS: &str = "SELECT name, key FROM fencegate.keys WHERE name IN ('sql', 'proof')";
 /// Older-term sessions ended after `$1`, in order.
