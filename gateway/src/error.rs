@@ -55,6 +55,10 @@ pub enum ApiError {
     #[error("{}", match .0 {
         Overload::Writes => "the gateway has as many writes in flight as it takes; nothing was applied, retry later",
         Overload::BodyMemory => "the gateway holds as many request bodies in memory as it takes; nothing was applied, retry later",
+        Overload::WritesShare => "this client has as many writes in flight as its share of the gateway allows (--max-client-share); nothing was applied, retry later",
+        Overload::BodyShare => "this client's request bodies fill its share of the gateway's body memory (--max-client-share); nothing was applied, retry later",
+        Overload::ResponseMemory => "the gateway holds as many answers waiting to be sent as it takes (--max-response-memory); retry later",
+        Overload::PendingAnswers => "this connection has as many large answers not yet read as it may (--max-pending-answers); read them, or retry later",
     })]
     Overloaded(Overload),
     #[error("the gateway is shutting down; nothing was applied, retry on another replica")]

@@ -190,6 +190,7 @@ pub async fn run(
         deadlines: server::conn::Deadlines {
             idle: config.idle_timeout,
             header: config.header_timeout,
+            write: config.write_timeout,
         },
         http2_keep_alive_interval: config.http2_keepalive_interval,
         http2_keep_alive_timeout: config.http2_keepalive_timeout,

@@ -192,9 +192,23 @@ pub struct SqlResult {
     /// The statement's result columns (empty for a write without `RETURNING`).
     pub columns: Vec<SqlColumn>,
     pub rows: Vec<Vec<Value>>,
-    /// True if rows were left out because the answer reached `--sql-max-rows`.
+    /// True if rows were left out because the answer reached `--sql-max-rows` or
+    /// `--sql-max-response`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub truncated: bool,
+    /// Which bound left rows out, when `truncated`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub truncated_by: Option<SqlBound>,
+}
+
+/// The bound of a `/v1/sql` answer that left rows out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SqlBound {
+    /// `--sql-max-rows`.
+    Rows,
+    /// `--sql-max-response`: the answer's rows reached that many bytes of JSON.
+    Bytes,
 }
 
 /// A result column: its name and its Postgres type name (`int8`, `text`, `uuid[]`...).

@@ -7,7 +7,8 @@ use fencegate_proto::ResourceName;
 use http::{Response, StatusCode};
 
 use crate::api::request::{fencing_of, Req};
-use crate::api::response::{json_response, Body};
+use crate::api::response::json_response;
+use crate::api::Body;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 
@@ -33,7 +34,7 @@ pub async fn advance(
 ) -> Result<Response<Body>, ApiError> {
     let fencing = fencing_of(request, &resource)?;
     coordinator.check_cached(&resource, None, &fencing, request.identity.as_deref())?;
-    let _in_flight = coordinator.write_permit()?;
+    let _in_flight = coordinator.write_permit(request.client(coordinator))?;
     coordinator
         .check_issued(&resource, &fencing, request.identity.as_deref())
         .await?;

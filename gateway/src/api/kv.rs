@@ -7,10 +7,10 @@ use fencegate_proto::headers::{Precondition, FENCING_TOKEN};
 use fencegate_proto::{ObjectKey, ResourceName};
 use http::header::{CONTENT_TYPE, ETAG};
 use http::{HeaderValue, Response, StatusCode};
-use http_body_util::Full;
 
 use crate::api::request::{fencing_of, read_body, Req};
-use crate::api::response::{etag_value, json_response, number_value, Body};
+use crate::api::response::{etag_value, json_response, number_value};
+use crate::api::Body;
 use crate::coordinator::Applied;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
@@ -37,7 +37,7 @@ pub async fn write(
     let fencing = fencing_of(request, &resource)?;
     let precondition = Precondition::from_headers(&request.head.headers)?;
     coordinator.check_cached(&resource, Some(&key), &fencing, request.identity.as_deref())?;
-    let _in_flight = coordinator.write_permit()?;
+    let _in_flight = coordinator.write_permit(request.client(coordinator))?;
     coordinator
         .check_issued(&resource, &fencing, request.identity.as_deref())
         .await?;
@@ -79,13 +79,14 @@ pub async fn get(
     coordinator: &Arc<Coordinator>,
     resource: ResourceName,
     key: ObjectKey,
+    request: &Req,
 ) -> Result<Response<Body>, ApiError> {
     tracing::Span::current().record("resource", resource.as_str());
-    let object = coordinator
-        .get(&resource, &key)
+    let (object, body) = coordinator
+        .get(&resource, &key, &request.conn)
         .await?
         .ok_or(ApiError::NotFound("no such object"))?;
-    let mut response = Response::new(Full::new(object.value));
+    let mut response = Response::new(body);
     let headers = response.headers_mut();
     headers.insert(
         CONTENT_TYPE,

@@ -13,7 +13,8 @@ use http::{Response, StatusCode};
 use serde::de::DeserializeOwned;
 
 use crate::api::request::{read_body, Req};
-use crate::api::response::{json_response, Body};
+use crate::api::response::json_response;
+use crate::api::Body;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 use crate::store::leases::{Claimant, LeaseOp, LeaseOutcome, LeaseRecord};
@@ -42,7 +43,7 @@ pub async fn step(
     request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
     tracing::Span::current().record("resource", resource.as_str());
-    let _in_flight = coordinator.write_permit()?;
+    let _in_flight = coordinator.write_permit(request.client(coordinator))?;
     let LeaseRequest {
         holder,
         token,
@@ -128,7 +129,7 @@ pub async fn reset(
             None => return Err(ApiError::NoAdminCredential),
         }
     }
-    let _in_flight = coordinator.write_permit()?;
+    let _in_flight = coordinator.write_permit(request.client(coordinator))?;
     let FenceResetRequest { to, reason } = read_json(coordinator, request).await?;
     let reason = reason.trim().to_owned();
     if reason.is_empty() || reason.len() > MAX_REASON_LEN || reason.chars().any(char::is_control) {

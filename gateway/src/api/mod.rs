@@ -19,6 +19,11 @@
 //! A client that sends `Expect: 100-continue` is asked for its body only when a
 //! handler reads it, so a rejected write never sends its body at all.
 //!
+//! Over HTTP/2, a stream whose body was left unread ends with a reset after the answer,
+//! and some clients (curl 7.88 among them) then report the reset and lose the answer.
+//! So a body of at most [`request::DRAIN_LIMIT`] declared bytes is read and discarded
+//! before the answer, for at most `--body-first-byte-timeout`.
+//!
 //! - [`kv`]: `GET/PUT/DELETE /v1/kv/{resource}/{key}`
 //! - [`fences`]: `GET /v1/fences/{resource}`, `POST /v1/fences/{resource}/advance`
 //! - [`sql`]: `POST /v1/sql/{resource}`
@@ -26,6 +31,7 @@
 //!   `POST /v1/fences/{resource}/reset`
 //! - [`ops`]: `/metrics`, `/healthz`, `/readyz`, `/v1/openapi.json`
 
+pub mod body;
 mod fences;
 mod kv;
 mod leases;
@@ -34,6 +40,7 @@ mod request;
 mod response;
 mod sql;
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -48,18 +55,28 @@ use crate::auth::{Action, ClientCertificate, Identity};
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 
+use crate::server::conn::ConnState;
+pub use body::Body;
 use request::Req;
 use response::error_response;
-pub use response::Body;
 
 /// Answers one request. Never fails: every error becomes its response here.
-pub async fn handle(coordinator: Arc<Coordinator>, request: Request<Incoming>) -> Response<Body> {
-    let mut request = Req::new(request);
+pub async fn handle(
+    coordinator: Arc<Coordinator>,
+    request: Request<Incoming>,
+    peer: IpAddr,
+    conn: &Arc<ConnState>,
+) -> Response<Body> {
+    let mut request = Req::new(request, peer, Arc::clone(conn));
     let mut response = answer(&coordinator, &mut request).await;
-    if request.head.version < Version::HTTP_2 && !request.keeps_connection(&coordinator).await {
-        response
-            .headers_mut()
-            .insert(CONNECTION, HeaderValue::from_static("close"));
+    if request.head.version < Version::HTTP_2 {
+        if !request.keeps_connection(&coordinator).await {
+            response
+                .headers_mut()
+                .insert(CONNECTION, HeaderValue::from_static("close"));
+        }
+    } else {
+        request.drain_before_early_answer(&coordinator).await;
     }
     response
 }
@@ -102,6 +119,9 @@ async fn answer(coordinator: &Arc<Coordinator>, request: &mut Req) -> Response<B
                 // overload is counted, and logging each one would add to it.
                 _ => tracing::debug!(error = %error, code = code.as_str(), "request refused"),
             }
+            if let ApiError::Overloaded(reason) = error {
+                coordinator.limit_rejected(reason);
+            }
             (error_response(&error), Some(code))
         }
     };
@@ -142,7 +162,7 @@ async fn dispatch(
     }
     match (method, target) {
         (Method::GET, Target::Object { resource, key }) => {
-            kv::get(coordinator, resource, key).await
+            kv::get(coordinator, resource, key, request).await
         }
         (Method::PUT, Target::Object { resource, key }) => {
             kv::write(coordinator, resource, key, kv::Change::Put, request).await

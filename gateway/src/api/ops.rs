@@ -5,14 +5,14 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Response, StatusCode};
-use http_body_util::Full;
 
-use crate::api::response::{json_response, Body};
+use crate::api::response::json_response;
+use crate::api::Body;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 
 pub fn metrics(coordinator: &Coordinator) -> Response<Body> {
-    let mut response = Response::new(Full::new(Bytes::from(coordinator.encode_metrics())));
+    let mut response = Response::new(Body::whole(Bytes::from(coordinator.encode_metrics())));
     response.headers_mut().insert(
         CONTENT_TYPE,
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
@@ -39,7 +39,7 @@ pub async fn readyz(coordinator: &Arc<Coordinator>) -> Result<Response<Body>, Ap
 pub const OPENAPI: &str = include_str!("../../openapi.json");
 
 pub fn openapi() -> Response<Body> {
-    let mut response = Response::new(Full::new(Bytes::from_static(OPENAPI.as_bytes())));
+    let mut response = Response::new(Body::whole(Bytes::from_static(OPENAPI.as_bytes())));
     response
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));

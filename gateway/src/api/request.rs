@@ -2,7 +2,9 @@
 //! a body within its limits (size, time, memory).
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -14,10 +16,10 @@ use http::request::Parts;
 use http::Request;
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Incoming};
-use tokio::sync::OwnedSemaphorePermit;
 
-use crate::coordinator::Coordinator;
+use crate::coordinator::{BodyMemory, ClientKey, Coordinator};
 use crate::error::ApiError;
+use crate::server::conn::ConnState;
 
 /// Unread bodies up to this size are read and discarded after an early answer, keeping
 /// the connection open; see the module doc.
@@ -31,22 +33,52 @@ pub struct Req {
     broken: bool,
     /// The authenticated caller's name; `None` when authentication is off.
     pub identity: Option<String>,
+    /// The address the request came from.
+    pub peer: IpAddr,
+    /// Its connection, for the answers paced on it ([`crate::api::body`]).
+    pub conn: Arc<ConnState>,
 }
 
 /// A request body in memory, and the room it takes under `--max-body-memory`.
 pub struct ReadBody {
     pub bytes: Bytes,
-    _memory: OwnedSemaphorePermit,
+    _memory: BodyMemory,
 }
 
 impl Req {
-    pub fn new(request: Request<Incoming>) -> Req {
+    pub fn new(request: Request<Incoming>, peer: IpAddr, conn: Arc<ConnState>) -> Req {
         let (head, body) = request.into_parts();
         Req {
             head,
             body: Some(body),
             broken: false,
             identity: None,
+            peer,
+            conn,
+        }
+    }
+
+    /// The client this request counts against, for its shares of the bounds.
+    pub fn client(&self, coordinator: &Coordinator) -> ClientKey {
+        coordinator.client(self.identity.as_deref(), self.peer)
+    }
+
+    /// Before an early answer over HTTP/2: reads and discards a small declared body the
+    /// handlers left unread, so that the stream ends with the answer rather than a
+    /// reset, which some clients take as a failure and lose the answer with.
+    pub async fn drain_before_early_answer(&mut self, coordinator: &Coordinator) {
+        let Some(body) = self.body.take() else {
+            return;
+        };
+        if body.is_end_stream() {
+            return;
+        }
+        if body
+            .size_hint()
+            .exact()
+            .is_some_and(|length| length <= DRAIN_LIMIT)
+        {
+            let _ = tokio::time::timeout(coordinator.body_first_byte(), body.collect()).await;
         }
     }
 
@@ -108,9 +140,16 @@ pub fn fencing_of(request: &Req, resource: &ResourceName) -> Result<Fencing, Api
     Ok(fencing)
 }
 
-/// Reads the whole body, refusing more than `--max-body` bytes, a body that takes
-/// longer than `--body-timeout`, and — without waiting — one that does not fit in
-/// `--max-body-memory` now. The memory stays taken while the result lives.
+/// Bodies of at most this size are claimed whole at once: they nearly always arrive
+/// with their head. Larger ones claim memory as their bytes arrive.
+const CLAIMED_AT_ONCE: usize = 16 * 1024;
+
+/// Reads the whole body, refusing more than `--max-body` bytes, a body whose first byte
+/// does not come within `--body-first-byte-timeout` or that takes longer than
+/// `--body-timeout` in all, and — without waiting — one that does not fit in
+/// `--max-body-memory` or its client's share of it. A large body's memory is claimed
+/// when its first bytes arrive, so a client that declares a large body and sends
+/// nothing holds none; it stays claimed while the result lives.
 pub async fn read_body(coordinator: &Coordinator, request: &mut Req) -> Result<ReadBody, ApiError> {
     let limit = coordinator.max_body();
     let declared = request
@@ -121,15 +160,25 @@ pub async fn read_body(coordinator: &Coordinator, request: &mut Req) -> Result<R
     if declared.is_some_and(|length| length > limit as u64) {
         return Err(ApiError::BodyTooLarge { limit });
     }
-    let reserved = declared.map_or(limit, |length| length as usize);
-    let memory = coordinator.body_permit(reserved)?;
+    let declared = declared.map(|length| length as usize);
+    let mut memory = coordinator.body_memory(request.client(coordinator));
+    if let Some(length) = declared.filter(|length| *length <= CLAIMED_AT_ONCE) {
+        memory.grow_to(length)?;
+    }
     let Some(body) = request.body.take() else {
         return Err(ApiError::InvalidBody);
     };
     // From here the body is being read: if it stops part-way, the connection goes too.
     request.broken = true;
+    let reading = collect(
+        body,
+        declared,
+        limit,
+        &mut memory,
+        coordinator.body_first_byte(),
+    );
     let read = tokio::select! {
-        read = tokio::time::timeout(coordinator.body_timeout(), collect(body, reserved, limit)) => read,
+        read = tokio::time::timeout(coordinator.body_timeout(), reading) => read,
         () = coordinator.shutdown().cancelled() => return Err(ApiError::ShuttingDown),
     };
     let bytes = read.map_err(|_| ApiError::BodyTimeout)??;
@@ -140,18 +189,44 @@ pub async fn read_body(coordinator: &Coordinator, request: &mut Req) -> Result<R
     })
 }
 
-/// Reads `body` into one buffer of `expected` bytes (its Content-Length, if it has
-/// one): one allocation, no copy once read.
-async fn collect(mut body: Incoming, expected: usize, limit: usize) -> Result<Bytes, ApiError> {
-    let mut buffer = bytes::BytesMut::with_capacity(expected.min(limit));
-    while let Some(frame) = body.frame().await {
+/// Reads `body` into one buffer, claiming its memory before allocating it. A body of
+/// declared length gets one buffer of that length once its first bytes come (one
+/// allocation, no copy once read); a body without one grows by doubling.
+async fn collect(
+    mut body: Incoming,
+    declared: Option<usize>,
+    limit: usize,
+    memory: &mut BodyMemory,
+    first_byte: Duration,
+) -> Result<Bytes, ApiError> {
+    let mut buffer = bytes::BytesMut::new();
+    let first = match body.is_end_stream() {
+        true => None,
+        false => tokio::time::timeout(first_byte, body.frame())
+            .await
+            .map_err(|_| ApiError::BodyTimeout)?,
+    };
+    let mut next = first;
+    while let Some(frame) = next {
         let frame = frame.map_err(|_| ApiError::InvalidBody)?;
         if let Ok(data) = frame.into_data() {
-            if buffer.len() + data.len() > limit {
+            let total = buffer.len() + data.len();
+            if total > limit {
                 return Err(ApiError::BodyTooLarge { limit });
+            }
+            if total > buffer.capacity() {
+                // Room is claimed before it is allocated: the declared length at the
+                // first bytes, else twice what the body has grown to.
+                let room = match declared {
+                    Some(length) => length.max(total),
+                    None => total.max(2 * buffer.capacity()).min(limit),
+                };
+                memory.grow_to(room)?;
+                buffer.reserve(room - buffer.len());
             }
             buffer.extend_from_slice(&data);
         }
+        next = body.frame().await;
     }
     Ok(buffer.freeze())
 }

@@ -5,11 +5,9 @@ use fencegate_proto::headers::FENCING_HIGHEST;
 use fencegate_proto::{ErrorCode, ResourceName, Token};
 use http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use http::{HeaderValue, Response, StatusCode};
-use http_body_util::Full;
 
+use super::Body;
 use crate::error::ApiError;
-
-pub type Body = Full<Bytes>;
 
 /// A number as a header value, in one allocation (`HeaderValue::from(u64)` takes two).
 pub fn number_value(number: u64) -> HeaderValue {
@@ -30,7 +28,7 @@ pub fn json_response<T: serde::Serialize>(status: StatusCode, body: &T) -> Respo
     // Room for the common answers (a write accepted, a stale rejection) in one allocation.
     let mut bytes = Vec::with_capacity(256);
     serde_json::to_writer(&mut bytes, body).expect("response bodies serialize");
-    let mut response = Response::new(Full::new(Bytes::from(bytes)));
+    let mut response = Response::new(Body::whole(Bytes::from(bytes)));
     *response.status_mut() = status;
     response
         .headers_mut()
@@ -48,7 +46,7 @@ pub fn error_response(error: &ApiError) -> Response<Body> {
             highest,
         } => {
             let body = stale_body(resource, *presented, *highest);
-            let mut response = Response::new(Full::new(Bytes::from(body)));
+            let mut response = Response::new(Body::whole(Bytes::from(body)));
             *response.status_mut() = status;
             response
                 .headers_mut()

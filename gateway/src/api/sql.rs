@@ -13,7 +13,8 @@ use fencegate_proto::ResourceName;
 use http::{Response, StatusCode};
 
 use crate::api::request::{fencing_of, read_body, Req};
-use crate::api::response::{json_response, Body};
+use crate::api::response::json_response;
+use crate::api::Body;
 use crate::coordinator::{Coordinator, Door};
 use crate::dbfence::{Refusal, Reported};
 use crate::error::ApiError;
@@ -32,7 +33,7 @@ pub async fn post(
     };
     let policy = service.policy();
     coordinator.check_cached(&resource, None, &fencing, request.identity.as_deref())?;
-    let _in_flight = coordinator.write_permit()?;
+    let _in_flight = coordinator.write_permit(request.client(coordinator))?;
     coordinator
         .check_issued(&resource, &fencing, request.identity.as_deref())
         .await?;
@@ -78,14 +79,16 @@ pub async fn post(
         })
         .await?;
     match outcome {
-        Ok(results) => Ok(json_response(
-            StatusCode::OK,
-            &SqlAccepted {
+        Ok(results) => {
+            let answer = SqlAccepted {
                 resource,
                 token,
                 results,
-            },
-        )),
+            };
+            let (head, body) = json_response(StatusCode::OK, &answer).into_parts();
+            let body = body.paced_committed(coordinator.responses(), &request.conn);
+            Ok(Response::from_parts(head, body))
+        }
         Err(SqlFailure::Fence(refusal)) => {
             let answer = match &refusal {
                 Refusal::Stale(rejection) => ApiError::Stale {

@@ -27,6 +27,7 @@ pub const DEFAULT_SHUTDOWN_TIMEOUT: &str = "30s";
 pub const DEFAULT_SQL_MAX_STATEMENTS: usize = 100;
 pub const DEFAULT_SQL_STATEMENT_TIMEOUT: &str = "2s";
 pub const DEFAULT_SQL_MAX_ROWS: usize = 10_000;
+pub const DEFAULT_SQL_MAX_RESPONSE: &str = "4MiB";
 pub const DEFAULT_SQL_POOL_SIZE: usize = 8;
 pub const DEFAULT_SQL_MAX_STATEMENT_SIZE: &str = "64KiB";
 pub const DEFAULT_DATA_DIR: &str = "./fencegate-data";
@@ -38,6 +39,11 @@ pub const ONE_THREAD_UP_TO_CORES: usize = 2;
 pub const DEFAULT_HEADER_TIMEOUT: &str = "10s";
 pub const DEFAULT_IDLE_TIMEOUT: &str = "60s";
 pub const DEFAULT_BODY_TIMEOUT: &str = "30s";
+pub const DEFAULT_BODY_FIRST_BYTE_TIMEOUT: &str = "1s";
+pub const DEFAULT_WRITE_TIMEOUT: &str = "20s";
+pub const DEFAULT_MAX_CLIENT_SHARE: u8 = 25;
+pub const DEFAULT_MAX_RESPONSE_MEMORY: &str = "256MiB";
+pub const DEFAULT_MAX_PENDING_ANSWERS: usize = 8;
 pub const DEFAULT_HTTP2_KEEPALIVE_INTERVAL: &str = "20s";
 pub const DEFAULT_HTTP2_KEEPALIVE_TIMEOUT: &str = "10s";
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
@@ -160,6 +166,19 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_BODY_TIMEOUT", default_value = DEFAULT_BODY_TIMEOUT, value_parser = humantime::parse_duration)]
     pub body_timeout: Duration,
 
+    /// Longest time from the moment a handler asks for a request body (after its head
+    /// and fencing checks) until its first bytes arrive; past it, 408 body_timeout. A
+    /// client that declares a body and sends nothing holds its write slot no longer.
+    #[arg(long, env = "FENCEGATE_BODY_FIRST_BYTE_TIMEOUT", default_value = DEFAULT_BODY_FIRST_BYTE_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub body_first_byte_timeout: Duration,
+
+    /// Longest time a write to a client's connection may wait for the client to read
+    /// (HTTP/1.1 and HTTP/2 alike), and that the large answers of an HTTP/2 connection
+    /// may wait for their streams' windows to open; past it the connection is closed
+    /// and the memory of its answers given back.
+    #[arg(long, env = "FENCEGATE_WRITE_TIMEOUT", default_value = DEFAULT_WRITE_TIMEOUT, value_parser = humantime::parse_duration)]
+    pub write_timeout: Duration,
+
     /// HTTP/2: how often an otherwise quiet connection is pinged, to find dead peers.
     #[arg(long, env = "FENCEGATE_HTTP2_KEEPALIVE_INTERVAL", default_value = DEFAULT_HTTP2_KEEPALIVE_INTERVAL, value_parser = humantime::parse_duration)]
     pub http2_keepalive_interval: Duration,
@@ -183,11 +202,32 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_MAX_WRITES_IN_FLIGHT", default_value_t = DEFAULT_MAX_WRITES_IN_FLIGHT)]
     pub max_writes_in_flight: usize,
 
-    /// Most request-body bytes held in memory at once, over all requests (a body
-    /// counts its Content-Length, or --max-body if it has none); more get 503 overloaded
-    /// with Retry-After at once.
+    /// Most request-body bytes held in memory at once, over all requests; more get 503
+    /// overloaded with Retry-After at once. A body of up to 16 KiB counts its
+    /// Content-Length from the start; a larger one from its first bytes (its
+    /// Content-Length, or what has arrived if it has none).
     #[arg(long, env = "FENCEGATE_MAX_BODY_MEMORY", default_value = DEFAULT_MAX_BODY_MEMORY, value_parser = parse_size)]
     pub max_body_memory: usize,
+
+    /// The share (percent) of --max-writes-in-flight and --max-body-memory that one
+    /// client may hold: one identity when authentication is on, else one peer address.
+    /// Past it that client's writes get 503 overloaded (writes_share, body_share) while
+    /// other clients' go on. Behind a proxy that hides client addresses without
+    /// authentication, every client is one peer: raise it to 100.
+    #[arg(long, env = "FENCEGATE_MAX_CLIENT_SHARE", default_value_t = DEFAULT_MAX_CLIENT_SHARE, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub max_client_share: u8,
+
+    /// Most bytes of large answers (over 16 KiB: objects read, /v1/sql answers) held in
+    /// memory until their clients read them, over all connections; past it such a
+    /// request gets 503 overloaded (response_memory).
+    #[arg(long, env = "FENCEGATE_MAX_RESPONSE_MEMORY", default_value = DEFAULT_MAX_RESPONSE_MEMORY, value_parser = parse_size)]
+    pub max_response_memory: usize,
+
+    /// Most large answers (over 16 KiB) one connection may have unsent at once — with
+    /// HTTP/2, streams whose client has not read their data; past it, 503 overloaded
+    /// (pending_answers).
+    #[arg(long, env = "FENCEGATE_MAX_PENDING_ANSWERS", default_value_t = DEFAULT_MAX_PENDING_ANSWERS)]
+    pub max_pending_answers: usize,
 
     /// On SIGTERM/SIGINT, how long in-flight requests may take to finish before the
     /// remaining connections are closed.
@@ -339,6 +379,12 @@ pub struct Config {
     /// are counted but left out, and the answer says so (`truncated`).
     #[arg(long, env = "FENCEGATE_SQL_MAX_ROWS", default_value_t = DEFAULT_SQL_MAX_ROWS)]
     pub sql_max_rows: usize,
+
+    /// Most bytes (KiB, MiB) of JSON the rows of one SQL answer take, over all its
+    /// statements; further rows are counted but left out, and the answer says so
+    /// (`truncated`, `truncated_by: "bytes"`).
+    #[arg(long, env = "FENCEGATE_SQL_MAX_RESPONSE", default_value = DEFAULT_SQL_MAX_RESPONSE, value_parser = parse_size)]
+    pub sql_max_response: usize,
 
     /// Longest SQL text of one statement (bytes, KiB, MiB); longer ones are refused
     /// before they are parsed.
@@ -516,6 +562,12 @@ impl Config {
         }
         if self.sql_max_rows == 0 {
             return fail("--sql-max-rows must be at least 1");
+        }
+        if self.max_pending_answers == 0 {
+            return fail("--max-pending-answers must be at least 1");
+        }
+        if self.sql_max_response == 0 {
+            return fail("--sql-max-response must be at least 1 byte");
         }
         if self.sql_statement_timeout < Duration::from_millis(1) {
             return fail("--sql-statement-timeout must be at least 1ms");

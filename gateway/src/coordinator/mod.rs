@@ -17,7 +17,10 @@
 
 mod audit;
 mod issued;
+mod shares;
 mod takeover;
+
+pub use shares::ClientKey;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
@@ -56,6 +59,12 @@ pub struct Coordinator {
     writes: Arc<Semaphore>,
     /// Request-body bytes held in memory (`--max-body-memory`), one permit a byte.
     body_bytes: Arc<Semaphore>,
+    /// Each client's share of `writes` and `body_bytes` (`--max-client-share`).
+    shares: Arc<shares::Shares>,
+    /// How long a request body may take to send its first byte.
+    body_first_byte: Duration,
+    /// Large answers waiting for their clients (`--max-response-memory`).
+    responses: Arc<crate::api::body::ResponseBudget>,
     /// Cancelled when shutdown begins: requests still receiving their body stop.
     shutdown: CancellationToken,
     stale_log: LogBudget,
@@ -76,6 +85,11 @@ pub struct Coordinator {
     bindings_replaced: AtomicBool,
     /// The administrator's key of a gateway without --auth-file (`--admin-key-file`).
     admin_key: Option<crate::auth::AdminKey>,
+}
+
+/// `percent` of `total`, at least 1.
+fn share_of(total: usize, percent: u8) -> usize {
+    (total.saturating_mul(usize::from(percent)) / 100).max(1)
 }
 
 /// How often a gateway looks for fence resets made through other replicas.
@@ -100,8 +114,77 @@ impl Door {
 /// Why a request was turned away before any work: the gateway is at one of its bounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Overload {
+    /// `--max-writes-in-flight`.
     Writes,
+    /// `--max-body-memory`.
     BodyMemory,
+    /// The client's share of `--max-writes-in-flight`.
+    WritesShare,
+    /// The client's share of `--max-body-memory`.
+    BodyShare,
+    /// `--max-response-memory`.
+    ResponseMemory,
+    /// `--max-pending-answers` on one connection.
+    PendingAnswers,
+}
+
+impl Overload {
+    /// Every reason, as the `reason` label of `fencegate_limit_rejections_total`.
+    pub const ALL: [Overload; 6] = [
+        Overload::Writes,
+        Overload::BodyMemory,
+        Overload::WritesShare,
+        Overload::BodyShare,
+        Overload::ResponseMemory,
+        Overload::PendingAnswers,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overload::Writes => "writes",
+            Overload::BodyMemory => "body_memory",
+            Overload::WritesShare => "writes_share",
+            Overload::BodyShare => "body_share",
+            Overload::ResponseMemory => "response_memory",
+            Overload::PendingAnswers => "pending_answers",
+        }
+    }
+}
+
+/// A write's place under `--max-writes-in-flight` and its client's share of it.
+pub struct WritePermit {
+    _global: OwnedSemaphorePermit,
+    _share: shares::Share,
+}
+
+/// Room for a request body under `--max-body-memory` and its client's share, claimed
+/// as the body arrives and given back when dropped.
+pub struct BodyMemory {
+    global: Arc<Semaphore>,
+    held: Option<OwnedSemaphorePermit>,
+    share: shares::Share,
+    bytes: usize,
+}
+
+impl BodyMemory {
+    /// Claims room for `total` bytes in all, if not claimed yet.
+    pub fn grow_to(&mut self, total: usize) -> Result<(), Overload> {
+        let more = total.saturating_sub(self.bytes);
+        if more == 0 {
+            return Ok(());
+        }
+        let permits = u32::try_from(more).map_err(|_| Overload::BodyMemory)?;
+        let permit = Arc::clone(&self.global)
+            .try_acquire_many_owned(permits)
+            .map_err(|_| Overload::BodyMemory)?;
+        self.share.grow_body(more)?;
+        match &mut self.held {
+            Some(held) => held.merge(permit),
+            None => self.held = Some(permit),
+        }
+        self.bytes = total;
+        Ok(())
+    }
 }
 
 /// The facts of a stale rejection, as logged.
@@ -139,6 +222,11 @@ impl Coordinator {
             .as_deref()
             .map(crate::auth::AdminKey::load)
             .transpose()?;
+        let responses = crate::api::body::ResponseBudget::new(
+            config.max_response_memory,
+            config.max_pending_answers,
+            metrics.response_bytes(),
+        );
         Ok(Coordinator {
             auth,
             store,
@@ -149,6 +237,12 @@ impl Coordinator {
             body_timeout: config.body_timeout,
             writes: Arc::new(Semaphore::new(config.max_writes_in_flight)),
             body_bytes: Arc::new(Semaphore::new(config.max_body_memory)),
+            shares: shares::Shares::new(
+                share_of(config.max_writes_in_flight, config.max_client_share),
+                share_of(config.max_body_memory, config.max_client_share),
+            ),
+            body_first_byte: config.body_first_byte_timeout,
+            responses,
             shutdown: CancellationToken::new(),
             stale_log: LogBudget::new(config.stale_log_limit),
             issuers,
@@ -192,19 +286,48 @@ impl Coordinator {
         self.store.describe()
     }
 
-    /// A place for one more write in flight, held until the permit is dropped.
-    pub fn write_permit(&self) -> Result<OwnedSemaphorePermit, Overload> {
-        Arc::clone(&self.writes)
-            .try_acquire_owned()
-            .map_err(|_| Overload::Writes)
+    /// How long a request body may take to send its first byte
+    /// (`--body-first-byte-timeout`).
+    pub fn body_first_byte(&self) -> Duration {
+        self.body_first_byte
     }
 
-    /// Room for `bytes` of request body in memory, held until the permit is dropped.
-    pub fn body_permit(&self, bytes: usize) -> Result<OwnedSemaphorePermit, Overload> {
-        let bytes = u32::try_from(bytes).map_err(|_| Overload::BodyMemory)?;
-        Arc::clone(&self.body_bytes)
-            .try_acquire_many_owned(bytes)
-            .map_err(|_| Overload::BodyMemory)
+    /// The budget of large answers waiting for their clients.
+    pub fn responses(&self) -> &Arc<crate::api::body::ResponseBudget> {
+        &self.responses
+    }
+
+    /// The client a request counts against, for its shares.
+    pub fn client(&self, identity: Option<&str>, peer: std::net::IpAddr) -> ClientKey {
+        self.shares.client(identity, peer)
+    }
+
+    /// A place for one more write in flight of `client`, held until the permit is
+    /// dropped.
+    pub fn write_permit(&self, client: ClientKey) -> Result<WritePermit, Overload> {
+        let share = self.shares.write(client)?;
+        let global = Arc::clone(&self.writes)
+            .try_acquire_owned()
+            .map_err(|_| Overload::Writes)?;
+        Ok(WritePermit {
+            _global: global,
+            _share: share,
+        })
+    }
+
+    /// An empty claim on body memory for `client`, grown as its body arrives.
+    pub fn body_memory(&self, client: ClientKey) -> BodyMemory {
+        BodyMemory {
+            global: Arc::clone(&self.body_bytes),
+            held: None,
+            share: self.shares.body(client),
+            bytes: 0,
+        }
+    }
+
+    /// Counts a request turned away at one of the bounds.
+    pub fn limit_rejected(&self, reason: Overload) {
+        self.metrics.limit_rejected(reason.as_str());
     }
 
     /// Cancelled once shutdown has begun.
@@ -368,20 +491,33 @@ impl Coordinator {
     }
 
     /// Reads an object; `None` if it does not exist.
+    /// Reads an object, its value as the answer's body. A large value is admitted
+    /// under the response budget on `conn` ([`crate::api::body`]) before it is copied
+    /// into memory: values read but not admitted never pile up.
     pub async fn get(
         self: &Arc<Self>,
         resource: &ResourceName,
         key: &ObjectKey,
-    ) -> Result<Option<StoredObject>, ApiError> {
+        conn: &Arc<crate::server::conn::ConnState>,
+    ) -> Result<Option<(StoredObject, crate::api::Body)>, ApiError> {
         let (this, resource, key) = (Arc::clone(self), resource.clone(), key.clone());
+        let (responses, conn) = (Arc::clone(&self.responses), Arc::clone(conn));
+        let admit = move |length| responses.admit(length, &conn);
         let result = self
             .detached(async move {
-                let result = this.store.get(&resource, &key).await;
+                let result = this.store.get(&resource, &key, admit).await;
                 this.backend_result(&result);
                 result
             })
             .await?;
-        Ok(result?)
+        match result? {
+            None => Ok(None),
+            Some(Err(overload)) => Err(overload.into()),
+            Some(Ok((mut object, admitted))) => {
+                let value = std::mem::take(&mut object.value);
+                Ok(Some((object, crate::api::Body::admitted(value, admitted))))
+            }
+        }
     }
 
     /// Reads a resource's committed highest token, and caches it.

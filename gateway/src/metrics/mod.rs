@@ -6,11 +6,13 @@
 //! recent use ([`labels`]); resources without a slot are counted under
 //! `resource="_other"`.
 
+mod bounds;
 mod labels;
 mod trust;
 
 use std::sync::OnceLock;
 
+use bounds::BoundMetrics;
 use fencegate_proto::{ErrorCode, ResourceName, Token};
 use labels::{Label, ResourceLabels};
 use prometheus::{
@@ -83,6 +85,7 @@ pub struct Metrics {
     other: ResourceSeries,
     pg: DoorMetrics,
     trust: TrustMetrics,
+    bounds: BoundMetrics,
 }
 
 /// The Postgres door's own metrics.
@@ -317,6 +320,7 @@ impl Metrics {
 
         let pg = DoorMetrics::new();
         let trust = TrustMetrics::new();
+        let bounds = BoundMetrics::new();
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(request_duration.clone()),
@@ -334,6 +338,7 @@ impl Metrics {
         .into_iter()
         .chain(pg.collectors())
         .chain(trust.collectors())
+        .chain(bounds.collectors())
         {
             registry
                 .register(collector)
@@ -357,6 +362,7 @@ impl Metrics {
             other: ResourceSeries::default(),
             pg,
             trust,
+            bounds,
         }
     }
 
@@ -376,6 +382,27 @@ impl Metrics {
     /// Counts an error with a fence SQLSTATE that the fence did not raise.
     pub fn forged_refusal(&self, door: &str) {
         self.trust.forged_refusals.with_label_values(&[door]).inc();
+    }
+
+    /// Counts a request turned away at one of the bounds (an [`crate::coordinator::Overload`]).
+    pub fn limit_rejected(&self, reason: &str) {
+        self.bounds
+            .limit_rejections
+            .with_label_values(&[reason])
+            .inc();
+    }
+
+    /// Counts an HTTP connection closed because its client did not read.
+    pub fn connection_closed(&self, reason: &str) {
+        self.bounds
+            .connections_closed
+            .with_label_values(&[reason])
+            .inc();
+    }
+
+    /// The gauge of bytes held by answers waiting for their clients.
+    pub fn response_bytes(&self) -> prometheus::IntGauge {
+        self.bounds.response_bytes.clone()
     }
 
     /// Counts sessions of older terms ended by a new term.

@@ -14,6 +14,12 @@
 //! backend call the backend's. HTTP/2 connections have only the idle deadline, counted
 //! from their last stream; the PING keep-alive of the HTTP/2 layer detects dead peers.
 //!
+//! Whatever is in flight, a write to the socket that waits for the client to read
+//! fails after **write** (`--write-timeout`), and the connection closes: a client that
+//! does not read its answers cannot hold them, nor its connection, for good. HTTP/2
+//! streams whose windows stay shut while the socket is writable are caught by their
+//! paced answers instead ([`ConnState::stalled`], [`crate::api::body`]).
+//!
 //! # Lingering close
 //!
 //! When the gateway closes a connection whose client may still be sending (an answer
@@ -37,6 +43,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
@@ -55,11 +62,15 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 pub struct Deadlines {
     pub idle: Duration,
     pub header: Duration,
+    /// How long a write to the socket may wait for the client to read.
+    pub write: Duration,
 }
 
 /// What the connection's requests and its socket share.
 pub struct ConnState {
     inner: Mutex<Phase>,
+    /// Woken when a paced answer starts on a connection that had none.
+    answers: Notify,
     evict: CancellationToken,
     /// The server's shutdown: lingering is cut short once it has begun.
     shutdown: CancellationToken,
@@ -83,6 +94,10 @@ struct Phase {
     /// The socket's reader, parked while a request was in flight: the server does not
     /// read again after answering unless woken, and the deadlines start then.
     reader: Option<Waker>,
+    /// Paced answers not yet sent whole ([`crate::api::body`]).
+    answers_pending: usize,
+    /// When one of them last handed a chunk to the HTTP layer, or started.
+    answer_progress: Instant,
 }
 
 impl ConnState {
@@ -95,7 +110,10 @@ impl ConnState {
                 head_started: None,
                 http2: false,
                 reader: None,
+                answers_pending: 0,
+                answer_progress: Instant::now(),
             }),
+            answers: Notify::new(),
             evict: CancellationToken::new(),
         })
     }
@@ -126,6 +144,49 @@ impl ConnState {
     /// Asks the connection to close as soon as it is idle.
     pub fn evict(&self) {
         self.evict.cancel();
+    }
+
+    /// A paced answer starts, unless the connection already has `max` of them unsent.
+    pub fn answer_started(&self, max: usize) -> bool {
+        let mut phase = self.phase();
+        if phase.answers_pending >= max {
+            return false;
+        }
+        phase.answers_pending += 1;
+        if phase.answers_pending == 1 {
+            phase.answer_progress = Instant::now();
+            drop(phase);
+            self.answers.notify_one();
+        }
+        true
+    }
+
+    /// A paced answer handed a chunk to the HTTP layer.
+    pub fn answer_progressed(&self) {
+        self.phase().answer_progress = Instant::now();
+    }
+
+    /// A paced answer was sent whole, or dropped with its stream or connection.
+    pub fn answer_ended(&self) {
+        let mut phase = self.phase();
+        phase.answers_pending -= 1;
+        phase.answer_progress = Instant::now();
+    }
+
+    /// Completes once the connection's paced answers have made no progress for
+    /// `timeout`: its client does not read them.
+    pub async fn stalled(&self, timeout: Duration) {
+        loop {
+            let since = {
+                let phase = self.phase();
+                (phase.answers_pending > 0).then_some(phase.answer_progress)
+            };
+            match since {
+                None => self.answers.notified().await,
+                Some(since) if since.elapsed() >= timeout => return,
+                Some(since) => tokio::time::sleep_until(since + timeout).await,
+            }
+        }
     }
 
     /// When the connection must have made progress by, if it is waiting with nothing
@@ -184,6 +245,11 @@ pub struct Watched<IO> {
     started: bool,
     /// Set once the write side is shut down: until when to keep reading.
     linger_until: Option<Instant>,
+    /// While a write waits for the client to read: the write deadline's timer, made
+    /// on the first wait (most connections never wait to write).
+    write_timer: Option<Pin<Box<Sleep>>>,
+    /// The write waiting now has been waiting since the timer was set.
+    write_waiting: bool,
 }
 
 impl<IO> Watched<IO> {
@@ -198,9 +264,44 @@ impl<IO> Watched<IO> {
             evict_watched: false,
             started: false,
             linger_until: None,
+            write_timer: None,
+            write_waiting: false,
+        }
+    }
+
+    /// After a write to the socket: a write that waits starts the write deadline (if
+    /// not started yet), one that goes through ends it; a write that has waited past
+    /// the deadline fails, and the connection closes.
+    fn written<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        result: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if result.is_ready() {
+            self.write_waiting = false;
+            return result;
+        }
+        let deadline = self.deadlines.write;
+        let timer = self
+            .write_timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(deadline)));
+        if !self.write_waiting {
+            self.write_waiting = true;
+            timer.as_mut().reset(Instant::now() + deadline);
+        }
+        match timer.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, WriteTimeout)))
+            }
+            Poll::Pending => Poll::Pending,
         }
     }
 }
+
+/// Why a write failed: the client did not read within the write deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("the client did not read its answer within the write deadline")]
+pub struct WriteTimeout;
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Watched<IO> {
     fn poll_read(
@@ -258,7 +359,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_write(cx, buf);
+        this.written(cx, result)
     }
 
     fn poll_write_vectored(
@@ -266,7 +369,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        this.written(cx, result)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -274,7 +379,9 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> AsyncWrite for Watched<IO> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+        let this = self.get_mut();
+        let result = Pin::new(&mut this.io).poll_flush(cx);
+        this.written(cx, result)
     }
 
     /// Sends FIN, then reads and discards until the client closes or [`LINGER`]
@@ -320,6 +427,7 @@ mod tests {
     const DEADLINES: Deadlines = Deadlines {
         idle: Duration::from_secs(60),
         header: Duration::from_secs(10),
+        write: Duration::from_secs(20),
     };
 
     fn pair() -> (
@@ -465,6 +573,58 @@ mod tests {
         state.evict();
         let error = reader.await.unwrap().unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::ConnectionAborted);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_the_client_does_not_read_fails_after_the_write_deadline() {
+        let (mut server, client, _state) = pair();
+        let started = Instant::now();
+        let error = server.write_all(&[1; 4096]).await.unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut);
+        assert!(error.get_ref().unwrap().is::<WriteTimeout>());
+        assert_eq!(started.elapsed(), DEADLINES.write);
+        drop(client);
+    }
+
+    /// The deadline is for one wait: a client that reads slowly but steadily keeps its
+    /// connection however long the whole answer takes.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_reads_steadily_is_never_cut_off() {
+        let (mut server, mut client, _state) = pair();
+        let reader = tokio::spawn(async move {
+            let mut read = 0;
+            let mut buf = [0; 64];
+            while read < 64 * 20 {
+                tokio::time::sleep(DEADLINES.write / 2).await;
+                read += client.read(&mut buf).await.unwrap();
+            }
+        });
+        server.write_all(&[1; 64 * 20]).await.unwrap();
+        reader.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn paced_answers_without_progress_are_stalled_after_the_deadline() {
+        let state = ConnState::new(CancellationToken::new());
+        let deadline = Duration::from_secs(20);
+        // Nothing pending: never stalled.
+        let nothing = tokio::time::timeout(deadline * 3, state.stalled(deadline)).await;
+        assert!(nothing.is_err());
+        assert!(state.answer_started(2));
+        let started = Instant::now();
+        let watch = tokio::spawn({
+            let state = Arc::clone(&state);
+            async move { state.stalled(deadline).await }
+        });
+        // Progress pushes the deadline back.
+        tokio::time::sleep(deadline / 2).await;
+        state.answer_progressed();
+        watch.await.unwrap();
+        assert_eq!(started.elapsed(), deadline / 2 + deadline);
+        // Once the answer has ended, the connection is not stalled.
+        state.answer_ended();
+        let ended = tokio::time::timeout(deadline * 3, state.stalled(deadline)).await;
+        assert!(ended.is_err());
     }
 
     #[tokio::test(start_paused = true)]

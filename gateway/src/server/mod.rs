@@ -298,33 +298,58 @@ impl Shared {
     ) where
         IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        let peer = accepted.peer.ip();
         let service = {
             let (coordinator, state) = (Arc::clone(&self.coordinator), Arc::clone(&state));
             service_fn(move |mut request| {
-                let coordinator = Arc::clone(&coordinator);
+                let (coordinator, conn) = (Arc::clone(&coordinator), Arc::clone(&state));
                 let in_flight = state.request();
                 if let Some(certificate) = &certificate {
                     request.extensions_mut().insert(certificate.clone());
                 }
                 async move {
-                    let response = api::handle(coordinator, request).await;
+                    let response = api::handle(coordinator, request, peer, &conn).await;
                     drop(in_flight);
                     Ok::<_, Infallible>(response)
                 }
             })
         };
-        let io = Watched::new(io, state, self.deadlines);
+        let io = Watched::new(io, Arc::clone(&state), self.deadlines);
         let connection = accepted.graceful.watch(
             self.builder
                 .serve_connection(TokioIo::new(io), service)
                 .into_owned(),
         );
-        if let Err(error) = connection.await {
-            tracing::debug!(peer = %accepted.peer, %error, "connection ended with an error");
+        tokio::select! {
+            ended = connection => if let Err(error) = ended {
+                if is_write_timeout(&*error) {
+                    self.coordinator.metrics().connection_closed("write_timeout");
+                }
+                tracing::debug!(peer = %accepted.peer, %error, "connection ended with an error");
+            },
+            () = state.stalled(self.deadlines.write) => {
+                self.coordinator.metrics().connection_closed("answers_stalled");
+                tracing::debug!(peer = %accepted.peer, "connection closed: its client read none of its answers within the write deadline");
+            }
         }
         self.registry.remove(id);
         drop(accepted.permit);
     }
+}
+
+/// Whether a connection ended because its client did not read within the write
+/// deadline ([`conn::Watched`]).
+fn is_write_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(error) = source {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            return io
+                .get_ref()
+                .is_some_and(|inner| inner.is::<conn::WriteTimeout>());
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// A place for one more connection: at once if there is one, else after asking an idle

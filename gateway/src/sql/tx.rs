@@ -39,7 +39,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use deadpool_postgres::Transaction;
-use fencegate_proto::body::{SqlColumn, SqlResult};
+use fencegate_proto::body::{SqlBound, SqlColumn, SqlResult};
 use futures_util::{pin_mut, TryStreamExt};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Statement;
@@ -128,7 +128,10 @@ async fn steps(
     }
     set.map_err(|e| classify(e, false))?;
     let mut prepared = prepared.into_iter();
-    let mut budget = policy.max_rows;
+    let mut budget = AnswerBudget {
+        rows: policy.max_rows,
+        bytes: policy.max_response,
+    };
     let mut results = Vec::with_capacity(tx.statements.len());
     for (index, request) in tx.statements.iter().enumerate() {
         let statement = match prepared.next() {
@@ -177,7 +180,7 @@ async fn execute(
     index: usize,
     statement: &Statement,
     params: &[serde_json::Value],
-    budget: &mut usize,
+    budget: &mut AnswerBudget,
     proof: &ProofKey,
 ) -> Result<SqlResult, SqlFailure> {
     let types = statement.params();
@@ -249,6 +252,7 @@ async fn execute(
         columns,
         rows: Vec::new(),
         truncated: false,
+        truncated_by: None,
     };
     let mut seen = 0;
     // Rows past the budget are read and counted but not kept: the answer stays bounded
@@ -259,11 +263,11 @@ async fn execute(
         .map_err(|e| failed(Some(index), e, proof))?
     {
         seen += 1;
-        if *budget == 0 {
+        if let Some(bound) = budget.spent() {
             result.truncated = true;
+            result.truncated_by.get_or_insert(bound);
             continue;
         }
-        *budget -= 1;
         let mut values = Vec::with_capacity(result.columns.len());
         for (position, column) in statement.columns().iter().enumerate() {
             values.push(
@@ -276,10 +280,66 @@ async fn execute(
                 })?,
             );
         }
+        if !budget.take(&values) {
+            result.truncated = true;
+            result.truncated_by = Some(SqlBound::Bytes);
+            continue;
+        }
         result.rows.push(values);
     }
     result.rows_affected = rows.rows_affected().unwrap_or(seen);
     Ok(result)
+}
+
+/// What is left of an answer's bounds (`--sql-max-rows`, `--sql-max-response`), over
+/// all its statements.
+struct AnswerBudget {
+    rows: usize,
+    /// Bytes of JSON the kept rows may still take.
+    bytes: usize,
+}
+
+impl AnswerBudget {
+    /// The bound already reached, if one is: no further row is kept.
+    fn spent(&self) -> Option<SqlBound> {
+        match (self.rows, self.bytes) {
+            (0, _) => Some(SqlBound::Rows),
+            (_, 0) => Some(SqlBound::Bytes),
+            _ => None,
+        }
+    }
+
+    /// Keeps `row` if its JSON fits in the bytes left; once one does not, no later
+    /// row is kept either (the answer is cut, not sampled).
+    fn take(&mut self, row: &[serde_json::Value]) -> bool {
+        let mut size = JsonSize(0);
+        serde_json::to_writer(&mut size, row).expect("JSON values serialize");
+        match self.bytes.checked_sub(size.0) {
+            Some(left) => {
+                self.bytes = left;
+                self.rows -= 1;
+                true
+            }
+            None => {
+                self.bytes = 0;
+                false
+            }
+        }
+    }
+}
+
+/// Counts the bytes written to it.
+struct JsonSize(usize);
+
+impl std::io::Write for JsonSize {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0 += buf.len();
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// A writer's statement failed: the fence's refusal if it proves to be one, the

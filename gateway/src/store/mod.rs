@@ -196,14 +196,22 @@ impl Store {
         }
     }
 
-    pub async fn get(
+    /// Reads an object. `admit` is asked, with the value's length, before the value is
+    /// copied into memory: what it returns is kept with the object, and its refusal is
+    /// returned instead of the object (nothing copied).
+    pub async fn get<P, E>(
         &self,
         resource: &ResourceName,
         key: &ObjectKey,
-    ) -> Result<Option<StoredObject>, StoreError> {
+        admit: impl FnOnce(usize) -> Result<P, E> + Send + 'static,
+    ) -> Result<Option<Result<(StoredObject, P), E>>, StoreError>
+    where
+        P: Send + 'static,
+        E: Send + 'static,
+    {
         match self {
-            Store::Postgres(store) => store.get(resource, key).await,
-            Store::Embedded(store) => store.get(resource, key).await,
+            Store::Postgres(store) => store.get(resource, key, admit).await,
+            Store::Embedded(store) => store.get(resource, key, admit).await,
         }
     }
 

@@ -109,6 +109,8 @@ pub struct SqlPolicy {
     pub statement_timeout: Duration,
     /// Most rows returned in one answer, over all its statements.
     pub max_rows: usize,
+    /// Most bytes of JSON the rows of one answer take, over all its statements.
+    pub max_response: usize,
 }
 
 impl SqlPolicy {
@@ -121,6 +123,7 @@ impl SqlPolicy {
             max_statement_size: config.sql_max_statement_size,
             statement_timeout: config.sql_statement_timeout,
             max_rows: config.sql_max_rows,
+            max_response: config.sql_max_response,
         }
     }
 }

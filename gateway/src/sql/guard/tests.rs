@@ -10,6 +10,7 @@ fn policy(allow_ddl: bool) -> SqlPolicy {
         max_statement_size: 64 << 10,
         statement_timeout: Duration::from_secs(2),
         max_rows: 100,
+        max_response: 1 << 20,
     }
 }
 

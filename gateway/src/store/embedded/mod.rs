@@ -179,11 +179,16 @@ impl EmbeddedStore {
         .await
     }
 
-    pub async fn get(
+    pub async fn get<P, E>(
         &self,
         resource: &ResourceName,
         key: &ObjectKey,
-    ) -> Result<Option<StoredObject>, StoreError> {
+        admit: impl FnOnce(usize) -> Result<P, E> + Send + 'static,
+    ) -> Result<Option<Result<(StoredObject, P), E>>, StoreError>
+    where
+        P: Send + 'static,
+        E: Send + 'static,
+    {
         let (resource, key) = (resource.clone(), key.clone());
         self.read(move |db| {
             let txn = db.begin_read()?;
@@ -195,11 +200,16 @@ impl EmbeddedStore {
             let Some(value) = value else { return Ok(None) };
             let token = Token::new(token)
                 .map_err(|_| corrupt(format!("token {token} of {resource}/{key}")))?;
-            Ok(Some(StoredObject {
+            let permit = match admit(value.len()) {
+                Ok(permit) => permit,
+                Err(refused) => return Ok(Some(Err(refused))),
+            };
+            let object = StoredObject {
                 value: Bytes::copy_from_slice(value),
                 version,
                 token,
-            }))
+            };
+            Ok(Some(Ok((object, permit))))
         })
         .await
     }

@@ -306,11 +306,16 @@ impl PgStore {
         }
     }
 
-    pub async fn get(
+    pub async fn get<P, E>(
         &self,
         resource: &ResourceName,
         key: &ObjectKey,
-    ) -> Result<Option<StoredObject>, StoreError> {
+        admit: impl FnOnce(usize) -> Result<P, E> + Send + 'static,
+    ) -> Result<Option<Result<(StoredObject, P), E>>, StoreError>
+    where
+        P: Send + 'static,
+        E: Send + 'static,
+    {
         self.with_client(async |client| {
             let statement = client
                 .prepare_cached(statements::GET_OBJECT)
@@ -320,14 +325,18 @@ impl PgStore {
                 .query_opt(&statement, &[&resource.as_str(), &key.as_str()])
                 .await
                 .map_err(|e| classify(e, false))?;
-            row.map(|row| {
-                Ok(StoredObject {
-                    value: bytes::Bytes::from(row.get::<_, Vec<u8>>(0)),
-                    version: non_negative(row.get(1))?,
-                    token: token_from_db(row.get(2))?,
-                })
-            })
-            .transpose()
+            let Some(row) = row else { return Ok(None) };
+            let value: &[u8] = row.get(0);
+            let permit = match admit(value.len()) {
+                Ok(permit) => permit,
+                Err(refused) => return Ok(Some(Err(refused))),
+            };
+            let object = StoredObject {
+                value: bytes::Bytes::copy_from_slice(value),
+                version: non_negative(row.get(1))?,
+                token: token_from_db(row.get(2))?,
+            };
+            Ok(Some(Ok((object, permit))))
         })
         .await
     }

@@ -1,0 +1,346 @@
+//! Response bodies, and the memory of large ones while they wait for their client.
+//!
+//! Nearly every answer is small (an acceptance, a rejection) and is sent whole. A
+//! larger one — an object read, a `/v1/sql` answer — lives in memory until its client
+//! has read it, and a client that does not read (HTTP/1.1 with a full socket buffer, an
+//! HTTP/2 stream whose window stays shut) would keep it there for good. So an answer
+//! of more than [`PACE_FROM`] bytes is **paced**:
+//!
+//! - it is claimed under `--max-response-memory` before it is in memory (an object's
+//!   value is claimed by its length before the store copies it out), and held until it
+//!   is sent or its connection closes; past the budget the request is answered
+//!   `503 overloaded` (`response_memory`) instead. The answer of a committed write
+//!   (`/v1/sql`) is never refused: it is claimed past the budget if it must, its size
+//!   bounded by `--sql-max-response`;
+//! - its connection may have at most `--max-pending-answers` of them unsent at once;
+//!   past that, `503 overloaded` (`pending_answers`): an HTTP/2 connection with many
+//!   streams whose windows stay shut holds few answers, not hundreds;
+//! - it is handed to the HTTP layer in chunks of [`CHUNK`] bytes, each only when the
+//!   connection can send it, so that unsent bytes stay here, counted, rather than in
+//!   the HTTP/2 layer's buffers;
+//! - each chunk taken is progress ([`ConnState::answer_progressed`]): a connection
+//!   whose paced answers make none for `--write-timeout` is closed (see
+//!   [`crate::server`]), and their memory given back.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use hyper::body::{Frame, SizeHint};
+
+use crate::coordinator::Overload;
+use crate::server::conn::ConnState;
+
+/// Answers up to this size are sent whole, unclaimed.
+pub const PACE_FROM: usize = 16 * 1024;
+
+/// The bytes of a paced answer handed to the HTTP layer at a time.
+pub const CHUNK: usize = 16 * 1024;
+
+/// A response body; see the module doc.
+pub struct Body(Kind);
+
+enum Kind {
+    /// Sent in one frame; `None` once taken.
+    Whole(Option<Bytes>),
+    Paced(Paced),
+}
+
+impl Body {
+    /// A body sent whole.
+    pub fn whole(bytes: impl Into<Bytes>) -> Body {
+        Body(Kind::Whole(Some(bytes.into())))
+    }
+
+    /// The bytes not yet sent.
+    pub fn len(&self) -> usize {
+        match &self.0 {
+            Kind::Whole(bytes) => bytes.as_ref().map_or(0, Bytes::len),
+            Kind::Paced(paced) => paced.rest.len(),
+        }
+    }
+
+    /// Whether every byte has been sent.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `bytes`, paced if `admitted` (see [`ResponseBudget::admit`]).
+    pub fn admitted(bytes: Bytes, admitted: Option<Admitted>) -> Body {
+        match admitted {
+            None => Body::whole(bytes),
+            Some(admitted) => Body(Kind::Paced(Paced {
+                rest: bytes,
+                admitted,
+            })),
+        }
+    }
+
+    /// This body, paced on the connection `conn` if it is large; the answer of a
+    /// committed write, so never refused (see [`ResponseBudget::admit_committed`]).
+    pub fn paced_committed(self, budget: &Arc<ResponseBudget>, conn: &Arc<ConnState>) -> Body {
+        let Kind::Whole(Some(bytes)) = self.0 else {
+            return self;
+        };
+        let admitted = budget.admit_committed(bytes.len(), conn);
+        Body::admitted(bytes, admitted)
+    }
+}
+
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let chunk = match &mut self.get_mut().0 {
+            Kind::Whole(bytes) => bytes.take().filter(|bytes| !bytes.is_empty()),
+            Kind::Paced(paced) => paced.next(),
+        };
+        Poll::Ready(chunk.map(|chunk| Ok(Frame::data(chunk))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.is_empty()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.len() as u64)
+    }
+}
+
+/// A large answer on its way out; see the module doc.
+struct Paced {
+    rest: Bytes,
+    admitted: Admitted,
+}
+
+impl Paced {
+    fn next(&mut self) -> Option<Bytes> {
+        if self.rest.is_empty() {
+            return None;
+        }
+        let chunk = self.rest.split_to(self.rest.len().min(CHUNK));
+        self.admitted.conn.answer_progressed();
+        Some(chunk)
+    }
+}
+
+/// A large answer's room: its bytes under the budget, its place among its connection's
+/// pending answers. Both are given back when it is dropped — sent whole, or dropped
+/// with its stream or connection.
+pub struct Admitted {
+    _claim: Claim,
+    conn: Arc<ConnState>,
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.conn.answer_ended();
+    }
+}
+
+/// The memory of paced answers not yet sent (`--max-response-memory`).
+pub struct ResponseBudget {
+    limit: usize,
+    used: AtomicUsize,
+    max_pending_per_connection: usize,
+    gauge: prometheus::IntGauge,
+}
+
+impl ResponseBudget {
+    pub fn new(
+        limit: usize,
+        max_pending_per_connection: usize,
+        gauge: prometheus::IntGauge,
+    ) -> Arc<ResponseBudget> {
+        Arc::new(ResponseBudget {
+            limit,
+            used: AtomicUsize::new(0),
+            max_pending_per_connection: max_pending_per_connection.max(1),
+            gauge,
+        })
+    }
+
+    /// Room for an answer of `bytes` on `conn`: `None` for a small one (sent whole,
+    /// unclaimed); for a large one, its claim under the budget and its place among the
+    /// connection's pending answers, or why there is none.
+    pub fn admit(
+        self: &Arc<Self>,
+        bytes: usize,
+        conn: &Arc<ConnState>,
+    ) -> Result<Option<Admitted>, Overload> {
+        if bytes <= PACE_FROM {
+            return Ok(None);
+        }
+        let claim = self.claim(bytes)?;
+        if !conn.answer_started(self.max_pending_per_connection) {
+            return Err(Overload::PendingAnswers);
+        }
+        Ok(Some(Admitted {
+            _claim: claim,
+            conn: Arc::clone(conn),
+        }))
+    }
+
+    /// Room for the answer of a write that has committed: refusing it now would tell
+    /// the client that nothing was applied. So it is claimed past the budget and past
+    /// the connection's pending answers if it must (its size is bounded elsewhere, as
+    /// by `--sql-max-response`), and still paced and watched.
+    pub fn admit_committed(
+        self: &Arc<Self>,
+        bytes: usize,
+        conn: &Arc<ConnState>,
+    ) -> Option<Admitted> {
+        if bytes <= PACE_FROM {
+            return None;
+        }
+        self.used.fetch_add(bytes, Ordering::AcqRel);
+        self.gauge.add(bytes as i64);
+        conn.answer_started(usize::MAX);
+        Some(Admitted {
+            _claim: Claim {
+                budget: Arc::clone(self),
+                bytes,
+            },
+            conn: Arc::clone(conn),
+        })
+    }
+
+    fn claim(self: &Arc<Self>, bytes: usize) -> Result<Claim, Overload> {
+        self.used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(bytes).filter(|total| *total <= self.limit)
+            })
+            .map_err(|_| Overload::ResponseMemory)?;
+        self.gauge.add(bytes as i64);
+        Ok(Claim {
+            budget: Arc::clone(self),
+            bytes,
+        })
+    }
+
+    /// The bytes claimed now.
+    #[cfg(test)]
+    fn used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+}
+
+/// Bytes claimed under the budget until dropped.
+struct Claim {
+    budget: Arc<ResponseBudget>,
+    bytes: usize,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.budget.gauge.sub(self.bytes as i64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+    use tokio_util::sync::CancellationToken;
+
+    fn budget(limit: usize, per_connection: usize) -> Arc<ResponseBudget> {
+        let gauge = prometheus::IntGauge::new("pending", "test").unwrap();
+        ResponseBudget::new(limit, per_connection, gauge)
+    }
+
+    /// An answer of `size` bytes, admitted as an object read's would be.
+    fn answer(
+        budget: &Arc<ResponseBudget>,
+        conn: &Arc<ConnState>,
+        size: usize,
+    ) -> Result<Body, Overload> {
+        let admitted = budget.admit(size, conn)?;
+        Ok(Body::admitted(Bytes::from(vec![7; size]), admitted))
+    }
+
+    #[tokio::test]
+    async fn small_answers_are_sent_whole_and_claim_nothing() {
+        let budget = budget(10, 1);
+        let conn = ConnState::new(CancellationToken::new());
+        let body = answer(&budget, &conn, PACE_FROM).unwrap();
+        assert_eq!(budget.used(), 0);
+        let frames = body.collect().await.unwrap().to_bytes();
+        assert_eq!(frames.len(), PACE_FROM);
+    }
+
+    #[tokio::test]
+    async fn a_large_answer_is_claimed_until_it_is_sent_in_chunks() {
+        let budget = budget(1 << 20, 4);
+        let conn = ConnState::new(CancellationToken::new());
+        let size = 3 * CHUNK + 5;
+        let mut body = answer(&budget, &conn, size).unwrap();
+        assert_eq!(budget.used(), size);
+        let mut chunks = Vec::new();
+        while let Some(frame) = body.frame().await {
+            chunks.push(frame.unwrap().into_data().unwrap().len());
+        }
+        assert_eq!(chunks, [CHUNK, CHUNK, CHUNK, 5]);
+        assert_eq!(budget.used(), size, "held until the body is dropped");
+        drop(body);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn past_the_budget_an_answer_is_refused() {
+        let budget = budget(2 * PACE_FROM + 2, 8);
+        let conn = ConnState::new(CancellationToken::new());
+        let first = answer(&budget, &conn, PACE_FROM + 1).unwrap();
+        let _second = answer(&budget, &conn, PACE_FROM + 1).unwrap();
+        let refused = answer(&budget, &conn, PACE_FROM + 1);
+        assert_eq!(refused.err(), Some(Overload::ResponseMemory));
+        assert_eq!(budget.used(), 2 * PACE_FROM + 2, "a refusal claims nothing");
+        drop(first);
+        assert!(answer(&budget, &conn, PACE_FROM + 1).is_ok());
+    }
+
+    #[test]
+    fn a_connection_holds_at_most_its_pending_answers() {
+        let budget = budget(1 << 30, 2);
+        let conn = ConnState::new(CancellationToken::new());
+        let other = ConnState::new(CancellationToken::new());
+        let first = answer(&budget, &conn, PACE_FROM + 1).unwrap();
+        let _second = answer(&budget, &conn, PACE_FROM + 1).unwrap();
+        assert_eq!(
+            answer(&budget, &conn, PACE_FROM + 1).err(),
+            Some(Overload::PendingAnswers)
+        );
+        assert_eq!(
+            budget.used(),
+            2 * (PACE_FROM + 1),
+            "the refused claim is given back"
+        );
+        let _elsewhere = answer(&budget, &other, PACE_FROM + 1).unwrap();
+        drop(first);
+        assert!(answer(&budget, &conn, PACE_FROM + 1).is_ok());
+    }
+
+    /// A committed write's answer is never refused, but still counted and paced.
+    #[test]
+    fn a_committed_answer_is_admitted_past_the_bounds() {
+        let budget = budget(PACE_FROM + 1, 1);
+        let conn = ConnState::new(CancellationToken::new());
+        let _held = answer(&budget, &conn, PACE_FROM + 1).unwrap();
+        let committed = Body::whole(vec![0; 2 * PACE_FROM]).paced_committed(&budget, &conn);
+        assert!(matches!(committed.0, Kind::Paced(_)));
+        assert_eq!(budget.used(), 3 * PACE_FROM + 1);
+        drop(committed);
+        assert_eq!(budget.used(), PACE_FROM + 1);
+        assert_eq!(
+            answer(&budget, &conn, PACE_FROM + 1).err(),
+            Some(Overload::ResponseMemory)
+        );
+    }
+}
