@@ -97,6 +97,8 @@ pub enum StartError {
     Listener(std::io::Error),
     #[error(transparent)]
     PgDoor(#[from] pgdoor::DoorStartError),
+    #[error("the Postgres door: {0}")]
+    PgCapacity(String),
     #[error("could not listen on {addr} for the Postgres door (--pg-listen): {source}")]
     PgListen {
         addr: std::net::SocketAddr,
@@ -175,6 +177,12 @@ pub async fn run(
         Store::Postgres(pg) => Some(record_bindings(&config, pg).await?),
         Store::Embedded(_) => None,
     };
+    let pg_max_connections = match &store {
+        Store::Postgres(pg) if config.pg_door().is_some() => pgdoor::capacity::settle(&config, pg)
+            .await
+            .map_err(StartError::PgCapacity)?,
+        _ => config.pg_max_connections(),
+    };
     let coordinator = Arc::new(Coordinator::new(
         &config,
         store,
@@ -207,7 +215,11 @@ pub async fn run(
                 .zip(config.pg_tls_key.as_deref());
             let options = pgdoor::DoorOptions {
                 max_message: config.pg_max_message,
-                max_connections: config.pg_max_connections,
+                max_connections: pg_max_connections,
+                max_pending_auth: config.pg_max_pending_auth,
+                max_pending_auth_per_peer: config.pg_max_pending_auth_per_peer,
+                require_tls: config.pg_requires_tls(),
+                allow: config.pg_allow.clone(),
                 startup_timeout: config.pg_startup_timeout,
                 grace: config.shutdown_timeout,
                 idle_in_transaction: Some(config.pg_idle_in_transaction_timeout)
@@ -235,6 +247,8 @@ pub async fn run(
             Some(_) => "on",
         },
         pg_tls = door.as_ref().map(|(_, door, _)| door.has_tls()),
+        pg_require_tls = door.as_ref().map(|_| config.pg_requires_tls()),
+        pg_max_connections = door.as_ref().map(|(.., options)| options.max_connections),
         backend = %coordinator.describe_backend(),
         auth = coordinator.authenticator().map(|auth| auth.identities().len()),
         max_connections = limits.max_connections,

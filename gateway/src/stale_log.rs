@@ -1,4 +1,5 @@
-//! How many "stale write rejected" lines the log gets (`--stale-log-limit`).
+//! How many lines of one kind the log gets: "stale write rejected" lines
+//! (`--stale-log-limit`), and the Postgres door's lines about clients it refuses.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
@@ -11,10 +12,12 @@ use std::time::Instant;
 /// Metrics still count every rejection; the next line logged says how many were left
 /// out (`unlogged`), and so does a summary line once a second while lines are left out.
 pub(crate) struct LogBudget {
-    /// Lines per second; 0 for no limit.
+    /// Lines per window; 0 for no limit.
     pub(crate) limit: u64,
+    /// The window's length, in seconds (at least 1).
+    window_secs: u64,
     started: Instant,
-    /// `second << 32 | lines logged in that second`, seconds counted from `started`.
+    /// `window << 32 | lines logged in that window`, windows counted from `started`.
     window: AtomicU64,
     /// Lines refused since the last one admitted.
     refused: AtomicU64,
@@ -22,8 +25,14 @@ pub(crate) struct LogBudget {
 
 impl LogBudget {
     pub(crate) fn new(limit: u64) -> LogBudget {
+        LogBudget::per_window(limit, 1)
+    }
+
+    /// A budget of `limit` lines per window of `window_secs` seconds.
+    pub(crate) fn per_window(limit: u64, window_secs: u64) -> LogBudget {
         LogBudget {
             limit,
+            window_secs: window_secs.max(1),
             started: Instant::now(),
             window: AtomicU64::new(0),
             refused: AtomicU64::new(0),
@@ -36,16 +45,16 @@ impl LogBudget {
     }
 
     /// `Some(refused)` if a line may be logged now, with the number of lines refused
-    /// since the previous one; `None` if this second's budget is spent.
+    /// since the previous one; `None` if this window's budget is spent.
     pub(crate) fn admit(&self) -> Option<u64> {
         if self.limit == 0 {
             return Some(0);
         }
-        let second = self.started.elapsed().as_secs() & u64::from(u32::MAX);
+        let window = (self.started.elapsed().as_secs() / self.window_secs) & u64::from(u32::MAX);
         let mut current = self.window.load(Ordering::Relaxed);
         loop {
-            let next = if current >> 32 != second {
-                second << 32 | 1
+            let next = if current >> 32 != window {
+                window << 32 | 1
             } else if current & u64::from(u32::MAX) < self.limit {
                 current + 1
             } else {

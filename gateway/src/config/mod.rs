@@ -54,8 +54,12 @@ pub const DEFAULT_STALE_LOG_LIMIT: u64 = 100;
 pub const DEFAULT_WRITE_LOCK_TIMEOUT: &str = "200ms";
 pub const DEFAULT_PG_LISTEN: &str = "127.0.0.1:7432";
 pub const DEFAULT_PG_MAX_MESSAGE: &str = "256MiB";
-pub const DEFAULT_PG_MAX_CONNECTIONS: usize = 1000;
-pub const DEFAULT_PG_STARTUP_TIMEOUT: &str = "15s";
+/// A third of Postgres's default `max_connections` (100) is left for the gateway's own
+/// pools and other clients; the start-up check fits it to the server's real limit.
+pub const DEFAULT_PG_MAX_CONNECTIONS: usize = 64;
+pub const DEFAULT_PG_MAX_PENDING_AUTH: usize = 16;
+pub const DEFAULT_PG_MAX_PENDING_AUTH_PER_PEER: usize = 4;
+pub const DEFAULT_PG_STARTUP_TIMEOUT: &str = "5s";
 pub const DEFAULT_TERM_TAKEOVER_TIMEOUT: &str = "2s";
 pub const DEFAULT_PG_IDLE_IN_TRANSACTION_TIMEOUT: &str = "60s";
 
@@ -306,6 +310,26 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_PG_TLS_KEY", requires = "pg_tls_cert")]
     pub pg_tls_key: Option<std::path::PathBuf>,
 
+    /// Refuse Postgres clients that do not use TLS (FATAL 28000, before any connection
+    /// to the database), as a `hostssl` line of pg_hba.conf would: the database sees
+    /// the door's TLS, not the client's. On by default with --pg-tls-cert;
+    /// `--pg-require-tls=false` lets cleartext clients in beside TLS ones. Cancel
+    /// requests are accepted either way.
+    #[arg(long, env = "FENCEGATE_PG_REQUIRE_TLS", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "true|false")]
+    pub pg_require_tls: Option<bool>,
+
+    /// Run the Postgres door on a non-loopback --pg-listen address without
+    /// --pg-tls-cert: passwords and data then cross the network in cleartext.
+    #[arg(long, env = "FENCEGATE_PG_INSECURE_CLEARTEXT")]
+    pub pg_insecure_cleartext: bool,
+
+    /// A `database/role` pair the Postgres door admits; repeat the flag for more, `*`
+    /// for any database or any role (`orders/*`). Other logins are refused with FATAL
+    /// 28000 before any connection to the database. Without it, every pair is admitted
+    /// (and pg_hba.conf decides).
+    #[arg(long = "pg-allow", env = "FENCEGATE_PG_ALLOW", value_delimiter = ',', value_name = "DATABASE/ROLE", value_parser = parse_door_grant)]
+    pub pg_allow: Vec<DoorGrant>,
+
     /// Largest protocol message a Postgres client may send (bytes, KiB, MiB, GiB);
     /// longer ones close the connection with a protocol error. Messages are streamed,
     /// never held in memory whole. The start-up packet is capped at 10000 bytes.
@@ -313,9 +337,26 @@ pub struct Config {
     pub pg_max_message: usize,
 
     /// Most Postgres door connections open at once (each has its own connection to
-    /// the database); further clients wait to be accepted.
-    #[arg(long, env = "FENCEGATE_PG_MAX_CONNECTIONS", default_value_t = DEFAULT_PG_MAX_CONNECTIONS)]
-    pub pg_max_connections: usize,
+    /// the database); further clients are refused with FATAL 53300. Checked at start
+    /// against the server's max_connections, less its reserved slots and the
+    /// gateway's own pools: a value given here that does not fit stops the start; the
+    /// default (64) is lowered to what fits, with a warning.
+    #[arg(
+        long,
+        env = "FENCEGATE_PG_MAX_CONNECTIONS",
+        value_name = "N (default 64)"
+    )]
+    pub pg_max_connections: Option<usize>,
+
+    /// Most Postgres door connections still authenticating at once (from connecting to
+    /// the end of the login); further clients are refused with FATAL 53300 at once,
+    /// without a connection to the database.
+    #[arg(long, env = "FENCEGATE_PG_MAX_PENDING_AUTH", default_value_t = DEFAULT_PG_MAX_PENDING_AUTH)]
+    pub pg_max_pending_auth: usize,
+
+    /// As --pg-max-pending-auth, for the connections of one client IP address.
+    #[arg(long, env = "FENCEGATE_PG_MAX_PENDING_AUTH_PER_PEER", default_value_t = DEFAULT_PG_MAX_PENDING_AUTH_PER_PEER)]
+    pub pg_max_pending_auth_per_peer: usize,
 
     /// `idle_in_transaction_session_timeout` of the Postgres door's sessions: a client
     /// that leaves a transaction open and idle this long is disconnected by the
@@ -324,7 +365,7 @@ pub struct Config {
     pub pg_idle_in_transaction_timeout: Duration,
 
     /// Longest time a Postgres client may take from connecting to the end of
-    /// authentication.
+    /// authentication, the password exchange included; then it is disconnected.
     #[arg(long, env = "FENCEGATE_PG_STARTUP_TIMEOUT", default_value = DEFAULT_PG_STARTUP_TIMEOUT, value_parser = humantime::parse_duration)]
     pub pg_startup_timeout: Duration,
 
@@ -408,6 +449,38 @@ fn parse_listen(text: &str) -> Result<Listen, String> {
         .map_err(|_| format!("{text:?} is not an address such as 127.0.0.1:7432, nor `off`"))
 }
 
+/// One `--pg-allow` pair: a database and a role, either `*` for any.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DoorGrant {
+    /// `None`: any database.
+    pub database: Option<String>,
+    /// `None`: any role.
+    pub role: Option<String>,
+}
+
+impl DoorGrant {
+    /// Whether this pair admits `role` into `database`.
+    pub fn admits(&self, database: &str, role: &str) -> bool {
+        self.database.as_deref().is_none_or(|d| d == database)
+            && self.role.as_deref().is_none_or(|r| r == role)
+    }
+}
+
+fn parse_door_grant(text: &str) -> Result<DoorGrant, String> {
+    let (database, role) = text
+        .split_once('/')
+        .ok_or_else(|| format!("{text:?} is not a pair such as orders/app_writer or orders/*"))?;
+    let part = |name: &str, what: &str| match name {
+        "*" => Ok(None),
+        "" => Err(format!("{text:?} has no {what}: use * for any")),
+        name => Ok(Some(name.to_owned())),
+    };
+    Ok(DoorGrant {
+        database: part(database, "database")?,
+        role: part(role, "role")?,
+    })
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -427,6 +500,18 @@ impl Config {
             (Listen::On(addr), Some(_)) => Some(addr),
             _ => None,
         }
+    }
+
+    /// Whether the Postgres door refuses clients without TLS: `--pg-require-tls`, by
+    /// default on exactly when the door has a certificate.
+    pub fn pg_requires_tls(&self) -> bool {
+        self.pg_require_tls.unwrap_or(self.pg_tls_cert.is_some())
+    }
+
+    /// `--pg-max-connections`, or its default.
+    pub fn pg_max_connections(&self) -> usize {
+        self.pg_max_connections
+            .unwrap_or(DEFAULT_PG_MAX_CONNECTIONS)
     }
 
     /// The threads to serve requests on, for a process that may use `cores` CPU cores:
@@ -514,9 +599,15 @@ impl Config {
         if self.pg_max_message < 1024 {
             return fail("--pg-max-message must be at least 1KiB");
         }
-        if self.pg_max_connections == 0 {
+        if self.pg_max_connections() == 0 {
             return fail("--pg-max-connections must be at least 1");
         }
+        if self.pg_max_pending_auth == 0 || self.pg_max_pending_auth_per_peer == 0 {
+            return fail(
+                "--pg-max-pending-auth and --pg-max-pending-auth-per-peer must be at least 1",
+            );
+        }
+        self.validate_door_tls()?;
         if self.pg_startup_timeout < Duration::from_millis(10) {
             return fail("--pg-startup-timeout must be at least 10ms");
         }
@@ -524,6 +615,30 @@ impl Config {
             return fail("--max-body-memory must be at least --max-body, or no body of the largest size could be read");
         }
         self.validate_sql()
+    }
+
+    /// The door's TLS rules: TLS required only with a certificate to offer, and no
+    /// cleartext door on an address other hosts reach unless asked for.
+    fn validate_door_tls(&self) -> Result<(), ConfigError> {
+        let Some(addr) = self.pg_door() else {
+            return Ok(());
+        };
+        if self.pg_require_tls == Some(true) && self.pg_tls_cert.is_none() {
+            return Err(ConfigError(
+                "--pg-require-tls needs --pg-tls-cert and --pg-tls-key: without a certificate \
+                 no client could connect"
+                    .to_owned(),
+            ));
+        }
+        if self.pg_tls_cert.is_none() && !self.pg_insecure_cleartext && !addr.ip().is_loopback() {
+            return Err(ConfigError(format!(
+                "--pg-listen {addr} is reachable from other hosts, and without --pg-tls-cert \
+                 writers' passwords and data would cross the network in cleartext: give \
+                 --pg-tls-cert and --pg-tls-key (docs/postgres-door.md), or say \
+                 --pg-insecure-cleartext"
+            )));
+        }
+        Ok(())
     }
 
     /// The `--sql-*` rules: limits that can work, and no SQL setting without `--sql`.

@@ -170,3 +170,74 @@ fn threads_default_to_one_on_small_machines_and_one_per_core_above() {
     assert_eq!(chosen.serving_threads(16), 2);
     assert_eq!(parse(&["--threads", "1"]).unwrap().serving_threads(16), 1);
 }
+
+#[test]
+fn door_tls_is_required_with_a_certificate_unless_turned_off() {
+    let url = ["--database-url", "postgres://x"];
+    let with_cert = [url.as_slice(), &["--pg-tls-cert", "c", "--pg-tls-key", "k"]].concat();
+    assert!(parse(&with_cert).unwrap().pg_requires_tls());
+    let off = [with_cert.as_slice(), &["--pg-require-tls=false"]].concat();
+    assert!(!parse(&off).unwrap().pg_requires_tls());
+    let bare = [with_cert.as_slice(), &["--pg-require-tls"]].concat();
+    assert!(parse(&bare).unwrap().pg_requires_tls());
+    assert!(!parse(&url).unwrap().pg_requires_tls());
+    let no_cert = [url.as_slice(), &["--pg-require-tls"]].concat();
+    let error = parse(&no_cert).unwrap().validate().unwrap_err();
+    assert!(error.to_string().contains("--pg-tls-cert"), "{error}");
+}
+
+#[test]
+fn a_cleartext_door_beyond_loopback_must_be_asked_for() {
+    let wide = [
+        "--database-url",
+        "postgres://x",
+        "--pg-listen",
+        "0.0.0.0:7432",
+    ];
+    let error = parse(&wide).unwrap().validate().unwrap_err();
+    assert!(
+        error.to_string().contains("--pg-insecure-cleartext"),
+        "{error}"
+    );
+    let insecure = [wide.as_slice(), &["--pg-insecure-cleartext"]].concat();
+    assert!(parse(&insecure).unwrap().validate().is_ok());
+    let tls = [
+        wide.as_slice(),
+        &["--pg-tls-cert", "c", "--pg-tls-key", "k"],
+    ]
+    .concat();
+    assert!(parse(&tls).unwrap().validate().is_ok());
+    for local in ["127.0.0.2:7432", "[::1]:7432", "off"] {
+        let args = ["--database-url", "postgres://x", "--pg-listen", local];
+        assert!(parse(&args).unwrap().validate().is_ok(), "{local}");
+    }
+    // Without the Postgres backend there is no door to guard.
+    assert!(parse(&["--pg-listen", "0.0.0.0:7432"])
+        .unwrap()
+        .validate()
+        .is_ok());
+}
+
+#[test]
+fn door_allow_pairs_take_wildcards() {
+    let config = parse(&[
+        "--pg-allow",
+        "orders/app_writer",
+        "--pg-allow",
+        "*/reporter",
+    ])
+    .unwrap();
+    let [exact, any_db] = &config.pg_allow[..] else {
+        panic!("{:?}", config.pg_allow)
+    };
+    assert!(exact.admits("orders", "app_writer"));
+    assert!(!exact.admits("orders", "reporter"));
+    assert!(!exact.admits("billing", "app_writer"));
+    assert!(any_db.admits("billing", "reporter"));
+    assert!(parse(&["--pg-allow", "orders"]).is_err());
+    assert!(parse(&["--pg-allow", "/app"]).is_err());
+    assert_eq!(
+        parse(&[]).unwrap().pg_max_connections(),
+        DEFAULT_PG_MAX_CONNECTIONS
+    );
+}

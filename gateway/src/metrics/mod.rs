@@ -99,6 +99,7 @@ struct DoorMetrics {
     cancels: IntCounterVec,
     auth_failures: IntCounter,
     protocol_errors: IntCounter,
+    refusals: IntCounterVec,
 }
 
 /// The series of one (route, outcome), resolved once: answering a request then costs
@@ -134,6 +135,16 @@ pub const PG_DIRECTIONS: [&str; 2] = ["from_client", "to_client"];
 /// The `outcome` label of `fencegate_pg_cancels_total`.
 pub const PG_CANCEL_OUTCOMES: [&str; 2] = ["forwarded", "unknown_key"];
 
+/// The `reason` label of `fencegate_pg_refusals_total`.
+pub const PG_REFUSAL_REASONS: [&str; 6] = [
+    "tls_required",
+    "not_allowed",
+    "auth_pending",
+    "auth_pending_peer",
+    "auth_timeout",
+    "connections",
+];
+
 impl DoorMetrics {
     fn new() -> DoorMetrics {
         let bytes = IntCounterVec::new(
@@ -152,6 +163,17 @@ impl DoorMetrics {
             &["outcome"],
         )
         .unwrap();
+        let refusals = IntCounterVec::new(
+            Opts::new(
+                "fencegate_pg_refusals_total",
+                "Postgres door clients refused before reaching the database, by reason.",
+            ),
+            &["reason"],
+        )
+        .unwrap();
+        for reason in PG_REFUSAL_REASONS {
+            refusals.with_label_values(&[reason]);
+        }
         let [from_client, to_client] = PG_DIRECTIONS;
         for outcome in PG_CANCEL_OUTCOMES {
             cancels.with_label_values(&[outcome]);
@@ -181,10 +203,11 @@ impl DoorMetrics {
                 "Postgres door connections closed because the client broke the protocol.",
             )
             .unwrap(),
+            refusals,
         }
     }
 
-    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 6] {
+    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 7] {
         [
             Box::new(self.connections.clone()),
             Box::new(self.sessions.clone()),
@@ -192,6 +215,7 @@ impl DoorMetrics {
             Box::new(self.cancels.clone()),
             Box::new(self.auth_failures.clone()),
             Box::new(self.protocol_errors.clone()),
+            Box::new(self.refusals.clone()),
         ]
     }
 }
@@ -473,6 +497,11 @@ impl Metrics {
     /// Counts a connection closed for breaking the protocol.
     pub fn pg_protocol_error(&self) {
         self.pg.protocol_errors.inc();
+    }
+
+    /// Counts a client the door refused, by `reason` (one of [`PG_REFUSAL_REASONS`]).
+    pub fn pg_refused(&self, reason: &str) {
+        self.pg.refusals.with_label_values(&[reason]).inc();
     }
 
     /// Records an answered request: `outcome` is its error, `None` if it succeeded.

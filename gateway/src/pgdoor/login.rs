@@ -22,8 +22,9 @@ pub(super) enum Login {
         key: Option<(Issued, wire::CancelKey)>,
         status: u8,
     },
-    /// The server refused the session with an error, relayed to the client.
-    Refused,
+    /// The server refused the session with an error, relayed to the client (or the
+    /// door did, for what it cannot relay): its SQLSTATE, if there was one.
+    Refused { sqlstate: Option<[u8; 5]> },
 }
 
 /// Relays authentication between the client and the server until the server's first
@@ -47,7 +48,7 @@ where
         )
         .await?
         else {
-            return Ok(Login::Refused);
+            return Ok(Login::Refused { sqlstate: None });
         };
         let body = wire::read_body(ends.upstream_read, header).await?;
         match header.tag {
@@ -70,7 +71,9 @@ where
                         if ends.upstream_tls && gs2_flag(&response) == Some(b'y') {
                             door.metrics().pg_auth_failure();
                             refuse(ends.client_write, "28000", CHANNEL_BINDING_REFUSED).await?;
-                            return Ok(Login::Refused);
+                            return Ok(Login::Refused {
+                                sqlstate: Some(*b"28000"),
+                            });
                         }
                         forward(ends.upstream_write, header, &response).await?;
                         ends.upstream_write.flush().await?;
@@ -83,7 +86,9 @@ where
                              the gateway's address in pg_hba.conf"
                         );
                         refuse(ends.client_write, "28000", &text).await?;
-                        return Ok(Login::Refused);
+                        return Ok(Login::Refused {
+                            sqlstate: Some(*b"28000"),
+                        });
                     }
                 }
             }
@@ -97,12 +102,13 @@ where
                     .await?;
             }
             backend::ERROR_RESPONSE => {
-                if error_code(&body).is_some_and(|code| code.starts_with(b"28")) {
+                let sqlstate = error_code(&body).and_then(|code| <[u8; 5]>::try_from(code).ok());
+                if sqlstate.is_some_and(|code| code.starts_with(b"28")) {
                     door.metrics().pg_auth_failure();
                 }
                 forward(ends.client_write, header, &body).await?;
                 ends.client_write.flush().await?;
-                return Ok(Login::Refused);
+                return Ok(Login::Refused { sqlstate });
             }
             backend::READY_FOR_QUERY => {
                 forward(ends.client_write, header, &body).await?;

@@ -13,6 +13,14 @@
 //! counted and logged like one from the HTTP API, and the door's own traffic is in the
 //! metrics. See docs/postgres-door.md.
 //!
+//! What reaches the database is the door's own connection, so the server's pg_hba.conf
+//! sees the gateway's address and the door's TLS, never the client's. The door stands in
+//! for those rules: it can require TLS of clients and admit only some database/role
+//! pairs, and it caps the connections still logging in, so that clients that never
+//! finish cannot take the server's slots — all before it connects upstream.
+//!
+//! - `admission`: who is let in, and how the others are turned away.
+//! - `logs`: the door's lines about clients, at most one per kind and window.
 //! - `startup`: TLS (SSLRequest or direct), GSSENCRequest, CancelRequest.
 //! - `session`: one session, and the two streaming directions.
 //! - `login`: authentication, relayed.
@@ -20,8 +28,11 @@
 //! - `upstream`: the connection to the server, with TLS as `--database-url` asks.
 //! - `wire`: framing, with every length checked before it is allocated.
 
+mod admission;
 mod cancel;
+pub(crate) mod capacity;
 mod login;
+mod logs;
 mod session;
 mod startup;
 mod upstream;
@@ -37,9 +48,13 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::DoorGrant;
 use crate::coordinator::Coordinator;
 use crate::metrics::Metrics;
+use admission::{Admission, Authenticating, Refusal};
 use cancel::CancelKeys;
+use logs::{DoorLogs, Kind};
+use session::Ending;
 pub use startup::TlsConfigError;
 use startup::{ClientStream, Hello};
 use upstream::Upstream;
@@ -49,6 +64,13 @@ use upstream::Upstream;
 pub struct DoorOptions {
     pub max_message: usize,
     pub max_connections: usize,
+    /// Most connections still authenticating, in all and per client address.
+    pub max_pending_auth: usize,
+    pub max_pending_auth_per_peer: usize,
+    /// Refuse clients that do not use TLS.
+    pub require_tls: bool,
+    /// The database/role pairs admitted; empty: all.
+    pub allow: Vec<DoorGrant>,
     pub startup_timeout: Duration,
     pub grace: Duration,
     /// `idle_in_transaction_session_timeout` of every session; `None`: the server's.
@@ -74,6 +96,10 @@ pub(crate) struct Door {
     tls: Option<TlsAcceptor>,
     max_message: usize,
     startup_timeout: Duration,
+    require_tls: bool,
+    allow: Vec<DoorGrant>,
+    admission: Arc<Admission>,
+    logs: DoorLogs,
     keys: Arc<CancelKeys>,
     coordinator: Arc<Coordinator>,
     shutdown: CancellationToken,
@@ -97,6 +123,13 @@ impl Door {
                 .transpose()?,
             max_message: options.max_message,
             startup_timeout: options.startup_timeout,
+            require_tls: options.require_tls,
+            allow: options.allow.clone(),
+            admission: Arc::new(Admission::new(
+                options.max_pending_auth,
+                options.max_pending_auth_per_peer,
+            )),
+            logs: DoorLogs::default(),
             keys: Arc::default(),
             coordinator,
             shutdown,
@@ -120,8 +153,35 @@ impl Door {
         self.tls.is_some()
     }
 
-    /// Serves one connection, from its first byte to its end.
-    async fn connection(self: Arc<Self>, tcp: TcpStream, peer: SocketAddr) {
+    /// Counts a refusal, and logs it (at most one line a window).
+    fn refused(&self, refusal: Refusal, peer: SocketAddr) {
+        self.metrics().pg_refused(refusal.reason());
+        if let Some(unlogged) = self.logs.admit(Kind::Refused) {
+            tracing::info!(
+                %peer,
+                reason = refusal.reason(),
+                unlogged,
+                "Postgres door refused a client"
+            );
+        }
+    }
+
+    /// Counts a protocol error, and logs it (at most one line a window).
+    fn protocol_error(&self, peer: SocketAddr, user: Option<&str>, error: &wire::ProtocolError) {
+        self.metrics().pg_protocol_error();
+        if let Some(unlogged) = self.logs.admit(Kind::ProtocolError) {
+            tracing::info!(%peer, ?user, %error, unlogged, "Postgres client broke the protocol");
+        }
+    }
+
+    /// Serves one connection, from its first byte to its end; `authenticating` counts
+    /// it until its login is over.
+    async fn connection(
+        self: Arc<Self>,
+        tcp: TcpStream,
+        peer: SocketAddr,
+        authenticating: Authenticating,
+    ) {
         let deadline = tokio::time::Instant::now() + self.startup_timeout;
         let negotiated =
             tokio::time::timeout_at(deadline, startup::negotiate(tcp, self.tls.as_ref())).await;
@@ -129,22 +189,23 @@ impl Door {
             Ok(Ok(negotiated)) => negotiated,
             Ok(Err(error)) => {
                 if let wire::WireError::Protocol(error) = &error {
-                    self.metrics().pg_protocol_error();
-                    tracing::info!(%peer, %error, "Postgres client broke the protocol during start-up");
+                    self.protocol_error(peer, None, error);
                 } else {
                     tracing::debug!(%peer, %error, "Postgres client left during start-up");
                 }
                 return;
             }
             Err(_) => {
-                tracing::debug!(%peer, "Postgres client did not finish start-up in time");
+                // The client is silent: there is no one to tell.
+                self.refused(Refusal::AuthTimeout, peer);
                 return;
             }
         };
         let startup = match hello {
             Hello::Startup(startup) => startup,
             Hello::Cancel(key) => {
-                self.cancel(&key).await;
+                drop(authenticating);
+                self.cancel(&key, peer).await;
                 // libpq 17 sends cancels over TLS and waits for an orderly close.
                 match stream {
                     ClientStream::Plain(mut stream) => session::close(&mut stream).await,
@@ -153,21 +214,50 @@ impl Door {
                 return;
             }
         };
+        let refusal = match &stream {
+            ClientStream::Plain(_) if self.require_tls => Some(Refusal::TlsRequired),
+            _ if !admission::allowed(&self.allow, &startup) => Some(Refusal::NotAllowed),
+            _ => None,
+        };
+        if let Some(refusal) = refusal {
+            self.refused(refusal, peer);
+            match stream {
+                ClientStream::Plain(mut stream) => admission::turn_away(&mut stream, refusal).await,
+                ClientStream::Tls(mut stream) => admission::turn_away(&mut stream, refusal).await,
+            }
+            return;
+        }
         let user = startup.parameter("user");
+        let database = startup.parameter("database");
         let ended = match stream {
             // A TCP stream splits into halves without a lock between them.
             ClientStream::Plain(stream) => {
-                session::run(&self, stream.into_split(), startup, deadline).await
+                let client = stream.into_split();
+                session::run(&self, client, startup, deadline, authenticating).await
             }
             ClientStream::Tls(stream) => {
-                session::run(&self, tokio::io::split(stream), startup, deadline).await
+                let client = tokio::io::split(stream);
+                session::run(&self, client, startup, deadline, authenticating).await
             }
         };
         match ended {
+            Ok(Ending::LoginTimedOut) => self.refused(Refusal::AuthTimeout, peer),
+            Ok(Ending::LoginRefused(sqlstate)) => {
+                if let Some(unlogged) = self.logs.admit(Kind::LoginFailed) {
+                    let sqlstate = sqlstate.map(|code| String::from_utf8_lossy(&code).into_owned());
+                    tracing::info!(
+                        %peer,
+                        ?user,
+                        ?database,
+                        sqlstate,
+                        unlogged,
+                        "Postgres door login failed"
+                    );
+                }
+            }
             Ok(ending) => tracing::debug!(%peer, ?user, ?ending, "Postgres session ended"),
             Err(wire::WireError::Protocol(error)) => {
-                self.metrics().pg_protocol_error();
-                tracing::info!(%peer, ?user, %error, "Postgres client broke the protocol");
+                self.protocol_error(peer, user.as_deref(), &error)
             }
             Err(wire::WireError::Io(error)) => {
                 tracing::debug!(%peer, ?user, %error, "Postgres session ended on a socket error");
@@ -177,13 +267,17 @@ impl Door {
 
     /// Forwards a cancel request for a key the door issued to its session's backend;
     /// ignores any other (no reply either way, as Postgres).
-    async fn cancel(&self, key: &wire::CancelKey) {
+    async fn cancel(&self, key: &wire::CancelKey, peer: SocketAddr) {
         let Some(upstream) = self.keys.upstream(key) else {
             self.metrics().pg_cancel(false);
-            tracing::info!(
-                pid = key.pid,
-                "Postgres cancel request with an unknown key ignored"
-            );
+            if let Some(unlogged) = self.logs.admit(Kind::UnknownCancel) {
+                tracing::info!(
+                    %peer,
+                    pid = key.pid,
+                    unlogged,
+                    "Postgres cancel request with an unknown key ignored"
+                );
+            }
             return;
         };
         self.metrics().pg_cancel(true);
@@ -202,19 +296,24 @@ impl Door {
     }
 }
 
+/// How many refused clients may be being told so at once; past it, more are closed
+/// without a word.
+const MAX_TURNING_AWAY: usize = 256;
+
 /// Accepts Postgres clients on `listener` until `shutdown`, then lets their sessions
 /// end: idle ones at once (with FATAL 57P01), the others at the end of their
 /// transaction, for at most the grace period.
+///
+/// A client over `--pg-max-connections` or the caps on connections still
+/// authenticating is refused at once (FATAL 53300), never queued.
 pub(crate) async fn serve(listener: TcpListener, door: Arc<Door>, options: DoorOptions) {
     let permits = Arc::new(Semaphore::new(options.max_connections));
+    let turning_away = Arc::new(Semaphore::new(MAX_TURNING_AWAY));
     let mut sessions = JoinSet::new();
+    let summaries = tokio::spawn(summarise_logs(Arc::clone(&door)));
     loop {
         while sessions.try_join_next().is_some() {}
-        let permit = tokio::select! {
-            permit = Arc::clone(&permits).acquire_owned() => permit.expect("never closed"),
-            () = door.shutdown.cancelled() => break,
-        };
-        let (stream, peer) = tokio::select! {
+        let (mut stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(error) => {
@@ -226,14 +325,37 @@ pub(crate) async fn serve(listener: TcpListener, door: Arc<Door>, options: DoorO
             () = door.shutdown.cancelled() => break,
         };
         let _ = stream.set_nodelay(true);
+        let admitted = match Arc::clone(&permits).try_acquire_owned() {
+            Ok(permit) => door
+                .admission
+                .admit(peer.ip())
+                .map(|authenticating| (permit, authenticating)),
+            Err(_) => Err(Refusal::Connections),
+        };
         let door = Arc::clone(&door);
-        sessions.spawn(async move {
-            let _open = door.metrics().pg_connection_opened();
-            Arc::clone(&door).connection(stream, peer).await;
-            drop(permit);
-        });
+        match admitted {
+            Ok((permit, authenticating)) => {
+                sessions.spawn(async move {
+                    let _open = door.metrics().pg_connection_opened();
+                    Arc::clone(&door)
+                        .connection(stream, peer, authenticating)
+                        .await;
+                    drop(permit);
+                });
+            }
+            Err(refusal) => {
+                door.refused(refusal, peer);
+                if let Ok(turning) = Arc::clone(&turning_away).try_acquire_owned() {
+                    tokio::spawn(async move {
+                        admission::turn_away(&mut stream, refusal).await;
+                        drop(turning);
+                    });
+                }
+            }
+        }
     }
     drop(listener);
+    summaries.abort();
     let drained = tokio::time::timeout(options.grace, async {
         while sessions.join_next().await.is_some() {}
     })
@@ -244,5 +366,16 @@ pub(crate) async fn serve(listener: TcpListener, door: Arc<Door>, options: DoorO
             "Postgres door: grace period elapsed with sessions still in a transaction; closing them"
         );
         sessions.shutdown().await;
+    }
+    door.logs.summarise();
+}
+
+/// Writes the door's summary lines every window.
+async fn summarise_logs(door: Arc<Door>) {
+    let mut every = tokio::time::interval(Duration::from_secs(logs::WINDOW_SECS));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        door.logs.summarise();
     }
 }

@@ -36,6 +36,7 @@ use tokio::io::{
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
+use super::admission::{Authenticating, Refusal};
 use super::login::{authenticate, Login};
 use super::upstream::UpstreamStream;
 use super::wire::{self, backend, frontend, Header, ProtocolError, StartupPacket, WireError};
@@ -61,6 +62,10 @@ pub(crate) enum Ending {
     ClientLeftRunning,
     /// The server closed the connection (after a FATAL error, or shut down).
     ServerClosed,
+    /// The login was refused, with this SQLSTATE if the refusal had one.
+    LoginRefused(Option<[u8; 5]>),
+    /// Start-up and authentication took longer than `--pg-startup-timeout`.
+    LoginTimedOut,
     /// The client broke the protocol; it was told so.
     ProtocolError,
     /// The gateway is shutting down; the idle session was told so.
@@ -68,12 +73,13 @@ pub(crate) enum Ending {
 }
 
 /// Runs a session from its StartupMessage to its end, on the two halves of the client's
-/// stream.
+/// stream; `authenticating` is held until the login is over.
 pub(crate) async fn run<R, W>(
     door: &Door,
     (client_read, client_write): (R, W),
     startup: StartupPacket,
     deadline: Instant,
+    authenticating: Authenticating,
 ) -> Result<Ending, WireError>
 where
     R: AsyncRead + Unpin + Send,
@@ -81,7 +87,15 @@ where
 {
     let mut client_read = BufReader::with_capacity(BUFFER, client_read);
     let mut client_write = BufWriter::with_capacity(BUFFER, client_write);
-    let ended = session(door, &mut client_read, &mut client_write, startup, deadline).await;
+    let ended = session(
+        door,
+        &mut client_read,
+        &mut client_write,
+        startup,
+        deadline,
+        authenticating,
+    )
+    .await;
     close(&mut client_write).await;
     ended
 }
@@ -101,6 +115,7 @@ async fn session<CR, CW>(
     client_write: &mut BufWriter<CW>,
     startup: StartupPacket,
     deadline: Instant,
+    authenticating: Authenticating,
 ) -> Result<Ending, WireError>
 where
     CR: AsyncRead + Unpin + Send,
@@ -133,18 +148,31 @@ where
             return Ok(Ending::ServerClosed);
         }
     };
+    let session = Session {
+        startup,
+        deadline,
+        authenticating,
+    };
     let client = (client_read, client_write);
     match upstream {
         // A TCP stream splits into halves without a lock between them.
         UpstreamStream::Plain(stream) => {
             let upstream = stream.into_split();
-            attached(door, client, upstream, false, startup, deadline).await
+            attached(door, client, upstream, false, session).await
         }
         UpstreamStream::Tls(stream) => {
             let upstream = tokio::io::split(*stream);
-            attached(door, client, upstream, true, startup, deadline).await
+            attached(door, client, upstream, true, session).await
         }
     }
+}
+
+/// What a session starts with: the client's StartupMessage, the end of its login time,
+/// and its place among the connections still authenticating.
+struct Session {
+    startup: StartupPacket,
+    deadline: Instant,
+    authenticating: Authenticating,
 }
 
 /// The session once its upstream connection is made (`upstream_tls`: over TLS):
@@ -154,8 +182,11 @@ async fn attached<CR, CW, UR, UW>(
     (client_read, client_write): (&mut BufReader<CR>, &mut BufWriter<CW>),
     (upstream_read, upstream_write): (UR, UW),
     upstream_tls: bool,
-    startup: StartupPacket,
-    deadline: Instant,
+    Session {
+        startup,
+        deadline,
+        authenticating,
+    }: Session,
 ) -> Result<Ending, WireError>
 where
     CR: AsyncRead + Unpin + Send,
@@ -185,18 +216,15 @@ where
     let login = tokio::time::timeout_at(deadline, authenticate(door, &mut ends)).await;
     let (key, status) = match login {
         Ok(Ok(Login::Ready { key, status })) => (key, status),
-        Ok(Ok(Login::Refused)) => return Ok(Ending::ServerClosed),
+        Ok(Ok(Login::Refused { sqlstate })) => return Ok(Ending::LoginRefused(sqlstate)),
         Ok(Err(error)) => return Err(error),
         Err(_) => {
-            refuse(
-                ends.client_write,
-                "08006",
-                "start-up and authentication took longer than --pg-startup-timeout",
-            )
-            .await?;
-            return Ok(Ending::ClientClosed);
+            let timeout = Refusal::AuthTimeout;
+            refuse(ends.client_write, timeout.sqlstate(), timeout.message()).await?;
+            return Ok(Ending::LoginTimedOut);
         }
     };
+    drop(authenticating);
     door.metrics().pg_session();
     let ending = relay(door, ends, status).await;
     if let (Ok(Ending::ClientLeftRunning), Some((_, upstream))) = (&ending, &key) {

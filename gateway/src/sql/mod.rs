@@ -323,6 +323,10 @@ impl SqlService {
             config.sql_pool_size,
             RecyclingMethod::Clean,
         );
+        // Opened now and kept, as the gateway's own pools are: see `PgStore::connect`.
+        pool.warm(config.sql_pool_size, "--sql-pool-size")
+            .await
+            .map_err(SqlStartError::Connect)?;
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
         Ok(SqlService {
             pool,

@@ -141,14 +141,28 @@ impl PgPool {
         self.pool
     }
 
-    /// Makes (or takes) one connection now, so that a database the gateway cannot
-    /// reach, log in to or trust says why at start rather than at the first request.
-    pub(crate) async fn check(&self) -> Result<(), String> {
-        match self.pool.get().await {
-            Ok(_) => Ok(()),
-            Err(PoolError::Backend(error)) => Err(error_text(&error)),
-            Err(error) => Err(error.to_string()),
+    /// Opens `size` connections now (the pool's size) and leaves them idle in the pool,
+    /// which keeps them: a pool never closes an idle connection, only a broken one.
+    /// `flag` names the setting in the error.
+    pub(crate) async fn warm(&self, size: usize, flag: &str) -> Result<(), String> {
+        let taken = futures_util::future::join_all((0..size).map(|_| self.pool.get())).await;
+        for taken in taken {
+            match taken {
+                Ok(_) => {}
+                Err(PoolError::Backend(error)) => {
+                    return Err(format!(
+                        "could not open the {size} connections of {flag}: {}",
+                        error_text(&error)
+                    ))
+                }
+                Err(error) => {
+                    return Err(format!(
+                        "could not open the {size} connections of {flag}: {error}"
+                    ))
+                }
+            }
         }
+        Ok(())
     }
 }
 

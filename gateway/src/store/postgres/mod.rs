@@ -148,11 +148,21 @@ impl PgStore {
             None => lane_settings,
         });
         let watch = Arc::new(ServerWatch::default());
+        // Both pools open all their connections now and keep them, so that other
+        // clients of the server (the Postgres door's among them) cannot take the slots
+        // they need later.
         let pool = PgPool::watched(pg_config, &tls, pool_size, Arc::clone(&watch));
-        pool.check().await.map_err(PgStartError::Connect)?;
+        pool.warm(pool_size, "--pool-size")
+            .await
+            .map_err(PgStartError::Connect)?;
+        let lanes = PgPool::watched(lane_config, &tls, write_lanes, Arc::clone(&watch));
+        lanes
+            .warm(write_lanes, "--write-lanes")
+            .await
+            .map_err(PgStartError::Connect)?;
         let mut store = PgStore {
             group: group::GroupCommit::start(
-                PgPool::watched(lane_config, &tls, write_lanes, Arc::clone(&watch)),
+                lanes,
                 pool.clone(),
                 write_lanes,
                 group_commit_max,
@@ -182,6 +192,23 @@ impl PgStore {
             .map_err(PgStartError::Migrate)?;
         store.description = describe(&place, &tls, Some(used));
         Ok(store)
+    }
+
+    /// The values of the server settings `names`, in order; `None` for a setting the
+    /// server does not have.
+    pub async fn server_settings(&self, names: &[&str]) -> Result<Vec<Option<String>>, StoreError> {
+        self.with_client(async |client| {
+            let mut values = Vec::with_capacity(names.len());
+            for name in names {
+                let row = client
+                    .query_one("SELECT current_setting($1, true)", &[name])
+                    .await
+                    .map_err(|e| classify(e, false))?;
+                values.push(row.get(0));
+            }
+            Ok(values)
+        })
+        .await
     }
 
     /// The name of the database the store is in.

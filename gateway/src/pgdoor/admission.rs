@@ -1,0 +1,231 @@
+//! Who the door lets in, and how it turns the others away.
+//!
+//! # Order
+//!
+//! 1. At accept: `--pg-max-connections` (all connections), then `--pg-max-pending-auth`
+//!    and `--pg-max-pending-auth-per-peer` (connections not yet logged in). Over a cap,
+//!    the client is told FATAL 53300 at once, before it has sent anything.
+//! 2. After the StartupMessage: TLS (`--pg-require-tls`), then `--pg-allow`, both FATAL
+//!    28000.
+//!
+//! All of this happens before the door connects to the database, so a refused client
+//! never takes one of the server's connection slots. A connection counts as
+//! authenticating from accept until the server's first ReadyForQuery (or its end), and
+//! the whole of that is bounded by `--pg-startup-timeout`.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::wire;
+use crate::config::DoorGrant;
+
+/// Why the door refused a client; the `reason` label of `fencegate_pg_refusals_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// A StartupMessage in cleartext while `--pg-require-tls`.
+    TlsRequired,
+    /// A database and role outside `--pg-allow`.
+    NotAllowed,
+    /// `--pg-max-pending-auth` connections were already authenticating.
+    AuthPending,
+    /// `--pg-max-pending-auth-per-peer` connections of the client's address were.
+    AuthPendingPeer,
+    /// Start-up and authentication took longer than `--pg-startup-timeout`.
+    AuthTimeout,
+    /// `--pg-max-connections` connections were open.
+    Connections,
+}
+
+impl Refusal {
+    #[cfg(test)]
+    const ALL: [Refusal; 6] = [
+        Refusal::TlsRequired,
+        Refusal::NotAllowed,
+        Refusal::AuthPending,
+        Refusal::AuthPendingPeer,
+        Refusal::AuthTimeout,
+        Refusal::Connections,
+    ];
+
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            Refusal::TlsRequired => "tls_required",
+            Refusal::NotAllowed => "not_allowed",
+            Refusal::AuthPending => "auth_pending",
+            Refusal::AuthPendingPeer => "auth_pending_peer",
+            Refusal::AuthTimeout => "auth_timeout",
+            Refusal::Connections => "connections",
+        }
+    }
+
+    /// The SQLSTATE the client is told: Postgres's own for the same refusal.
+    pub(crate) fn sqlstate(self) -> &'static str {
+        match self {
+            // invalid_authorization_specification, as pg_hba.conf refusals.
+            Refusal::TlsRequired | Refusal::NotAllowed => "28000",
+            // too_many_connections.
+            Refusal::AuthPending | Refusal::AuthPendingPeer | Refusal::Connections => "53300",
+            // connection_failure, as the door has always said on a timeout.
+            Refusal::AuthTimeout => "08006",
+        }
+    }
+
+    pub(crate) fn message(self) -> &'static str {
+        match self {
+            Refusal::TlsRequired => "the fencegate door requires TLS; connect with sslmode=require",
+            Refusal::NotAllowed => {
+                "the fencegate door does not admit this role to this database (--pg-allow)"
+            }
+            Refusal::AuthPending => {
+                "too many connections to the fencegate door are still logging in; try again shortly"
+            }
+            Refusal::AuthPendingPeer => {
+                "too many connections from your address to the fencegate door are still \
+                 logging in; try again shortly"
+            }
+            Refusal::AuthTimeout => {
+                "start-up and authentication took longer than --pg-startup-timeout"
+            }
+            Refusal::Connections => "sorry, too many clients of the fencegate door already",
+        }
+    }
+}
+
+/// The caps on connections that are still authenticating.
+pub(crate) struct Admission {
+    total: usize,
+    per_peer: usize,
+    /// Invariant: `total` is the sum of `by_peer`, which holds no zero.
+    pending: Mutex<Pending>,
+}
+
+#[derive(Default)]
+struct Pending {
+    total: usize,
+    by_peer: HashMap<IpAddr, usize>,
+}
+
+impl Admission {
+    pub(crate) fn new(total: usize, per_peer: usize) -> Admission {
+        Admission {
+            total,
+            per_peer,
+            pending: Mutex::default(),
+        }
+    }
+
+    /// Counts a new connection from `peer` as authenticating, or says which cap it is
+    /// over.
+    pub(crate) fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Authenticating, Refusal> {
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if pending.total >= self.total {
+            return Err(Refusal::AuthPending);
+        }
+        let mine = pending.by_peer.entry(peer).or_insert(0);
+        if *mine >= self.per_peer {
+            return Err(Refusal::AuthPendingPeer);
+        }
+        *mine += 1;
+        pending.total += 1;
+        Ok(Authenticating {
+            admission: Arc::clone(self),
+            peer,
+        })
+    }
+}
+
+/// A connection counted as authenticating until this is dropped.
+pub(crate) struct Authenticating {
+    admission: Arc<Admission>,
+    peer: IpAddr,
+}
+
+impl Drop for Authenticating {
+    fn drop(&mut self) {
+        let mut pending = self
+            .admission
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        pending.total -= 1;
+        if let Some(mine) = pending.by_peer.get_mut(&self.peer) {
+            *mine -= 1;
+            if *mine == 0 {
+                pending.by_peer.remove(&self.peer);
+            }
+        }
+    }
+}
+
+/// Whether `--pg-allow` (empty: everyone) admits the StartupMessage's role into its
+/// database (by default the role's name, as in Postgres).
+pub(crate) fn allowed(grants: &[DoorGrant], startup: &wire::StartupPacket) -> bool {
+    if grants.is_empty() {
+        return true;
+    }
+    let role = startup.parameter("user").unwrap_or_default();
+    let database = startup
+        .parameter("database")
+        .filter(|database| !database.is_empty())
+        .unwrap_or_else(|| role.clone());
+    grants.iter().any(|grant| grant.admits(&database, &role))
+}
+
+/// How long a refused client may take to read its error and close.
+const TURN_AWAY_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Tells the client `refusal` as a FATAL ErrorResponse and closes: our side first, then
+/// whatever the client still sends is read and dropped until it closes too (for a
+/// moment at most), so that its unread bytes do not reset the connection before it has
+/// read the error.
+pub(crate) async fn turn_away<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, refusal: Refusal) {
+    let _ = tokio::time::timeout(TURN_AWAY_TIMEOUT, async {
+        stream
+            .write_all(&wire::fatal(refusal.sqlstate(), refusal.message()))
+            .await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 1024];
+        let mut left = 64 << 10;
+        while left > 0 {
+            let read = stream.read(&mut sink).await?;
+            if read == 0 {
+                break;
+            }
+            left -= read.min(left);
+        }
+        std::io::Result::Ok(())
+    })
+    .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps_count_per_peer_and_in_total_until_dropped() {
+        let admission = Arc::new(Admission::new(3, 2));
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let first = admission.admit(a).unwrap();
+        let _second = admission.admit(a).unwrap();
+        assert_eq!(admission.admit(a).err(), Some(Refusal::AuthPendingPeer));
+        let _third = admission.admit(b).unwrap();
+        assert_eq!(admission.admit(b).err(), Some(Refusal::AuthPending));
+        drop(first);
+        assert!(admission.admit(b).is_ok(), "a slot freed for anyone");
+        let pending = admission.pending.lock().unwrap();
+        assert_eq!(pending.total, 2);
+        assert_eq!(pending.by_peer.values().sum::<usize>(), 2);
+    }
+
+    #[test]
+    fn every_reason_is_a_label_of_the_metric() {
+        let reasons: Vec<&str> = Refusal::ALL.iter().map(|r| r.reason()).collect();
+        assert_eq!(reasons, crate::metrics::PG_REFUSAL_REASONS);
+    }
+}
