@@ -125,7 +125,8 @@ pub struct LeaseState {
     pub held: bool,
     /// The latest holder; `null` if the lease was released or never taken.
     pub holder: Option<String>,
-    /// The authenticated identity that took the lease; `null` without authentication.
+    /// The authenticated identity that took the lease's latest term, kept after a
+    /// release (its token stays bound to it); `null` without authentication.
     pub identity: Option<String>,
     /// The latest token minted for the lease (the fence was raised to it at the same
     /// time); `null` if the lease was never taken.

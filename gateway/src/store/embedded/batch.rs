@@ -303,7 +303,8 @@ fn apply_lease(
             )
         }
         Decision::Extend { ttl } => (holder, identity, token, now.saturating_add(millis(ttl))),
-        Decision::Free => (None, None, token, 0),
+        // The identity stays: the last term's token remains bound to it.
+        Decision::Free => (None, current.identity.as_deref(), token, 0),
     };
     tables.leases.insert(resource.as_str(), written)?;
     let after = lease_record(written.0, written.1, written.2, written.3, now);

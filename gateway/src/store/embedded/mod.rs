@@ -49,7 +49,8 @@ type ObjectRow = (u64, u64, u64, Option<&'static [u8]>);
 /// (resource, key) -> object.
 const OBJECTS: TableDefinition<(&str, &str), ObjectRow> = TableDefinition::new("objects");
 /// (holder, identity, last token, expiry in ms since the Unix epoch) of a hosted lease;
-/// a released lease has no holder and expiry 0.
+/// a released lease has no holder and expiry 0, and keeps the identity its last token
+/// is bound to.
 type LeaseRow = (Option<&'static str>, Option<&'static str>, u64, u64);
 /// resource -> hosted lease.
 const LEASES: TableDefinition<&str, LeaseRow> = TableDefinition::new("leases");

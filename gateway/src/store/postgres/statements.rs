@@ -345,9 +345,10 @@ pub const LEASE_EXTEND: &str = concat!(
      WHERE resource = $1 RETURNING ",
     lease_columns!()
 );
-/// Frees the lease, keeping its last token. `$1` resource.
+/// Frees the lease, keeping its last token and the identity that token is bound to.
+/// `$1` resource.
 pub const LEASE_FREE: &str = concat!(
-    "UPDATE fencegate.leases SET holder = NULL, identity = NULL, expires_at = '-infinity'
+    "UPDATE fencegate.leases SET holder = NULL, expires_at = '-infinity'
      WHERE resource = $1 RETURNING ",
     lease_columns!()
 );
