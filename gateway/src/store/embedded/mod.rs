@@ -15,6 +15,9 @@
 //! - Reads run on the blocking pool in MVCC read transactions: they see committed
 //!   state only, and never wait for the writer.
 //! - redb locks the file: a second gateway on the same file fails to start.
+//! - The store has an identity, in the file and next to it ([`identity`]): a file that
+//!   went missing or was emptied is refused at start instead of replaced by an empty
+//!   store, and so is another store's file.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -35,8 +38,10 @@ use crate::store::{
 };
 
 mod batch;
+pub mod identity;
 
 use batch::{writer, Job, Reply};
+use identity::{FileState, Reconciled, Start, StoreId};
 
 /// The file inside `--data-dir`.
 pub const FILE_NAME: &str = "fencegate.redb";
@@ -77,6 +82,9 @@ const RAISES_SEEDED_KEY: &str = "raises_seeded";
 const META: TableDefinition<&str, u64> = TableDefinition::new("fencegate_meta");
 const FORMAT_KEY: &str = "format_version";
 const FORMAT_VERSION: u64 = 1;
+/// The store's identity, as 32 hex digits; see [`identity`].
+const IDENTITY: TableDefinition<&str, &str> = TableDefinition::new("fencegate_identity");
+const STORE_ID_KEY: &str = "store_id";
 
 /// Queued writes beyond which callers wait (and their backend timeout runs).
 const QUEUE_DEPTH: usize = 4096;
@@ -101,6 +109,32 @@ pub enum EmbeddedStartError {
     },
     #[error("could not open {path}: {source}")]
     Open { path: PathBuf, source: redb::Error },
+    #[error("{path} {what}, but {id_file} says store {id} was kept here: starting an empty store would lose its fences, and writers of older terms could write again. Put the store's file back (from where it went, or a backup). To start an empty store deliberately, knowing its fences are lost, start once with --init-store")]
+    Lost {
+        path: PathBuf,
+        what: &'static str,
+        id_file: PathBuf,
+        id: StoreId,
+    },
+    #[error("{path} is empty (zero bytes), which is never a fencegate store: its fences, if it had any, are lost. Put the store's file back (from a backup). To start an empty store deliberately, start once with --init-store")]
+    EmptyFile { path: PathBuf },
+    #[error("{path} is the file of store {found}, but this data directory belongs to store {expected} ({file}): it is another store's file. Put this directory's own file back, or point --data-dir at the directory of store {found}", file = identity::ID_FILE_NAME)]
+    ForeignFile {
+        path: PathBuf,
+        found: StoreId,
+        expected: StoreId,
+    },
+    #[error("{path} has no store identity, but this data directory belongs to store {expected} ({file}): it is not that store's file. Put this directory's own file back; to use this file instead, move {file} away first", file = identity::ID_FILE_NAME)]
+    Unidentified { path: PathBuf, expected: StoreId },
+    #[error("--init-store refuses to start: {path} exists and is not empty, and may hold fences that an empty store would lose. Move it away (or point --data-dir at an empty directory) before starting with --init-store, and start without --init-store once the store exists")]
+    InitRefused { path: PathBuf },
+    #[error("could not read or write the store identity file {path}: {source}")]
+    IdentityFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the store identity file {path} does not hold a store identity (32 hex digits); restore it, or move it away if this directory's store file is the one to use")]
+    BadIdentityFile { path: PathBuf },
 }
 
 /// Fences and objects in a local redb file.
@@ -108,15 +142,19 @@ pub struct EmbeddedStore {
     db: Arc<Database>,
     queue: mpsc::Sender<Job>,
     path: PathBuf,
+    id: StoreId,
     timeout: Duration,
 }
 
 impl EmbeddedStore {
     /// Opens (or creates) `<data_dir>/fencegate.redb` and starts the writer thread.
     /// `group_max` is the most writes committed together; 1 commits each on its own.
-    /// `group_size` observes the size of every batch committed.
+    /// `group_size` observes the size of every batch committed. `init_store`
+    /// (`--init-store`) creates an empty store where a store's file is missing or empty;
+    /// without it, such a directory is refused ([`identity`]).
     pub fn open(
         data_dir: &Path,
+        init_store: bool,
         group_max: usize,
         timeout: Duration,
         group_size: prometheus::Histogram,
@@ -126,7 +164,19 @@ impl EmbeddedStore {
             source,
         })?;
         let path = data_dir.join(FILE_NAME);
-        let existed = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
+        let state = FileState::of(&path)?;
+        let mut dir_id = identity::read_dir_id(data_dir)?;
+        if identity::judge(&path, state, dir_id, init_store)? == Start::Create {
+            // A new store gets a new identity, whatever the directory's said before.
+            dir_id = None;
+            if state == FileState::Empty {
+                std::fs::remove_file(&path).map_err(|source| EmbeddedStartError::DataDir {
+                    path: path.clone(),
+                    source,
+                })?;
+            }
+        }
+        let existed = state == FileState::NonEmpty;
         let db = Database::create(&path).map_err(|error| match error {
             DatabaseError::DatabaseAlreadyOpen => EmbeddedStartError::Locked { path: path.clone() },
             DatabaseError::Storage(storage) if existed => EmbeddedStartError::NotAStore {
@@ -138,7 +188,29 @@ impl EmbeddedStore {
                 source: other.into(),
             },
         })?;
-        initialise(&db, &path, existed)?;
+        let id = match initialise(&db, &path, existed, dir_id)? {
+            Reconciled::Same(id) => id,
+            Reconciled::WriteDirFile(id) => {
+                identity::write_dir_id(data_dir, id)?;
+                tracing::warn!(store_id = %id, path = %path.display(), "the store identity file was missing; written again from the store's file");
+                id
+            }
+            Reconciled::Adopt(id) => {
+                identity::write_dir_id(data_dir, id)?;
+                match (existed, init_store) {
+                    (true, _) => {
+                        tracing::info!(store_id = %id, path = %path.display(), "the store had no identity (made by an older gateway); it has one now")
+                    }
+                    (false, true) => {
+                        tracing::warn!(store_id = %id, path = %path.display(), "started a new, empty store deliberately (--init-store)")
+                    }
+                    (false, false) => {
+                        tracing::info!(store_id = %id, path = %path.display(), "created a new store")
+                    }
+                }
+                id
+            }
+        };
         let db = Arc::new(db);
         let (queue, jobs) = mpsc::channel(QUEUE_DEPTH);
         let writer_db = Arc::clone(&db);
@@ -153,12 +225,17 @@ impl EmbeddedStore {
             db,
             queue,
             path,
+            id,
             timeout,
         })
     }
 
     pub fn describe(&self) -> String {
-        format!("embedded store at {}", self.path.display())
+        format!(
+            "embedded store at {} (store {})",
+            self.path.display(),
+            self.id
+        )
     }
 
     pub async fn write(&self, write: &Write) -> Result<WriteOutcome, StoreError> {
@@ -315,7 +392,6 @@ impl EmbeddedStore {
     }
 }
 
-/// Marks a new file as a fencegate store, or checks that an existing one is one.
 /// Records the fences of a store written before the raise log, once.
 fn seed_raises(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
     let mut meta = txn.open_table(META)?;
@@ -332,12 +408,21 @@ fn seed_raises(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
     Ok(())
 }
 
-fn initialise(db: &Database, path: &Path, existed: bool) -> Result<(), EmbeddedStartError> {
+/// Marks a new file as a fencegate store, or checks that an existing one is one.
+/// Compares its identity with the directory's (`dir_id`), giving it one if it
+/// has none, and returns what was found.
+fn initialise(
+    db: &Database,
+    path: &Path,
+    existed: bool,
+    dir_id: Option<StoreId>,
+) -> Result<Reconciled, EmbeddedStartError> {
     let open_error = |source: redb::Error| EmbeddedStartError::Open {
         path: path.to_owned(),
         source,
     };
     let txn = db.begin_write().map_err(|e| open_error(e.into()))?;
+    let reconciled;
     {
         let marked = {
             let meta = txn.open_table(META).map_err(|e| open_error(e.into()))?;
@@ -374,8 +459,26 @@ fn initialise(db: &Database, path: &Path, existed: bool) -> Result<(), EmbeddedS
         txn.open_table(LEASES).map_err(|e| open_error(e.into()))?;
         txn.open_table(RESETS).map_err(|e| open_error(e.into()))?;
         seed_raises(&txn).map_err(open_error)?;
+        let mut table = txn.open_table(IDENTITY).map_err(|e| open_error(e.into()))?;
+        let file_id =
+            match table.get(STORE_ID_KEY).map_err(|e| open_error(e.into()))? {
+                Some(text) => Some(StoreId::parse(text.value()).ok_or_else(|| {
+                    EmbeddedStartError::NotAStore {
+                        path: path.to_owned(),
+                        reason: "its store identity is not 32 hex digits".into(),
+                    }
+                })?),
+                None => None,
+            };
+        reconciled = identity::reconcile(path, file_id, dir_id)?;
+        if let Reconciled::Adopt(id) = reconciled {
+            table
+                .insert(STORE_ID_KEY, id.to_string().as_str())
+                .map_err(|e| open_error(e.into()))?;
+        }
     }
-    txn.commit().map_err(|e| open_error(e.into()))
+    txn.commit().map_err(|e| open_error(e.into()))?;
+    Ok(reconciled)
 }
 
 fn has_foreign_tables(txn: &redb::WriteTransaction) -> bool {
