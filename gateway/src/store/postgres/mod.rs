@@ -21,6 +21,7 @@ pub mod bindings;
 mod connection;
 mod group;
 mod leases;
+pub(crate) mod session;
 pub mod statements;
 mod writes;
 
@@ -37,6 +38,7 @@ use fencegate_proto::headers::Precondition;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
 use tokio::time::Instant;
 
+use session::Pins;
 use writes::{non_negative, read_fence, token_from_db, write_conditional, Attempt};
 
 use super::leases::{
@@ -139,20 +141,20 @@ impl PgStore {
         // write statements, whose plans are index lookups whatever the parameters:
         // planned once, not again for every group.
         let mut lane_config = pg_config.clone();
-        let lane_settings = format!(
-            "-c lock_timeout={} -c plan_cache_mode=force_generic_plan",
-            lane_lock_timeout.as_millis().max(1)
-        );
-        lane_config.options(&match pg_config.get_options() {
-            Some(theirs) => format!("{theirs} {lane_settings}"),
-            None => lane_settings,
-        });
+        let pins = Pins::store(Duration::ZERO, timeout);
+        let lane_pins = Pins::store(lane_lock_timeout.max(Duration::from_millis(1)), timeout)
+            .set("plan_cache_mode", "force_generic_plan");
+        pins.apply(&mut pg_config);
+        lane_pins.apply(&mut lane_config);
         let watch = Arc::new(ServerWatch::default());
         let pool = PgPool::watched(pg_config, &tls, pool_size, Arc::clone(&watch));
         pool.check().await.map_err(PgStartError::Connect)?;
+        let lanes = PgPool::watched(lane_config, &tls, write_lanes, Arc::clone(&watch));
+        pool.check_pins(&pins, "connections").await?;
+        lanes.check_pins(&lane_pins, "write lanes").await?;
         let mut store = PgStore {
             group: group::GroupCommit::start(
-                PgPool::watched(lane_config, &tls, write_lanes, Arc::clone(&watch)),
+                lanes,
                 pool.clone(),
                 write_lanes,
                 group_commit_max,
