@@ -88,7 +88,11 @@ async fn a_lost_store_is_refused_until_init_store() {
     .await;
     assert!(!dir.0.join(STORE).exists(), "nothing created");
     std::fs::write(dir.0.join(STORE), b"").unwrap();
-    refused(builder(&dir.0), &["fencegate.redb is empty (zero bytes)", &first]).await;
+    refused(
+        builder(&dir.0),
+        &["fencegate.redb is empty (zero bytes)", &first],
+    )
+    .await;
 
     // Deliberately: a new, empty store with a new identity.
     let mut fresh = builder(&dir.0).arg("--init-store").spawn().await;
@@ -154,7 +158,8 @@ async fn a_store_without_identity_is_adopted() {
     assert_eq!(fence(&gateway).await, Some(7));
     let adopted = store_id(&dir.0);
     assert_ne!(adopted, before);
-    let logged = gateway.events("the store had no identity (made by an older gateway); it has one now");
+    let logged =
+        gateway.events("the store had no identity (made by an older gateway); it has one now");
     assert_eq!(logged.len(), 1, "{:?}", gateway.logs());
     assert_eq!(logged[0]["fields"]["store_id"], adopted.as_str());
     // Both places hold it now: a restart finds them equal.

@@ -20,6 +20,7 @@
 //!   store, and so is another store's file.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -34,7 +35,7 @@ use crate::store::leases::{
     Claimant, LeaseOp, LeaseOutcome, LeaseRecord, Reset, ResetOutcome, ResetRecord,
 };
 use crate::store::{
-    AdvanceOutcome, StoreError, StoredObject, UnavailableReason, Write, WriteOutcome,
+    AdvanceOutcome, NotWritable, StoreError, StoredObject, UnavailableReason, Write, WriteOutcome,
 };
 
 mod batch;
@@ -82,6 +83,12 @@ const RAISES_SEEDED_KEY: &str = "raises_seeded";
 const META: TableDefinition<&str, u64> = TableDefinition::new("fencegate_meta");
 const FORMAT_KEY: &str = "format_version";
 const FORMAT_VERSION: u64 = 1;
+/// The readiness probe's key -> when it last wrote, in ms since the Unix epoch.
+const READINESS: TableDefinition<&str, u64> = TableDefinition::new("fencegate_readiness");
+/// The file the readiness probe writes and removes beside the store.
+const PROBE_FILE_NAME: &str = "fencegate.probe";
+/// What the readiness probe writes to that file: room for a commit of a few pages.
+const PROBE_FILE_BYTES: usize = 64 * 1024;
 /// The store's identity, as 32 hex digits; see [`identity`].
 const IDENTITY: TableDefinition<&str, &str> = TableDefinition::new("fencegate_identity");
 const STORE_ID_KEY: &str = "store_id";
@@ -144,6 +151,8 @@ pub struct EmbeddedStore {
     path: PathBuf,
     id: StoreId,
     timeout: Duration,
+    /// Set by the writer when a commit fails, cleared by a write probe that succeeds.
+    write_failed: Arc<AtomicBool>,
 }
 
 impl EmbeddedStore {
@@ -214,9 +223,11 @@ impl EmbeddedStore {
         let db = Arc::new(db);
         let (queue, jobs) = mpsc::channel(QUEUE_DEPTH);
         let writer_db = Arc::clone(&db);
+        let write_failed = Arc::new(AtomicBool::new(false));
+        let failed = Arc::clone(&write_failed);
         std::thread::Builder::new()
             .name("fencegate-store-writer".into())
-            .spawn(move || writer(&writer_db, jobs, group_max.max(1), &group_size))
+            .spawn(move || writer(&writer_db, jobs, group_max.max(1), &group_size, &failed))
             .map_err(|source| EmbeddedStartError::DataDir {
                 path: path.clone(),
                 source,
@@ -227,6 +238,7 @@ impl EmbeddedStore {
             path,
             id,
             timeout,
+            write_failed,
         })
     }
 
@@ -362,6 +374,33 @@ impl EmbeddedStore {
             .await
     }
 
+    /// The readiness write probe: room for a commit beside the store (a file written,
+    /// fsynced and removed, which a full disk refuses even where redb would reuse its
+    /// own pages), then a key of the store rewritten in a durable write transaction.
+    pub async fn probe_write(&self) -> Result<Result<(), NotWritable>, StoreError> {
+        let dir = self.path.parent().map(Path::to_owned).unwrap_or_default();
+        let db = Arc::clone(&self.db);
+        let probed = tokio::task::spawn_blocking(move || {
+            probe_file(&dir.join(PROBE_FILE_NAME))?;
+            probe_store(&db)
+        });
+        let outcome = tokio::time::timeout(self.timeout, probed)
+            .await
+            .map_err(|_| StoreError::Unavailable {
+                reason: UnavailableReason::Timeout,
+                applied: None,
+            })?
+            .map_err(|error| StoreError::Internal(format!("write probe failed: {error}")))?;
+        if outcome.is_ok() {
+            self.write_failed.store(false, Ordering::Release);
+        }
+        Ok(outcome)
+    }
+
+    pub fn write_failed_since_probe(&self) -> bool {
+        self.write_failed.load(Ordering::Acquire)
+    }
+
     /// Queues a job for the writer and waits for its answer, within the backend timeout.
     async fn submit<T>(&self, job: impl FnOnce(Reply<T>) -> Job) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
@@ -458,6 +497,8 @@ fn initialise(
         txn.open_table(OBJECTS).map_err(|e| open_error(e.into()))?;
         txn.open_table(LEASES).map_err(|e| open_error(e.into()))?;
         txn.open_table(RESETS).map_err(|e| open_error(e.into()))?;
+        txn.open_table(READINESS)
+            .map_err(|e| open_error(e.into()))?;
         seed_raises(&txn).map_err(open_error)?;
         let mut table = txn.open_table(IDENTITY).map_err(|e| open_error(e.into()))?;
         let file_id =
@@ -485,6 +526,39 @@ fn has_foreign_tables(txn: &redb::WriteTransaction) -> bool {
     txn.list_tables()
         .map(|tables| tables.into_iter().any(|table| table.name() != META.name()))
         .unwrap_or(true)
+}
+
+/// Writes `PROBE_FILE_BYTES` to `path`, fsyncs and removes it.
+fn probe_file(path: &Path) -> Result<(), NotWritable> {
+    use std::io::Write as _;
+    let failed = |error: std::io::Error| NotWritable {
+        reason: crate::store::NotWritableReason::of_io(&error),
+        detail: format!("could not write {}: {error}", path.display()),
+    };
+    let written = std::fs::File::create(path).and_then(|mut file| {
+        file.write_all(&[0; PROBE_FILE_BYTES])?;
+        file.sync_all()
+    });
+    let removed = std::fs::remove_file(path);
+    written.map_err(failed)?;
+    removed.map_err(failed)
+}
+
+/// Rewrites the readiness key in a durable write transaction.
+fn probe_store(db: &Database) -> Result<(), NotWritable> {
+    let written = (|| -> Result<(), redb::Error> {
+        let txn = db.begin_write()?;
+        txn.open_table(READINESS)?.insert("probe", now_ms())?;
+        txn.commit()?;
+        Ok(())
+    })();
+    written.map_err(|error| NotWritable {
+        reason: match &error {
+            redb::Error::Io(io) => crate::store::NotWritableReason::of_io(io),
+            _ => crate::store::NotWritableReason::WriteFailed,
+        },
+        detail: format!("the store's file could not be written: {error}"),
+    })
 }
 
 /// The gateway's wall clock, in ms since the Unix epoch: the clock of hosted leases.

@@ -44,7 +44,10 @@ use writes::{non_negative, read_fence, token_from_db, write_conditional, Attempt
 use super::leases::{
     Claimant, LeaseOp, LeaseOutcome, LeaseRecord, Reset, ResetOutcome, ResetRecord,
 };
-use super::{AdvanceOutcome, StoreError, StoredObject, Write, WriteOutcome};
+use super::{
+    AdvanceOutcome, NotWritable, NotWritableReason, StoreError, StoredObject, Write, WriteOutcome,
+};
+use tokio_postgres::error::SqlState;
 
 /// Reads the gateway's keys from `fencegate.keys`.
 async fn read_keys(client: &mut Object) -> Result<GatewayKeys, StoreError> {
@@ -490,6 +493,31 @@ impl PgStore {
     pub async fn resets_since(&self, generation: u64) -> Result<Vec<ResetRecord>, StoreError> {
         self.with_client(async |client| leases::resets_since(client, generation).await)
             .await
+    }
+
+    /// The readiness write probe: one row of `fencegate.readiness` rewritten and
+    /// committed, durably (`synchronous_commit` is pinned on). A server that refuses
+    /// writes (a standby, a read-only transaction) or has no room says so here.
+    pub async fn probe_write(&self) -> Result<Result<(), NotWritable>, StoreError> {
+        self.with_client(async |client| {
+            let error = match client.execute(statements::READINESS_PROBE, &[]).await {
+                Ok(_) => return Ok(Ok(())),
+                Err(error) => error,
+            };
+            let reason = match error.code() {
+                Some(code) if *code == SqlState::READ_ONLY_SQL_TRANSACTION => {
+                    NotWritableReason::ReadOnly
+                }
+                Some(code) if *code == SqlState::DISK_FULL => NotWritableReason::DiskFull,
+                Some(code) if !server_unavailable(code) => NotWritableReason::WriteFailed,
+                _ => return Err(classify(error, true)),
+            };
+            Ok(Err(NotWritable {
+                reason,
+                detail: error_text(&error),
+            }))
+        })
+        .await
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {
