@@ -8,8 +8,9 @@
 //! term's steady writes are checked against memory.
 //!
 //! With authentication on, the issuer's latest token is also bound to its holder: the
-//! identity that took the gateway lease, or the identity named like the `leader_lease`
-//! holder. Another identity presenting it is refused. Tokens of earlier terms are left
+//! identity that took the gateway lease (kept by the store after a release, so every
+//! replica finds it), or the identity named like the `leader_lease` holder. Another
+//! identity presenting it is refused. Tokens of earlier terms are left
 //! to the fence, which rejects them once the newer term has written (gateway leases
 //! raise the fence when they mint a token, so at once).
 

@@ -134,6 +134,7 @@ pub async fn run(
         ),
         None => Store::Embedded(EmbeddedStore::open(
             &config.data_dir,
+            config.init_store,
             config.group_commit_max,
             config.backend_timeout,
             metrics.commit_group_size(),

@@ -78,6 +78,10 @@ pub struct ErrorBody {
     /// The highest token the resource's issuer has issued (`token_not_issued`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub issued: Option<Token>,
+    /// Why the gateway is not ready (`backend_unavailable` from `/readyz`) although
+    /// the store answers: `disk_full`, `read_only` or `write_failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl ErrorBody {
@@ -96,6 +100,7 @@ impl ErrorBody {
             holder: None,
             expires_in_ms: None,
             issued: None,
+            reason: None,
         }
     }
 }
@@ -125,7 +130,8 @@ pub struct LeaseState {
     pub held: bool,
     /// The latest holder; `null` if the lease was released or never taken.
     pub holder: Option<String>,
-    /// The authenticated identity that took the lease; `null` without authentication.
+    /// The authenticated identity that took the lease's latest term, kept after a
+    /// release (its token stays bound to it); `null` without authentication.
     pub identity: Option<String>,
     /// The latest token minted for the lease (the fence was raised to it at the same
     /// time); `null` if the lease was never taken.

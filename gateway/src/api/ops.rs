@@ -3,6 +3,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use fencegate_proto::body::ErrorBody;
+use fencegate_proto::ErrorCode;
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Response, StatusCode};
 
@@ -10,6 +12,7 @@ use crate::api::response::json_response;
 use crate::api::Body;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
+use crate::store::NotWritableReason;
 
 pub fn metrics(coordinator: &Coordinator) -> Response<Body> {
     let mut response = Response::new(Body::whole(Bytes::from(coordinator.encode_metrics())));
@@ -28,6 +31,18 @@ pub fn healthz() -> Response<Body> {
 /// The backend answers: the gateway can accept writes now.
 pub async fn readyz(coordinator: &Arc<Coordinator>) -> Result<Response<Body>, ApiError> {
     coordinator.ping().await?;
+    if let Err(not) = coordinator.writable().await? {
+        let message = match not.reason {
+            NotWritableReason::DiskFull => "the store's disk is full, so writes fail",
+            NotWritableReason::ReadOnly => "the store is read-only, so writes fail",
+            NotWritableReason::WriteFailed => {
+                "the store's write probe failed, so writes fail (the gateway's log says why)"
+            }
+        };
+        let mut body = ErrorBody::new(ErrorCode::BackendUnavailable, message);
+        body.reason = Some(not.reason.as_str().to_owned());
+        return Err(ApiError::Refused(Box::new(body)));
+    }
     Ok(json_response(
         StatusCode::OK,
         &serde_json::json!({ "status": "ready" }),

@@ -104,6 +104,16 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     pub data_dir: std::path::PathBuf,
 
+    /// Embedded store: start a new, empty store deliberately in a --data-dir whose
+    /// store file is missing or empty (zero bytes) although the directory's
+    /// `fencegate.store-id` says a store was kept there — which the gateway otherwise
+    /// refuses, because the fences of that store would be lost. Refuses to start if
+    /// `fencegate.redb` exists and is not empty, so it never erases a store: move such
+    /// a file away first. Use it for one start, then drop it: once the new store
+    /// exists, a start with it refuses.
+    #[arg(long, env = "FENCEGATE_INIT_STORE")]
+    pub init_store: bool,
+
     /// Most concurrent writes committed together in one transaction (group commit): one
     /// durable commit for many writes, each still checked against its own fence. 1
     /// commits every write on its own. Postgres groups only writes without If-Match.
@@ -589,6 +599,9 @@ impl Config {
             && self.database_url.is_none()
         {
             return fail("--issued-by leader_lease:... needs the database of the leader_lease table: --leader-lease-url, or --database-url");
+        }
+        if self.init_store && self.database_url.is_some() {
+            return fail("--init-store is for the embedded store (--data-dir); with --database-url the gateway keeps its fences in Postgres");
         }
         if self.auth_file.is_some() && self.insecure_no_auth {
             return fail("--insecure-no-auth and --auth-file contradict each other");

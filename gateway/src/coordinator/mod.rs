@@ -41,7 +41,9 @@ use crate::issuers::Issuers;
 use crate::metrics::Metrics;
 use crate::sql::SqlEndpoint;
 use crate::stale_log::LogBudget;
-use crate::store::{AdvanceOutcome, Store, StoreError, StoredObject, Write, WriteOutcome};
+use crate::store::{
+    AdvanceOutcome, NotWritable, Store, StoreError, StoredObject, Write, WriteOutcome,
+};
 
 /// The shared state of a running gateway, and the steps of every backend call.
 pub struct Coordinator {
@@ -85,12 +87,17 @@ pub struct Coordinator {
     bindings_replaced: AtomicBool,
     /// The administrator's key of a gateway without --auth-file (`--admin-key-file`).
     admin_key: Option<crate::auth::AdminKey>,
+    /// The latest write probe of the store and when it ran; see [`Coordinator::writable`].
+    write_probe: tokio::sync::Mutex<Option<(tokio::time::Instant, Result<(), NotWritable>)>>,
 }
 
 /// `percent` of `total`, at least 1.
 fn share_of(total: usize, percent: u8) -> usize {
     (total.saturating_mul(usize::from(percent)) / 100).max(1)
 }
+
+/// How long a write probe's outcome answers readiness before the store is probed again.
+const WRITE_PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// How often a gateway looks for fence resets made through other replicas.
 pub const RESET_POLL: Duration = Duration::from_secs(1);
@@ -253,6 +260,7 @@ impl Coordinator {
             bindings_generation,
             bindings_replaced: AtomicBool::new(false),
             admin_key,
+            write_probe: tokio::sync::Mutex::new(None),
         })
     }
 
@@ -551,6 +559,40 @@ impl Coordinator {
             })
             .await?;
         Ok(result?)
+    }
+
+    /// Whether the store can take writes, by a real write ([`Store::probe_write`]) at
+    /// most every [`WRITE_PROBE_EVERY`], or at once after a write failed in storage.
+    /// Readiness callers wait for one probe rather than each run their own.
+    pub async fn writable(self: &Arc<Self>) -> Result<Result<(), NotWritable>, ApiError> {
+        let mut last = self.write_probe.lock().await;
+        if let Some((at, outcome)) = &*last {
+            if at.elapsed() < WRITE_PROBE_EVERY && !self.store.write_failed_since_probe() {
+                return Ok(outcome.clone());
+            }
+        }
+        let this = Arc::clone(self);
+        let result = self
+            .detached(async move {
+                let result = this.store.probe_write().await;
+                this.backend_result(&result);
+                result
+            })
+            .await?;
+        let outcome = result?;
+        self.metrics.store_writable(outcome.is_ok());
+        let was_writable = last.as_ref().is_none_or(|(_, before)| before.is_ok());
+        match &outcome {
+            Err(not) => tracing::warn!(
+                reason = not.reason.as_str(),
+                detail = %not.detail,
+                "the store cannot take writes: not ready"
+            ),
+            Ok(()) if !was_writable => tracing::info!("the store takes writes again"),
+            Ok(()) => {}
+        }
+        *last = Some((tokio::time::Instant::now(), outcome.clone()));
+        Ok(outcome)
     }
 
     /// Records that `token` is committed for `resource`, by a backend call that started

@@ -48,6 +48,8 @@ pub const M2_SQL: &str = include_str!("m2_fenced_tables.sql");
 pub const M3_SQL: &str = include_str!("m3_leases.sql");
 /// Migration 4: authority, the registry of protected tables, the raise log, keys.
 pub const M4_SQL: &str = include_str!("m4_authority.sql");
+/// Migration 5: the row the readiness probe writes.
+pub const M5_SQL: &str = include_str!("m5_readiness.sql");
 /// Every function, view and trigger of the schema, applied whenever it changes.
 pub const FUNCTIONS_SQL: &str = include_str!("functions.sql");
 
@@ -319,7 +321,7 @@ mod tests {
     /// No function body is written twice: each is defined in functions.sql only.
     #[test]
     fn functions_have_one_home() {
-        for migration in [M2_SQL, M3_SQL, M4_SQL] {
+        for migration in [M2_SQL, M3_SQL, M4_SQL, M5_SQL] {
             assert!(!migration.contains("CREATE FUNCTION"), "{migration}");
             assert!(!migration.contains("CREATE OR REPLACE FUNCTION"));
         }

@@ -73,6 +73,7 @@ pub struct Metrics {
     rejected_token_lag: Histogram,
     backend_errors: IntCounterVec,
     backend_ready: IntGauge,
+    store_writable: IntGauge,
     fence_cache_entries: IntGauge,
     /// Writes applied per backend transaction; handed to the store at start-up.
     commit_group_size: Histogram,
@@ -294,6 +295,11 @@ impl Metrics {
             "1 if the latest backend operation or readiness probe succeeded, else 0.",
         )
         .unwrap();
+        let store_writable = IntGauge::new(
+            "fencegate_store_writable",
+            "1 if the latest readiness write probe of the store committed, else 0.",
+        )
+        .unwrap();
         let fence_cache_entries = IntGauge::new(
             "fencegate_fence_cache_entries",
             "Resources whose highest token is cached in memory.",
@@ -354,6 +360,7 @@ impl Metrics {
             Box::new(rejected_token_lag.clone()),
             Box::new(backend_errors.clone()),
             Box::new(backend_ready.clone()),
+            Box::new(store_writable.clone()),
             Box::new(fence_cache_entries.clone()),
             Box::new(commit_group_size.clone()),
             Box::new(writes_off_lanes.clone()),
@@ -378,6 +385,7 @@ impl Metrics {
             rejected_token_lag,
             backend_errors,
             backend_ready,
+            store_writable,
             fence_cache_entries,
             commit_group_size,
             writes_off_lanes,
@@ -534,6 +542,11 @@ impl Metrics {
     /// Records whether the latest backend call succeeded.
     pub fn backend_ready(&self, ready: bool) {
         self.backend_ready.set(i64::from(ready));
+    }
+
+    /// Records whether the store's latest write probe committed.
+    pub fn store_writable(&self, writable: bool) {
+        self.store_writable.set(i64::from(writable));
     }
 
     /// Records how many resources the fence cache holds.

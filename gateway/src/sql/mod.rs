@@ -52,6 +52,7 @@ use crate::config::Config;
 use crate::dbfence::{ProofKey, Refusal};
 use crate::error::ApiError;
 use crate::pgtls::PgUrlError;
+use crate::store::postgres::session::Pins;
 use crate::store::postgres::{describe, error_text, with_client_until, PgPool, PgStore};
 use crate::store::StoreError;
 
@@ -239,17 +240,21 @@ pub enum SqlFailure {
 /// The session as every request finds it: what `RESET ALL` and the rest of the reset
 /// return it to. Start-up options outrank role and database defaults, which the
 /// writer's login could change for itself (`ALTER ROLE ... SET`).
-fn pinned_options(config: &Config) -> String {
-    let ms = |d: Duration| d.as_millis().max(1);
-    format!(
-        "-c synchronous_commit=on -c standard_conforming_strings=on \
-         -c statement_timeout={} -c lock_timeout={} \
-         -c idle_in_transaction_session_timeout={} \
-         -c default_transaction_isolation=read\\ committed",
-        ms(config.sql_statement_timeout),
-        ms(config.sql_statement_timeout),
-        ms(config.backend_timeout),
-    )
+fn pinned_options(config: &Config) -> Pins {
+    let at_least_1ms = |d: Duration| d.max(Duration::from_millis(1));
+    Pins::new()
+        .set("synchronous_commit", "on")
+        .set("standard_conforming_strings", "on")
+        .duration(
+            "statement_timeout",
+            at_least_1ms(config.sql_statement_timeout),
+        )
+        .duration("lock_timeout", at_least_1ms(config.sql_statement_timeout))
+        .duration(
+            "idle_in_transaction_session_timeout",
+            at_least_1ms(config.backend_timeout),
+        )
+        .set("default_transaction_isolation", "read committed")
 }
 
 /// Facts about the SQL login and every role it can become (`MEMBER`: by inheritance
@@ -286,11 +291,7 @@ impl SqlService {
         if pg_config.get_application_name().is_none() {
             pg_config.application_name("fencegate-sql");
         }
-        let options = match pg_config.get_options() {
-            Some(theirs) => format!("{theirs} {}", pinned_options(config)),
-            None => pinned_options(config),
-        };
-        pg_config.options(&options);
+        pinned_options(config).apply(&mut pg_config);
         pg_config.connect_timeout(config.backend_timeout);
         pg_config.keepalives_idle(Duration::from_secs(30));
         // One connection of its own for the checks, so that a login that cannot connect

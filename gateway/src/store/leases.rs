@@ -19,6 +19,11 @@
 //! A lease taken under an authenticated identity can only be renewed or released by
 //! that identity, and no other identity can take it before it expires.
 //!
+//! Releasing a lease clears its holder and ends its term, but keeps its last token and
+//! the identity that token was issued to, durably: the token stays bound to that
+//! identity ([`crate::issuers`]) on every replica and across restarts, until a new term
+//! replaces both.
+//!
 //! # Fence resets
 //!
 //! A reset lowers a fence that a token nobody issued raised. It never goes below its
@@ -92,7 +97,7 @@ pub enum Decision {
     Mint { ttl: Duration },
     /// Keep the token; hold the lease for `ttl` from now.
     Extend { ttl: Duration },
-    /// Free the lease; keep its last token.
+    /// Free the lease; keep its last token and the identity it is bound to.
     Free,
     /// Change nothing: someone else holds the lease.
     RefuseHeld,

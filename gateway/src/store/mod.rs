@@ -100,6 +100,47 @@ pub enum StoreError {
     Internal(String),
 }
 
+/// Why a store that answers cannot take writes, as its write probe found
+/// ([`Store::probe_write`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotWritable {
+    pub reason: NotWritableReason,
+    /// What failed, for the log and the readiness answer (no SQL, no addresses).
+    pub detail: String,
+}
+
+/// The closed set of reasons a store cannot write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NotWritableReason {
+    /// No space left where the store writes.
+    DiskFull,
+    /// The database or the file system takes no writes (a standby, a read-only mount).
+    ReadOnly,
+    /// Any other failure of the write.
+    WriteFailed,
+}
+
+impl NotWritableReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NotWritableReason::DiskFull => "disk_full",
+            NotWritableReason::ReadOnly => "read_only",
+            NotWritableReason::WriteFailed => "write_failed",
+        }
+    }
+
+    /// The reason of a failed file write.
+    pub fn of_io(error: &std::io::Error) -> NotWritableReason {
+        match error.kind() {
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => {
+                NotWritableReason::DiskFull
+            }
+            std::io::ErrorKind::ReadOnlyFilesystem => NotWritableReason::ReadOnly,
+            _ => NotWritableReason::WriteFailed,
+        }
+    }
+}
+
 /// Why the backend is unavailable; doubles as the `kind` label of
 /// `fencegate_backend_errors_total`, so the set is closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -282,6 +323,24 @@ impl Store {
         match self {
             Store::Postgres(store) => store.server_changed(),
             Store::Embedded(_) => false,
+        }
+    }
+
+    /// Writes something small and durable, as a write would: `Ok(Err(..))` if the
+    /// store answers but cannot take writes (a full disk, a read-only database).
+    pub async fn probe_write(&self) -> Result<Result<(), NotWritable>, StoreError> {
+        match self {
+            Store::Postgres(store) => store.probe_write().await,
+            Store::Embedded(store) => store.probe_write().await,
+        }
+    }
+
+    /// Whether a write failed for want of storage since the last write probe, which
+    /// then must not be taken from a cache.
+    pub fn write_failed_since_probe(&self) -> bool {
+        match self {
+            Store::Postgres(_) => false,
+            Store::Embedded(store) => store.write_failed_since_probe(),
         }
     }
 

@@ -1,6 +1,8 @@
 //! The writer thread of the embedded store: jobs applied in batches, one write
 //! transaction and one fsync per batch, each job answered only after its batch commits.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use fencegate_proto::{ResourceName, Token};
 use redb::{Database, ReadableTable, Table};
 use tokio::sync::{mpsc, oneshot};
@@ -123,11 +125,13 @@ impl Applied {
 }
 
 /// The writer thread: batches waiting jobs into one transaction each.
+/// Sets `write_failed` when a batch fails in storage.
 pub(super) fn writer(
     db: &Database,
     mut jobs: mpsc::Receiver<Job>,
     group_max: usize,
     group_size: &prometheus::Histogram,
+    write_failed: &AtomicBool,
 ) {
     while let Some(first) = jobs.blocking_recv() {
         let mut batch = Vec::with_capacity(group_max);
@@ -139,7 +143,9 @@ pub(super) fn writer(
             }
         }
         group_size.observe(batch.len() as f64);
-        commit_batch(db, batch);
+        if !commit_batch(db, batch) {
+            write_failed.store(true, Ordering::Release);
+        }
     }
 }
 
@@ -175,7 +181,8 @@ impl Tables<'_> {
 
 /// Applies the jobs in order in one write transaction, commits it, and only then
 /// answers them: every job with its outcome, or every job with the same error.
-fn commit_batch(db: &Database, batch: Vec<Job>) {
+/// Returns whether it committed.
+fn commit_batch(db: &Database, batch: Vec<Job>) -> bool {
     let size = batch.len();
     let mut jobs = batch.into_iter();
     let mut applied = Vec::with_capacity(size);
@@ -185,7 +192,7 @@ fn commit_batch(db: &Database, batch: Vec<Job>) {
                 for job in applied {
                     job.answer(Ok(()));
                 }
-                return;
+                return true;
             }
             // The commit may or may not have reached the disk.
             Err(error) => (redb::Error::from(error), None),
@@ -199,6 +206,7 @@ fn commit_batch(db: &Database, batch: Vec<Job>) {
     for job in jobs {
         job.fail(storage_failed(outcome_known));
     }
+    false
 }
 
 /// The answer to every write of a batch whose transaction failed; `applied` as in
@@ -303,7 +311,8 @@ fn apply_lease(
             )
         }
         Decision::Extend { ttl } => (holder, identity, token, now.saturating_add(millis(ttl))),
-        Decision::Free => (None, None, token, 0),
+        // The identity stays: the last term's token remains bound to it.
+        Decision::Free => (None, current.identity.as_deref(), token, 0),
     };
     tables.leases.insert(resource.as_str(), written)?;
     let after = lease_record(written.0, written.1, written.2, written.3, now);

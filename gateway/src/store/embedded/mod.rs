@@ -15,8 +15,12 @@
 //! - Reads run on the blocking pool in MVCC read transactions: they see committed
 //!   state only, and never wait for the writer.
 //! - redb locks the file: a second gateway on the same file fails to start.
+//! - The store has an identity, in the file and next to it ([`identity`]): a file that
+//!   went missing or was emptied is refused at start instead of replaced by an empty
+//!   store, and so is another store's file.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,12 +35,14 @@ use crate::store::leases::{
     Claimant, LeaseOp, LeaseOutcome, LeaseRecord, Reset, ResetOutcome, ResetRecord,
 };
 use crate::store::{
-    AdvanceOutcome, StoreError, StoredObject, UnavailableReason, Write, WriteOutcome,
+    AdvanceOutcome, NotWritable, StoreError, StoredObject, UnavailableReason, Write, WriteOutcome,
 };
 
 mod batch;
+pub mod identity;
 
 use batch::{writer, Job, Reply};
+use identity::{FileState, Reconciled, Start, StoreId};
 
 /// The file inside `--data-dir`.
 pub const FILE_NAME: &str = "fencegate.redb";
@@ -49,7 +55,8 @@ type ObjectRow = (u64, u64, u64, Option<&'static [u8]>);
 /// (resource, key) -> object.
 const OBJECTS: TableDefinition<(&str, &str), ObjectRow> = TableDefinition::new("objects");
 /// (holder, identity, last token, expiry in ms since the Unix epoch) of a hosted lease;
-/// a released lease has no holder and expiry 0.
+/// a released lease has no holder and expiry 0, and keeps the identity its last token
+/// is bound to.
 type LeaseRow = (Option<&'static str>, Option<&'static str>, u64, u64);
 /// resource -> hosted lease.
 const LEASES: TableDefinition<&str, LeaseRow> = TableDefinition::new("leases");
@@ -76,6 +83,15 @@ const RAISES_SEEDED_KEY: &str = "raises_seeded";
 const META: TableDefinition<&str, u64> = TableDefinition::new("fencegate_meta");
 const FORMAT_KEY: &str = "format_version";
 const FORMAT_VERSION: u64 = 1;
+/// The readiness probe's key -> when it last wrote, in ms since the Unix epoch.
+const READINESS: TableDefinition<&str, u64> = TableDefinition::new("fencegate_readiness");
+/// The file the readiness probe writes and removes beside the store.
+const PROBE_FILE_NAME: &str = "fencegate.probe";
+/// What the readiness probe writes to that file: room for a commit of a few pages.
+const PROBE_FILE_BYTES: usize = 64 * 1024;
+/// The store's identity, as 32 hex digits; see [`identity`].
+const IDENTITY: TableDefinition<&str, &str> = TableDefinition::new("fencegate_identity");
+const STORE_ID_KEY: &str = "store_id";
 
 /// Queued writes beyond which callers wait (and their backend timeout runs).
 const QUEUE_DEPTH: usize = 4096;
@@ -100,6 +116,32 @@ pub enum EmbeddedStartError {
     },
     #[error("could not open {path}: {source}")]
     Open { path: PathBuf, source: redb::Error },
+    #[error("{path} {what}, but {id_file} says store {id} was kept here: starting an empty store would lose its fences, and writers of older terms could write again. Put the store's file back (from where it went, or a backup). To start an empty store deliberately, knowing its fences are lost, start once with --init-store")]
+    Lost {
+        path: PathBuf,
+        what: &'static str,
+        id_file: PathBuf,
+        id: StoreId,
+    },
+    #[error("{path} is empty (zero bytes), which is never a fencegate store: its fences, if it had any, are lost. Put the store's file back (from a backup). To start an empty store deliberately, start once with --init-store")]
+    EmptyFile { path: PathBuf },
+    #[error("{path} is the file of store {found}, but this data directory belongs to store {expected} ({file}): it is another store's file. Put this directory's own file back, or point --data-dir at the directory of store {found}", file = identity::ID_FILE_NAME)]
+    ForeignFile {
+        path: PathBuf,
+        found: StoreId,
+        expected: StoreId,
+    },
+    #[error("{path} has no store identity, but this data directory belongs to store {expected} ({file}): it is not that store's file. Put this directory's own file back; to use this file instead, move {file} away first", file = identity::ID_FILE_NAME)]
+    Unidentified { path: PathBuf, expected: StoreId },
+    #[error("--init-store refuses to start: {path} exists and is not empty, and may hold fences that an empty store would lose. Move it away (or point --data-dir at an empty directory) before starting with --init-store, and start without --init-store once the store exists")]
+    InitRefused { path: PathBuf },
+    #[error("could not read or write the store identity file {path}: {source}")]
+    IdentityFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the store identity file {path} does not hold a store identity (32 hex digits); restore it, or move it away if this directory's store file is the one to use")]
+    BadIdentityFile { path: PathBuf },
 }
 
 /// Fences and objects in a local redb file.
@@ -107,15 +149,21 @@ pub struct EmbeddedStore {
     db: Arc<Database>,
     queue: mpsc::Sender<Job>,
     path: PathBuf,
+    id: StoreId,
     timeout: Duration,
+    /// Set by the writer when a commit fails, cleared by a write probe that succeeds.
+    write_failed: Arc<AtomicBool>,
 }
 
 impl EmbeddedStore {
     /// Opens (or creates) `<data_dir>/fencegate.redb` and starts the writer thread.
     /// `group_max` is the most writes committed together; 1 commits each on its own.
-    /// `group_size` observes the size of every batch committed.
+    /// `group_size` observes the size of every batch committed. `init_store`
+    /// (`--init-store`) creates an empty store where a store's file is missing or empty;
+    /// without it, such a directory is refused ([`identity`]).
     pub fn open(
         data_dir: &Path,
+        init_store: bool,
         group_max: usize,
         timeout: Duration,
         group_size: prometheus::Histogram,
@@ -125,7 +173,19 @@ impl EmbeddedStore {
             source,
         })?;
         let path = data_dir.join(FILE_NAME);
-        let existed = std::fs::metadata(&path).is_ok_and(|m| m.len() > 0);
+        let state = FileState::of(&path)?;
+        let mut dir_id = identity::read_dir_id(data_dir)?;
+        if identity::judge(&path, state, dir_id, init_store)? == Start::Create {
+            // A new store gets a new identity, whatever the directory's said before.
+            dir_id = None;
+            if state == FileState::Empty {
+                std::fs::remove_file(&path).map_err(|source| EmbeddedStartError::DataDir {
+                    path: path.clone(),
+                    source,
+                })?;
+            }
+        }
+        let existed = state == FileState::NonEmpty;
         let db = Database::create(&path).map_err(|error| match error {
             DatabaseError::DatabaseAlreadyOpen => EmbeddedStartError::Locked { path: path.clone() },
             DatabaseError::Storage(storage) if existed => EmbeddedStartError::NotAStore {
@@ -137,13 +197,37 @@ impl EmbeddedStore {
                 source: other.into(),
             },
         })?;
-        initialise(&db, &path, existed)?;
+        let id = match initialise(&db, &path, existed, dir_id)? {
+            Reconciled::Same(id) => id,
+            Reconciled::WriteDirFile(id) => {
+                identity::write_dir_id(data_dir, id)?;
+                tracing::warn!(store_id = %id, path = %path.display(), "the store identity file was missing; written again from the store's file");
+                id
+            }
+            Reconciled::Adopt(id) => {
+                identity::write_dir_id(data_dir, id)?;
+                match (existed, init_store) {
+                    (true, _) => {
+                        tracing::info!(store_id = %id, path = %path.display(), "the store had no identity (made by an older gateway); it has one now")
+                    }
+                    (false, true) => {
+                        tracing::warn!(store_id = %id, path = %path.display(), "started a new, empty store deliberately (--init-store)")
+                    }
+                    (false, false) => {
+                        tracing::info!(store_id = %id, path = %path.display(), "created a new store")
+                    }
+                }
+                id
+            }
+        };
         let db = Arc::new(db);
         let (queue, jobs) = mpsc::channel(QUEUE_DEPTH);
         let writer_db = Arc::clone(&db);
+        let write_failed = Arc::new(AtomicBool::new(false));
+        let failed = Arc::clone(&write_failed);
         std::thread::Builder::new()
             .name("fencegate-store-writer".into())
-            .spawn(move || writer(&writer_db, jobs, group_max.max(1), &group_size))
+            .spawn(move || writer(&writer_db, jobs, group_max.max(1), &group_size, &failed))
             .map_err(|source| EmbeddedStartError::DataDir {
                 path: path.clone(),
                 source,
@@ -152,12 +236,18 @@ impl EmbeddedStore {
             db,
             queue,
             path,
+            id,
             timeout,
+            write_failed,
         })
     }
 
     pub fn describe(&self) -> String {
-        format!("embedded store at {}", self.path.display())
+        format!(
+            "embedded store at {} (store {})",
+            self.path.display(),
+            self.id
+        )
     }
 
     pub async fn write(&self, write: &Write) -> Result<WriteOutcome, StoreError> {
@@ -294,6 +384,33 @@ impl EmbeddedStore {
             .await
     }
 
+    /// The readiness write probe: room for a commit beside the store (a file written,
+    /// fsynced and removed, which a full disk refuses even where redb would reuse its
+    /// own pages), then a key of the store rewritten in a durable write transaction.
+    pub async fn probe_write(&self) -> Result<Result<(), NotWritable>, StoreError> {
+        let dir = self.path.parent().map(Path::to_owned).unwrap_or_default();
+        let db = Arc::clone(&self.db);
+        let probed = tokio::task::spawn_blocking(move || {
+            probe_file(&dir.join(PROBE_FILE_NAME))?;
+            probe_store(&db)
+        });
+        let outcome = tokio::time::timeout(self.timeout, probed)
+            .await
+            .map_err(|_| StoreError::Unavailable {
+                reason: UnavailableReason::Timeout,
+                applied: None,
+            })?
+            .map_err(|error| StoreError::Internal(format!("write probe failed: {error}")))?;
+        if outcome.is_ok() {
+            self.write_failed.store(false, Ordering::Release);
+        }
+        Ok(outcome)
+    }
+
+    pub fn write_failed_since_probe(&self) -> bool {
+        self.write_failed.load(Ordering::Acquire)
+    }
+
     /// Queues a job for the writer and waits for its answer, within the backend timeout.
     async fn submit<T>(&self, job: impl FnOnce(Reply<T>) -> Job) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
@@ -324,7 +441,6 @@ impl EmbeddedStore {
     }
 }
 
-/// Marks a new file as a fencegate store, or checks that an existing one is one.
 /// Records the fences of a store written before the raise log, once.
 fn seed_raises(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
     let mut meta = txn.open_table(META)?;
@@ -341,12 +457,21 @@ fn seed_raises(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
     Ok(())
 }
 
-fn initialise(db: &Database, path: &Path, existed: bool) -> Result<(), EmbeddedStartError> {
+/// Marks a new file as a fencegate store, or checks that an existing one is one.
+/// Compares its identity with the directory's (`dir_id`), giving it one if it
+/// has none, and returns what was found.
+fn initialise(
+    db: &Database,
+    path: &Path,
+    existed: bool,
+    dir_id: Option<StoreId>,
+) -> Result<Reconciled, EmbeddedStartError> {
     let open_error = |source: redb::Error| EmbeddedStartError::Open {
         path: path.to_owned(),
         source,
     };
     let txn = db.begin_write().map_err(|e| open_error(e.into()))?;
+    let reconciled;
     {
         let marked = {
             let meta = txn.open_table(META).map_err(|e| open_error(e.into()))?;
@@ -382,15 +507,68 @@ fn initialise(db: &Database, path: &Path, existed: bool) -> Result<(), EmbeddedS
         txn.open_table(OBJECTS).map_err(|e| open_error(e.into()))?;
         txn.open_table(LEASES).map_err(|e| open_error(e.into()))?;
         txn.open_table(RESETS).map_err(|e| open_error(e.into()))?;
+        txn.open_table(READINESS)
+            .map_err(|e| open_error(e.into()))?;
         seed_raises(&txn).map_err(open_error)?;
+        let mut table = txn.open_table(IDENTITY).map_err(|e| open_error(e.into()))?;
+        let file_id =
+            match table.get(STORE_ID_KEY).map_err(|e| open_error(e.into()))? {
+                Some(text) => Some(StoreId::parse(text.value()).ok_or_else(|| {
+                    EmbeddedStartError::NotAStore {
+                        path: path.to_owned(),
+                        reason: "its store identity is not 32 hex digits".into(),
+                    }
+                })?),
+                None => None,
+            };
+        reconciled = identity::reconcile(path, file_id, dir_id)?;
+        if let Reconciled::Adopt(id) = reconciled {
+            table
+                .insert(STORE_ID_KEY, id.to_string().as_str())
+                .map_err(|e| open_error(e.into()))?;
+        }
     }
-    txn.commit().map_err(|e| open_error(e.into()))
+    txn.commit().map_err(|e| open_error(e.into()))?;
+    Ok(reconciled)
 }
 
 fn has_foreign_tables(txn: &redb::WriteTransaction) -> bool {
     txn.list_tables()
         .map(|tables| tables.into_iter().any(|table| table.name() != META.name()))
         .unwrap_or(true)
+}
+
+/// Writes `PROBE_FILE_BYTES` to `path`, fsyncs and removes it.
+fn probe_file(path: &Path) -> Result<(), NotWritable> {
+    use std::io::Write as _;
+    let failed = |error: std::io::Error| NotWritable {
+        reason: crate::store::NotWritableReason::of_io(&error),
+        detail: format!("could not write {}: {error}", path.display()),
+    };
+    let written = std::fs::File::create(path).and_then(|mut file| {
+        file.write_all(&[0; PROBE_FILE_BYTES])?;
+        file.sync_all()
+    });
+    let removed = std::fs::remove_file(path);
+    written.map_err(failed)?;
+    removed.map_err(failed)
+}
+
+/// Rewrites the readiness key in a durable write transaction.
+fn probe_store(db: &Database) -> Result<(), NotWritable> {
+    let written = (|| -> Result<(), redb::Error> {
+        let txn = db.begin_write()?;
+        txn.open_table(READINESS)?.insert("probe", now_ms())?;
+        txn.commit()?;
+        Ok(())
+    })();
+    written.map_err(|error| NotWritable {
+        reason: match &error {
+            redb::Error::Io(io) => crate::store::NotWritableReason::of_io(io),
+            _ => crate::store::NotWritableReason::WriteFailed,
+        },
+        detail: format!("the store's file could not be written: {error}"),
+    })
 }
 
 /// The gateway's wall clock, in ms since the Unix epoch: the clock of hosted leases.

@@ -37,6 +37,8 @@ pub enum PgStartError {
     Migrate(StoreError),
     #[error("the database holds fencegate schema version {found}, newer than this gateway's {supported}; upgrade the gateway")]
     SchemaTooNew { found: i32, supported: i32 },
+    #[error("the store's {pool} run with settings the gateway does not allow, although it sets them when it connects (start-up options): {wrong}. A connection pooler between the gateway and Postgres may drop start-up options: connect the gateway to Postgres directly, or have the pooler pass them")]
+    Unpinned { pool: &'static str, wrong: String },
 }
 
 /// The server is going away or refusing connections (with the whole of class 08,
@@ -134,6 +136,35 @@ impl PgPool {
             pool,
             tls: tls.clone(),
         }
+    }
+
+    /// Reads back, on one connection, the settings `pins` sets at connection start,
+    /// refuses any that differ, and logs them (`pool` names the connections).
+    pub(crate) async fn check_pins(
+        &self,
+        pins: &super::session::Pins,
+        pool: &'static str,
+    ) -> Result<(), PgStartError> {
+        let client = self
+            .pool
+            .get()
+            .await
+            .map_err(|error| PgStartError::Connect(error.to_string()))?;
+        let found: Vec<(String, String)> = client
+            .query(super::session::SETTINGS, &[&pins.names()])
+            .await
+            .map_err(|e| PgStartError::Connect(error_text(&e)))?
+            .iter()
+            .map(|row| (row.get(0), row.get(1)))
+            .collect();
+        let settings = found
+            .iter()
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        tracing::info!(pool, %settings, "store session settings");
+        pins.check(&found)
+            .map_err(|wrong| PgStartError::Unpinned { pool, wrong })
     }
 
     /// The deadpool pool itself, for callers that need no cancel requests.

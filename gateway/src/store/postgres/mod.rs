@@ -21,6 +21,7 @@ pub mod bindings;
 mod connection;
 mod group;
 mod leases;
+pub(crate) mod session;
 pub mod statements;
 mod writes;
 
@@ -37,12 +38,16 @@ use fencegate_proto::headers::Precondition;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
 use tokio::time::Instant;
 
+use session::Pins;
 use writes::{non_negative, read_fence, token_from_db, write_conditional, Attempt};
 
 use super::leases::{
     Claimant, LeaseOp, LeaseOutcome, LeaseRecord, Reset, ResetOutcome, ResetRecord,
 };
-use super::{AdvanceOutcome, StoreError, StoredObject, Write, WriteOutcome};
+use super::{
+    AdvanceOutcome, NotWritable, NotWritableReason, StoreError, StoredObject, Write, WriteOutcome,
+};
+use tokio_postgres::error::SqlState;
 
 /// Reads the gateway's keys from `fencegate.keys`.
 async fn read_keys(client: &mut Object) -> Result<GatewayKeys, StoreError> {
@@ -139,14 +144,11 @@ impl PgStore {
         // write statements, whose plans are index lookups whatever the parameters:
         // planned once, not again for every group.
         let mut lane_config = pg_config.clone();
-        let lane_settings = format!(
-            "-c lock_timeout={} -c plan_cache_mode=force_generic_plan",
-            lane_lock_timeout.as_millis().max(1)
-        );
-        lane_config.options(&match pg_config.get_options() {
-            Some(theirs) => format!("{theirs} {lane_settings}"),
-            None => lane_settings,
-        });
+        let pins = Pins::store(Duration::ZERO, timeout);
+        let lane_pins = Pins::store(lane_lock_timeout.max(Duration::from_millis(1)), timeout)
+            .set("plan_cache_mode", "force_generic_plan");
+        pins.apply(&mut pg_config);
+        lane_pins.apply(&mut lane_config);
         let watch = Arc::new(ServerWatch::default());
         // Both pools open all their connections now and keep them, so that other
         // clients of the server (the Postgres door's among them) cannot take the slots
@@ -160,6 +162,8 @@ impl PgStore {
             .warm(write_lanes, "--write-lanes")
             .await
             .map_err(PgStartError::Connect)?;
+        pool.check_pins(&pins, "connections").await?;
+        lanes.check_pins(&lane_pins, "write lanes").await?;
         let mut store = PgStore {
             group: group::GroupCommit::start(
                 lanes,
@@ -524,6 +528,31 @@ impl PgStore {
     pub async fn resets_since(&self, generation: u64) -> Result<Vec<ResetRecord>, StoreError> {
         self.with_client(async |client| leases::resets_since(client, generation).await)
             .await
+    }
+
+    /// The readiness write probe: one row of `fencegate.readiness` rewritten and
+    /// committed, durably (`synchronous_commit` is pinned on). A server that refuses
+    /// writes (a standby, a read-only transaction) or has no room says so here.
+    pub async fn probe_write(&self) -> Result<Result<(), NotWritable>, StoreError> {
+        self.with_client(async |client| {
+            let error = match client.execute(statements::READINESS_PROBE, &[]).await {
+                Ok(_) => return Ok(Ok(())),
+                Err(error) => error,
+            };
+            let reason = match error.code() {
+                Some(code) if *code == SqlState::READ_ONLY_SQL_TRANSACTION => {
+                    NotWritableReason::ReadOnly
+                }
+                Some(code) if *code == SqlState::DISK_FULL => NotWritableReason::DiskFull,
+                Some(code) if !server_unavailable(code) => NotWritableReason::WriteFailed,
+                _ => return Err(classify(error, true)),
+            };
+            Ok(Err(NotWritable {
+                reason,
+                detail: error_text(&error),
+            }))
+        })
+        .await
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {

@@ -40,7 +40,13 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (2, crate::dbfence::M2_SQL),
     (3, crate::dbfence::M3_SQL),
     (4, crate::dbfence::M4_SQL),
+    (5, crate::dbfence::M5_SQL),
 ];
+
+/// The readiness probe: a real write, committed on its own.
+pub const READINESS_PROBE: &str = "INSERT INTO fencegate.readiness (only_row, probe_at)
+     VALUES (true, clock_timestamp())
+     ON CONFLICT (only_row) DO UPDATE SET probe_at = EXCLUDED.probe_at";
 
 /// The digest of the schema's functions as applied (`fencegate.schema_functions`).
 pub const FUNCTIONS_DIGEST: &str = "SELECT digest FROM fencegate.schema_functions";
@@ -345,9 +351,10 @@ pub const LEASE_EXTEND: &str = concat!(
      WHERE resource = $1 RETURNING ",
     lease_columns!()
 );
-/// Frees the lease, keeping its last token. `$1` resource.
+/// Frees the lease, keeping its last token and the identity that token is bound to.
+/// `$1` resource.
 pub const LEASE_FREE: &str = concat!(
-    "UPDATE fencegate.leases SET holder = NULL, identity = NULL, expires_at = '-infinity'
+    "UPDATE fencegate.leases SET holder = NULL, expires_at = '-infinity'
      WHERE resource = $1 RETURNING ",
     lease_columns!()
 );

@@ -27,7 +27,7 @@ impl Scratch {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(crate::store::embedded::FILE_NAME);
         let db = Database::create(&path).unwrap();
-        initialise(&db, &path, false).unwrap();
+        initialise(&db, &path, false, None).unwrap();
         Scratch { dir, db }
     }
 
@@ -176,7 +176,13 @@ fn the_writer_commits_what_is_waiting_in_batches_of_at_most_the_group_size() {
     let sizes = prometheus::Histogram::with_opts(prometheus::HistogramOpts::new("t", "t")).unwrap();
 
     // Every job is queued before the writer starts, so it forms full batches: 4, 4, 2.
-    writer(&store.db, jobs, 4, &sizes);
+    writer(
+        &store.db,
+        jobs,
+        4,
+        &sizes,
+        &std::sync::atomic::AtomicBool::new(false),
+    );
 
     assert_eq!(sizes.get_sample_count(), 3);
     assert_eq!(sizes.get_sample_sum(), 10.0);
