@@ -121,6 +121,16 @@ impl GatewayBuilder {
             // A free port, so that gateways on Postgres can run side by side.
             command.args(["--pg-listen", "127.0.0.1:0"]);
         }
+        if self.args.iter().any(|arg| arg == "--database-url") {
+            // A gateway opens its pools whole at start and keeps them; tests run many
+            // gateways side by side on one server of 100 connections, so each takes
+            // few unless the test asks for more.
+            for (flag, size) in [("--pool-size", "4"), ("--sql-pool-size", "2")] {
+                if !self.args.iter().any(|arg| arg == flag) {
+                    command.args([flag, size]);
+                }
+            }
+        }
         let mut child = command
             .args(["--listen", &listen, "--log-format", "json"])
             .args(&self.args)
