@@ -9,12 +9,15 @@
 # at rest and at its peak.
 #
 #   tests/bench/hostile-clients.sh [ROUNDS] [SECONDS]     (defaults: 3 rounds of 8 s)
+#   HOSTILE=get tests/bench/hostile-clients.sh            (one kind of hostile client)
+#   GATEWAY_FLAGS="--max-response-memory 32MiB" tests/bench/hostile-clients.sh
 #
 # Needs wrk, python3 and a release build (cargo build --release).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}
 SECONDS_PER_RUN=${2:-8}
+HOSTILE=${HOSTILE:-get,slow,idle}   # which hostile clients run: any of get, slow, idle
 BIN=${FENCEGATE:-target/release/fencegate}
 [ -x "$BIN" ] || { echo "build first: cargo build --release" >&2; exit 1; }
 WORK=$(mktemp -d)
@@ -28,7 +31,7 @@ request = function()
 end
 LUA
 
-"$BIN" --listen 127.0.0.1:0 --data-dir "$WORK/data" --log-format json --max-body 2MiB \
+"$BIN" --listen 127.0.0.1:0 --data-dir "$WORK/data" --log-format json --max-body 2MiB ${GATEWAY_FLAGS:-} \
   >/dev/null 2>"$WORK/log" &
 PID=$!
 until grep -q '"fencegate ready"' "$WORK/log" 2>/dev/null; do sleep 0.05; done
@@ -58,7 +61,10 @@ def keep(source, request, count):
 get = b"GET /v1/kv/big/obj HTTP/1.1\r\nhost: gw\r\n\r\n"
 slow = b"PUT /v1/kv/victim/k HTTP/1.1\r\nhost: gw\r\nfencing-token: 1\r\ncontent-length: 1048576\r\n\r\nx"
 idle = b"PUT /v1/kv/victim/k HTTP/1.1\r\nhost: gw\r\nfencing-token: 1\r\ncontent-length: 1000\r\n\r\n"
-threads = keep("127.0.0.1", get, 200) + keep("127.0.0.2", slow, 64) + keep("127.0.0.3", idle, 64)
+kinds = sys.argv[3].split(",")
+threads = ((keep("127.0.0.1", get, 200) if "get" in kinds else [])
+           + (keep("127.0.0.2", slow, 64) if "slow" in kinds else [])
+           + (keep("127.0.0.3", idle, 64) if "idle" in kinds else []))
 for t in threads: t.start()
 time.sleep(seconds)
 PY
@@ -71,7 +77,7 @@ run() { # run NAME [hostile]: one wrk round; prints its figures
   local name=$1 hostile=${2:-}
   local peak=0 before after out rate p99 requests hpid=
   if [ -n "$hostile" ]; then
-    python3 "$WORK/hostile.py" "$PORT" "$((SECONDS_PER_RUN + 3))" &
+    python3 "$WORK/hostile.py" "$PORT" "$((SECONDS_PER_RUN + 3))" "$HOSTILE" &
     hpid=$!
     sleep 2
   fi

@@ -153,7 +153,15 @@ pub struct EmbeddedStore {
     timeout: Duration,
     /// Set by the writer when a commit fails, cleared by a write probe that succeeds.
     write_failed: Arc<AtomicBool>,
+    /// Reads running on blocking threads at once ([`READS_AT_ONCE`]).
+    reads: Arc<tokio::sync::Semaphore>,
 }
+
+/// The most reads run at once, each on a blocking thread. A read takes microseconds;
+/// without a bound, a burst of reads (hundreds of clients asking for a large object at
+/// once) starts a thread for each, and their start-up and copies crowd out every other
+/// request on the machine's cores. With it, the burst waits its turn instead.
+const READS_AT_ONCE: usize = 4;
 
 impl EmbeddedStore {
     /// Opens (or creates) `<data_dir>/fencegate.redb` and starts the writer thread.
@@ -239,6 +247,7 @@ impl EmbeddedStore {
             id,
             timeout,
             write_failed,
+            reads: Arc::new(tokio::sync::Semaphore::new(READS_AT_ONCE)),
         })
     }
 
@@ -435,6 +444,11 @@ impl EmbeddedStore {
         read: impl FnOnce(&Database) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
         let db = Arc::clone(&self.db);
+        let _turn = self
+            .reads
+            .acquire()
+            .await
+            .expect("the read semaphore is never closed");
         tokio::task::spawn_blocking(move || read(&db))
             .await
             .map_err(|error| StoreError::Internal(format!("read task failed: {error}")))?
