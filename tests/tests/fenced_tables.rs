@@ -604,3 +604,129 @@ async fn the_seed_sweeper_over_direct_connections() {
         .get(0);
     assert_eq!(note, "sweep by node-b");
 }
+
+/// `jobs` fenced for `jobs` at 11 and `queue` fenced for `queue` at 7, with job 42 queued.
+async fn jobs_and_queue() -> FencedDb {
+    let fenced = FencedDb::create().await;
+    fenced
+        .execute("CREATE TABLE jobs (id int PRIMARY KEY, state text); CREATE TABLE queue (job int PRIMARY KEY)")
+        .await;
+    fenced.protect("jobs", "jobs").await;
+    fenced.protect("queue", "queue").await;
+    fenced.raise("jobs", 11).await;
+    fenced.raise("queue", 7).await;
+    fenced
+        .unfenced("jobs", "INSERT INTO jobs VALUES (42, 'queued')")
+        .await;
+    fenced
+        .unfenced("queue", "INSERT INTO queue VALUES (42)")
+        .await;
+    fenced
+}
+
+/// What the two tables hold: job 42's state, and whether it is still queued.
+async fn job_42(fenced: &FencedDb) -> (String, i64) {
+    let state: String = fenced
+        .admin
+        .query_one("SELECT state FROM jobs WHERE id = 42", &[])
+        .await
+        .unwrap()
+        .get(0);
+    (state, fenced.count("queue").await)
+}
+
+const START_JOB: &str =
+    "UPDATE jobs SET state = 'running' WHERE id = 42; DELETE FROM queue WHERE job = 42;";
+
+/// One transaction fences two resources, each with its own token, and writes both:
+/// a stale token for either one leaves both tables and both fences as they were; with
+/// both current, both are written and both fences raised, at the commit.
+#[tokio::test]
+async fn one_transaction_fences_several_resources_all_or_nothing() {
+    let fenced = jobs_and_queue().await;
+    let writer = fenced.writer("").await;
+    for (jobs, queue, stale) in [
+        (12, 6, "resource=queue presented=6 highest=7"),
+        (10, 8, "resource=jobs presented=10 highest=11"),
+    ] {
+        let refused = writer
+            .batch_execute(&format!(
+                "BEGIN; SELECT fencegate.fence('jobs', {jobs}), fencegate.fence('queue', {queue}); {START_JOB} COMMIT;"
+            ))
+            .await
+            .unwrap_err();
+        let error = fence_error(&refused);
+        assert_eq!(
+            (error.code().code(), detail_fields(error)),
+            ("ZF001", Some(stale))
+        );
+        writer.batch_execute("ROLLBACK").await.unwrap();
+        assert_eq!(job_42(&fenced).await, ("queued".to_owned(), 1));
+        assert_eq!(
+            fenced.highest("jobs").await,
+            Some(11),
+            "the current token of jobs was not raised"
+        );
+        assert_eq!(fenced.highest("queue").await, Some(7));
+    }
+    // A failing write after both fences passed takes both raises back with it.
+    let failing = writer
+        .batch_execute(&format!(
+            "BEGIN; SELECT fencegate.fence('jobs', 12), fencegate.fence('queue', 8); {START_JOB} INSERT INTO queue VALUES (NULL); COMMIT;"
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(failing.as_db_error().unwrap().code().code(), "23502");
+    writer.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(job_42(&fenced).await, ("queued".to_owned(), 1));
+    assert_eq!(
+        (fenced.highest("jobs").await, fenced.highest("queue").await),
+        (Some(11), Some(7))
+    );
+
+    writer
+        .batch_execute(&format!(
+            "BEGIN; SELECT fencegate.fence('jobs', 12), fencegate.fence('queue', 8); {START_JOB} COMMIT;"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(job_42(&fenced).await, ("running".to_owned(), 0));
+    assert_eq!(
+        (fenced.highest("jobs").await, fenced.highest("queue").await),
+        (Some(12), Some(8))
+    );
+}
+
+/// A resource fenced but not written in the transaction (a check) keeps its term until
+/// the commit: a new term's raise waits for it, so the transaction cannot commit on a
+/// term that has already passed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resource_only_checked_keeps_its_term_until_the_commit() {
+    let fenced = jobs_and_queue().await;
+    let writer = fenced.writer("").await;
+    writer
+        .batch_execute("BEGIN; SELECT fencegate.fence('jobs', 12), fencegate.fence('queue', 7);")
+        .await
+        .unwrap();
+    let raising = {
+        let new_term = fenced.writer("").await;
+        tokio::spawn(async move {
+            new_term
+                .query_one("SELECT fencegate.fence('queue', 8)", &[])
+                .await
+                .map(|_| ())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !raising.is_finished(),
+        "the new term of queue waits for the check to commit"
+    );
+    writer
+        .batch_execute("UPDATE jobs SET state = 'checked against queue 7' WHERE id = 42; COMMIT;")
+        .await
+        .unwrap();
+    raising.await.unwrap().unwrap();
+    assert_eq!(fenced.highest("queue").await, Some(8));
+    assert_eq!(fenced.highest("jobs").await, Some(12));
+}

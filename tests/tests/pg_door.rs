@@ -721,3 +721,56 @@ async fn shutdown_closes_idle_sessions_and_lets_transactions_finish() {
     assert!(status.success(), "{status}");
     assert_eq!(door.note().await, "finished");
 }
+
+/// Through the door, one transaction fences two resources: a stale token for one is
+/// counted as that resource's rejection, the whole transaction is rolled back (neither
+/// table written, neither fence raised), and with both tokens current both commit.
+#[tokio::test]
+async fn one_transaction_through_the_door_fences_two_resources() {
+    let door = SweeperDoor::start().await;
+    door.db
+        .execute("CREATE TABLE invoices_sent (id int PRIMARY KEY)")
+        .await;
+    door.db.protect("invoices_sent", "mailer").await;
+    door.db.raise("mailer", 3).await;
+    door.db.raise("sweeper", 2).await;
+    let writer = door.writer("").await;
+    let step = |sweeper: i64, mailer: i64| {
+        format!(
+            "BEGIN; SELECT fencegate.fence('mailer', {mailer}), fencegate.fence('sweeper', {sweeper});
+             UPDATE sweep_state SET note = 'swept with the mailer' WHERE id = 1;
+             INSERT INTO invoices_sent VALUES (123);
+             COMMIT;"
+        )
+    };
+    let refused = writer.batch_execute(&step(2, 2)).await.unwrap_err();
+    assert_eq!(
+        detail_fields(fence_error(&refused)),
+        Some("resource=mailer presented=2 highest=3")
+    );
+    writer.batch_execute("ROLLBACK").await.unwrap();
+    assert_ne!(door.note().await, "swept with the mailer");
+    assert_eq!(door.db.count("invoices_sent").await, 0);
+    assert_eq!(door.db.highest("sweeper").await, Some(2));
+    assert_eq!(
+        door.metric("fencegate_stale_rejections_total{resource=\"mailer\"}")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        door.metric("fencegate_stale_rejections_total{resource=\"sweeper\"}")
+            .await,
+        0.0
+    );
+
+    writer.batch_execute(&step(5, 4)).await.unwrap();
+    assert_eq!(door.note().await, "swept with the mailer");
+    assert_eq!(door.db.count("invoices_sent").await, 1);
+    assert_eq!(
+        (
+            door.db.highest("sweeper").await,
+            door.db.highest("mailer").await
+        ),
+        (Some(5), Some(4))
+    );
+}
