@@ -234,6 +234,11 @@ pub async fn run(
     tokio::spawn(Arc::clone(&coordinator).summarise_unlogged_rejections());
     coordinator.start_following_resets().await;
     tokio::spawn(Arc::clone(&coordinator).follow_resets());
+    // One write probe before the first /readyz, so that fencegate_store_writable says
+    // from the start whether the store takes writes (a failure is logged by the probe).
+    if let Err(error) = coordinator.writable().await {
+        tracing::warn!(%error, "the store could not be probed for writes at start");
+    }
     let addr = listener.local_addr().map_err(StartError::Listener)?;
     let pg_addr = match &door {
         Some((listener, ..)) => Some(listener.local_addr().map_err(StartError::Listener)?),

@@ -92,6 +92,11 @@ async fn a_full_disk_makes_the_embedded_store_unready() {
         .spawn()
         .await;
     let client = gateway.client();
+    assert_eq!(
+        metric_value(&client.metrics().await, "fencegate_store_writable"),
+        Some(1.0),
+        "probed at start, before any /readyz"
+    );
     assert_eq!(client.put("orders", "o-1", 1, "v").await.status, 201);
     let ready = readyz(&client).await;
     assert_eq!(ready.status, 200);
