@@ -33,6 +33,8 @@
 //!   the [`Mutant`]s.
 //! - `database`: the Postgres backend's transactions: the fenced put, a write lane's
 //!   group, the conditional put, the advance.
+//! - `multi`: a model of its own, of one transaction fencing several resources in the
+//!   database, with its invariants and mutants.
 //! - `properties`: the invariants (`always`) and the states that must be reachable
 //!   (`sometimes`).
 //! - `check`: running the checker and reporting; `trace`: paths in words.
@@ -42,6 +44,7 @@
 pub mod check;
 pub mod database;
 pub mod model;
+pub mod multi;
 pub mod properties;
 pub mod state;
 pub mod trace;
