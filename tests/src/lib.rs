@@ -68,6 +68,19 @@ where
     }
 }
 
+/// The resident set size of process `pid`, in bytes (`VmRSS` of `/proc/<pid>/status`):
+/// memory as the machine sees it, read from outside the process.
+pub fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/status is readable: {e}"));
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("/proc status has VmRSS");
+    kib * 1024
+}
+
 /// A loopback port that was free a moment ago, for a server that binds it itself. If
 /// another process takes it in between, that server fails to start and says so.
 pub fn free_port() -> u16 {

@@ -358,12 +358,7 @@ async fn a_new_client_gets_in_past_a_crowd_of_idle_ones() {
 }
 
 fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc")
+    fencegate_tests::rss_bytes(pid) / 1024
 }
 
 /// 300 concurrent 1 MiB writes against a database that does not answer: writes past

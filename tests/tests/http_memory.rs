@@ -26,13 +26,7 @@ use tokio::net::{TcpSocket, TcpStream};
 const OBJECT: usize = 4 << 20;
 
 fn rss_mib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc");
-    kib / 1024
+    fencegate_tests::rss_bytes(pid) >> 20
 }
 
 fn embedded(data: &DataDir) -> GatewayBuilder {

@@ -178,7 +178,7 @@ impl ResponseBudget {
         if bytes <= PACE_FROM {
             return Ok(None);
         }
-        let claim = self.claim(bytes)?;
+        let claim = self.claim(bytes, self.limit)?;
         if !conn.answer_started(self.max_pending_per_connection) {
             return Err(Overload::PendingAnswers);
         }
@@ -200,22 +200,21 @@ impl ResponseBudget {
         if bytes <= PACE_FROM {
             return None;
         }
-        self.used.fetch_add(bytes, Ordering::AcqRel);
-        self.gauge.add(bytes as i64);
+        let claim = self
+            .claim(bytes, usize::MAX)
+            .expect("an unbounded claim succeeds");
         conn.answer_started(usize::MAX);
         Some(Admitted {
-            _claim: Claim {
-                budget: Arc::clone(self),
-                bytes,
-            },
+            _claim: claim,
             conn: Arc::clone(conn),
         })
     }
 
-    fn claim(self: &Arc<Self>, bytes: usize) -> Result<Claim, Overload> {
+    /// Claims `bytes` if the bytes claimed stay at most `limit`.
+    fn claim(self: &Arc<Self>, bytes: usize, limit: usize) -> Result<Claim, Overload> {
         self.used
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(bytes).filter(|total| *total <= self.limit)
+                Some(used.saturating_add(bytes)).filter(|total| *total <= limit)
             })
             .map_err(|_| Overload::ResponseMemory)?;
         self.gauge.add(bytes as i64);

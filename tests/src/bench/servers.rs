@@ -41,20 +41,7 @@ impl Process {
 
     /// Resident set size, in bytes (`VmRSS` of `/proc/<pid>/status`).
     pub fn rss(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .expect("the server's /proc status is readable");
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
-            .and_then(|rest| {
-                rest.trim()
-                    .trim_end_matches("kB")
-                    .trim()
-                    .parse::<u64>()
-                    .ok()
-            })
-            .expect("/proc status has VmRSS")
-            * 1024
+        fencegate_tests::rss_bytes(self.pid())
     }
 
     /// The last lines the server logged, for error messages.
