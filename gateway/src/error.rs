@@ -84,6 +84,10 @@ pub enum ApiError {
     VersionMismatch { current: Option<u64> },
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("this Idempotency-Key was used for a different request (another method, path, token, precondition or body); nothing was applied: use a new key for a new request")]
+    IdempotencyKeyReused,
+    #[error("a request with this Idempotency-Key is still being applied; retry with the same key after Retry-After to get its answer")]
+    IdempotencyInFlight,
     /// An endpoint's own refusal, with the whole client-facing body (its code decides
     /// the status): how endpoint modules add errors without this enum knowing them.
     #[error("{}", .0.message)]
@@ -140,6 +144,8 @@ impl ApiError {
             ApiError::VersionMismatch { .. } => ErrorCode::VersionMismatch,
             ApiError::Store(StoreError::Unavailable { .. }) => ErrorCode::BackendUnavailable,
             ApiError::Store(StoreError::Internal(_)) => ErrorCode::Internal,
+            ApiError::IdempotencyKeyReused => ErrorCode::IdempotencyKeyReused,
+            ApiError::IdempotencyInFlight => ErrorCode::IdempotencyInFlight,
             ApiError::Refused(body) => body.error,
         }
     }
@@ -177,7 +183,8 @@ impl ApiError {
                     }
                     _ => format!(
                         "the database became unavailable ({reason}) after receiving the request; \
-                         whether a write was applied is unknown: read it back before retrying"
+                         whether the write was applied is unknown: retry it with the same \
+                         Idempotency-Key, which applies it at most once"
                     ),
                 };
                 body.write_applied = Some(*applied);

@@ -82,6 +82,22 @@ pub struct ErrorBody {
     /// the store answers: `disk_full`, `read_only` or `write_failed`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Every stale resource of a refused `/v1/txn`, in the transaction's order; the
+    /// first is also in `resource`, `presented` and `highest` (`stale_token`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stale: Vec<StaleResource>,
+    /// The index of the `/v1/txn` operation at fault, from 0 (`version_mismatch`,
+    /// `invalid_transaction`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operation: Option<usize>,
+}
+
+/// A resource whose fence is above the token an operation presented.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StaleResource {
+    pub resource: ResourceName,
+    pub presented: Token,
+    pub highest: Token,
 }
 
 impl ErrorBody {
@@ -101,6 +117,8 @@ impl ErrorBody {
             expires_in_ms: None,
             issued: None,
             reason: None,
+            stale: Vec::new(),
+            operation: None,
         }
     }
 }
@@ -225,6 +243,125 @@ pub struct SqlColumn {
     pub type_name: String,
 }
 
+/// The body of `POST /v1/txn`: operations on one or more resources, applied all or
+/// none in one transaction.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TxnRequest {
+    pub operations: Vec<TxnOperation>,
+}
+
+/// One operation of a transaction. Every operation names its resource and the token of
+/// the writer's term on it; all operations on one resource present the same token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum TxnOperation {
+    /// Writes an object: `value` (UTF-8 text) or `value_base64` (any bytes), exactly one.
+    Put {
+        resource: ResourceName,
+        key: ObjectKey,
+        token: Token,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        value: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        value_base64: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        if_match: Option<IfMatch>,
+    },
+    /// Deletes an object (a tombstone, as `DELETE /v1/kv` leaves).
+    Delete {
+        resource: ResourceName,
+        key: ObjectKey,
+        token: Token,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        if_match: Option<IfMatch>,
+    },
+    /// Raises the resource's fence to the token, as `POST /v1/fences/{r}/advance`.
+    Advance {
+        resource: ResourceName,
+        token: Token,
+    },
+    /// Requires, without writing, that the resource's fence is not above the token and,
+    /// with `key`, that the object is at `version` (`0`: it does not exist). Held until
+    /// the commit: no newer term can begin on the resource in between.
+    Check {
+        resource: ResourceName,
+        token: Token,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<ObjectKey>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        version: Option<u64>,
+    },
+}
+
+impl TxnOperation {
+    pub fn resource(&self) -> &ResourceName {
+        match self {
+            TxnOperation::Put { resource, .. }
+            | TxnOperation::Delete { resource, .. }
+            | TxnOperation::Advance { resource, .. }
+            | TxnOperation::Check { resource, .. } => resource,
+        }
+    }
+
+    pub fn token(&self) -> Token {
+        match self {
+            TxnOperation::Put { token, .. }
+            | TxnOperation::Delete { token, .. }
+            | TxnOperation::Advance { token, .. }
+            | TxnOperation::Check { token, .. } => *token,
+        }
+    }
+}
+
+/// A transaction operation's precondition on its object: a version (`0`: the object
+/// must not exist), or `"*"` (it must exist, at any version).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum IfMatch {
+    Version(u64),
+    Any(AnyVersion),
+}
+
+/// The `"*"` of [`IfMatch`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AnyVersion {
+    #[serde(rename = "*")]
+    Any,
+}
+
+/// What a transaction operation did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TxnOpKind {
+    Put,
+    Delete,
+    Advance,
+    Check,
+}
+
+/// The answer to a committed transaction: one result per operation, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnAccepted {
+    pub results: Vec<TxnResult>,
+}
+
+/// One operation's result: the resource's token, and for an object its version after
+/// the transaction (for `check`: the version it was found at).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TxnResult {
+    pub op: TxnOpKind,
+    pub resource: ResourceName,
+    pub token: Token,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<ObjectKey>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u64>,
+    /// The object did not exist before (a put only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub created: bool,
+}
+
 /// Distinguishes a field that is present but `null` from one that is absent.
 fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
     d: D,
@@ -245,5 +382,44 @@ mod tests {
         assert!(json.as_object().unwrap().contains_key("current"));
         assert!(!json.as_object().unwrap().contains_key("presented"));
         assert_eq!(serde_json::from_value::<ErrorBody>(json).unwrap(), body);
+    }
+
+    #[test]
+    fn transaction_operations_read_as_documented() {
+        let request: TxnRequest = serde_json::from_str(
+            r#"{"operations": [
+                {"op": "put", "resource": "a", "key": "k", "token": 3, "value": "v", "if_match": 2},
+                {"op": "put", "resource": "a", "key": "n", "token": 3, "value_base64": "AAE=", "if_match": "*"},
+                {"op": "delete", "resource": "b", "key": "k", "token": 4},
+                {"op": "advance", "resource": "c", "token": 5},
+                {"op": "check", "resource": "d", "token": 6, "key": "k", "version": 0}
+            ]}"#,
+        )
+        .unwrap();
+        assert_eq!(request.operations.len(), 5);
+        assert!(matches!(
+            request.operations[0],
+            TxnOperation::Put {
+                if_match: Some(IfMatch::Version(2)),
+                ..
+            }
+        ));
+        assert!(matches!(
+            request.operations[1],
+            TxnOperation::Put {
+                if_match: Some(IfMatch::Any(AnyVersion::Any)),
+                ..
+            }
+        ));
+        assert_eq!(request.operations[4].token().get(), 6);
+        for bad in [
+            r#"{"operations": [{"op": "move", "resource": "a", "token": 1}]}"#,
+            r#"{"operations": [{"op": "advance", "resource": "a", "token": 1, "key": "k"}]}"#,
+            r#"{"operations": [{"op": "advance", "resource": "a", "token": 0}]}"#,
+            r#"{"operations": [{"op": "put", "resource": "a", "key": "k", "token": 1, "if_match": "x"}]}"#,
+            r#"{"operations": [], "extra": 1}"#,
+        ] {
+            assert!(serde_json::from_str::<TxnRequest>(bad).is_err(), "{bad}");
+        }
     }
 }

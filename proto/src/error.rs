@@ -89,11 +89,25 @@ pub enum ErrorCode {
     /// 409: a fence reset that does not lower the fence, or would lower it below a token
     /// that was issued or written with; nothing changed.
     ResetRefused,
+    /// 400: the `Idempotency-Key` header is not 1–255 printable ASCII bytes, appears
+    /// twice, or is sent to an endpoint that does not take one; nothing was applied.
+    InvalidIdempotencyKey,
+    /// 422: the `Idempotency-Key` was used before, by this identity, for a different
+    /// request; nothing was applied. Use a new key for a new request.
+    IdempotencyKeyReused,
+    /// 409: a request with this `Idempotency-Key` is still being applied; retry after
+    /// `Retry-After` to get its answer.
+    IdempotencyInFlight,
+    /// 400: a `/v1/txn` body that is not a valid transaction (an unknown operation, a
+    /// resource with two tokens, an object written twice...); nothing was applied.
+    InvalidTransaction,
+    /// 400: more operations in one `/v1/txn` than `--txn-max-operations`.
+    TooManyOperations,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and for exhaustive tests.
-    pub const ALL: [ErrorCode; 32] = [
+    pub const ALL: [ErrorCode; 37] = [
         ErrorCode::StaleToken,
         ErrorCode::VersionMismatch,
         ErrorCode::MissingToken,
@@ -126,6 +140,11 @@ impl ErrorCode {
         ErrorCode::TokenHolderMismatch,
         ErrorCode::TokensExhausted,
         ErrorCode::ResetRefused,
+        ErrorCode::InvalidIdempotencyKey,
+        ErrorCode::IdempotencyKeyReused,
+        ErrorCode::IdempotencyInFlight,
+        ErrorCode::InvalidTransaction,
+        ErrorCode::TooManyOperations,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -162,6 +181,11 @@ impl ErrorCode {
             ErrorCode::TokenHolderMismatch => "token_holder_mismatch",
             ErrorCode::TokensExhausted => "tokens_exhausted",
             ErrorCode::ResetRefused => "reset_refused",
+            ErrorCode::InvalidIdempotencyKey => "invalid_idempotency_key",
+            ErrorCode::IdempotencyKeyReused => "idempotency_key_reused",
+            ErrorCode::IdempotencyInFlight => "idempotency_in_flight",
+            ErrorCode::InvalidTransaction => "invalid_transaction",
+            ErrorCode::TooManyOperations => "too_many_operations",
         }
     }
 
@@ -172,7 +196,9 @@ impl ErrorCode {
             | ErrorCode::LeaseHeld
             | ErrorCode::LeaseLost
             | ErrorCode::TokensExhausted
-            | ErrorCode::ResetRefused => 409,
+            | ErrorCode::ResetRefused
+            | ErrorCode::IdempotencyInFlight => 409,
+            ErrorCode::IdempotencyKeyReused => 422,
             ErrorCode::VersionMismatch => 412,
             ErrorCode::MissingToken => 428,
             ErrorCode::InvalidToken
@@ -185,7 +211,10 @@ impl ErrorCode {
             | ErrorCode::InvalidParam
             | ErrorCode::StatementNotAllowed
             | ErrorCode::UnsupportedType
-            | ErrorCode::TooManyStatements => 400,
+            | ErrorCode::TooManyStatements
+            | ErrorCode::InvalidIdempotencyKey
+            | ErrorCode::InvalidTransaction
+            | ErrorCode::TooManyOperations => 400,
             ErrorCode::SqlDisabled
             | ErrorCode::Forbidden
             | ErrorCode::TokenNotIssued
@@ -223,6 +252,8 @@ pub enum ProtoError {
     InvalidResource(&'static str),
     #[error("invalid key: {0}")]
     InvalidKey(&'static str),
+    #[error("invalid Idempotency-Key: {0}")]
+    InvalidIdempotencyKey(&'static str),
 }
 
 impl ProtoError {
@@ -234,6 +265,7 @@ impl ProtoError {
             ProtoError::InvalidPrecondition(_) => ErrorCode::InvalidPrecondition,
             ProtoError::InvalidResource(_) => ErrorCode::InvalidResource,
             ProtoError::InvalidKey(_) => ErrorCode::InvalidKey,
+            ProtoError::InvalidIdempotencyKey(_) => ErrorCode::InvalidIdempotencyKey,
         }
     }
 }

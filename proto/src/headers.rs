@@ -17,6 +17,40 @@ pub const FENCING_HOLDER: HeaderName = HeaderName::from_static("fencing-holder")
 /// The highest accepted token, on a `409 stale_token` answer.
 pub const FENCING_HIGHEST: HeaderName = HeaderName::from_static("fencing-highest");
 
+/// The client's name for one logical write, the same on every retry of it (request):
+/// the gateway applies it once and answers every retry with the first answer.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// `true` on an answer that was stored by an earlier attempt with the same
+/// `Idempotency-Key` and is replayed, not applied again (response).
+pub const IDEMPOTENCY_REPLAYED: HeaderName = HeaderName::from_static("idempotency-replayed");
+
+/// The longest `Idempotency-Key` value, in bytes.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+
+/// Reads `Idempotency-Key`: absent, or exactly once, 1–255 printable ASCII bytes
+/// (`0x20..=0x7e`).
+pub fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ProtoError> {
+    let Some(value) = single(headers, &IDEMPOTENCY_KEY)
+        .map_err(|()| ProtoError::InvalidIdempotencyKey("the header appears more than once"))?
+    else {
+        return Ok(None);
+    };
+    if value.is_empty() {
+        return Err(ProtoError::InvalidIdempotencyKey("the key is empty"));
+    }
+    if value.len() > MAX_IDEMPOTENCY_KEY_LEN {
+        return Err(ProtoError::InvalidIdempotencyKey("longer than 255 bytes"));
+    }
+    if !value.iter().all(|b| (0x20..=0x7e).contains(b)) {
+        return Err(ProtoError::InvalidIdempotencyKey(
+            "only printable ASCII characters are allowed",
+        ));
+    }
+    Ok(Some(
+        String::from_utf8(value.to_vec()).expect("printable ASCII is UTF-8"),
+    ))
+}
+
 /// The longest `Fencing-Holder` value, in bytes.
 pub const MAX_HOLDER_LEN: usize = 256;
 
@@ -173,6 +207,33 @@ mod tests {
             Fencing::from_headers(&bad_holder),
             Err(ProtoError::InvalidHolder(_))
         ));
+    }
+
+    #[test]
+    fn idempotency_keys() {
+        let parse = |pairs: &[(&HeaderName, &[u8])]| idempotency_key(&headers(pairs));
+        assert_eq!(parse(&[]), Ok(None));
+        assert_eq!(
+            parse(&[(&IDEMPOTENCY_KEY, b"order 7/retry")]),
+            Ok(Some("order 7/retry".into()))
+        );
+        let longest = vec![b'k'; 255];
+        assert_eq!(
+            parse(&[(&IDEMPOTENCY_KEY, &longest)]),
+            Ok(Some("k".repeat(255)))
+        );
+        let too_long = vec![b'k'; 256];
+        for bad in [&b""[..], &too_long, b"tab\there", &[0xc3, 0xa9]] {
+            assert!(
+                matches!(
+                    parse(&[(&IDEMPOTENCY_KEY, bad)]),
+                    Err(ProtoError::InvalidIdempotencyKey(_))
+                ),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert!(parse(&[(&IDEMPOTENCY_KEY, b"a"), (&IDEMPOTENCY_KEY, b"a")]).is_err());
     }
 
     #[test]

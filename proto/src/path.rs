@@ -8,6 +8,7 @@
 //! /v1/sql/{resource}
 //! /v1/leases/{resource}
 //! /v1/leases/{resource}/{acquire|renew|release}
+//! /v1/txn
 //! /metrics  /healthz  /readyz  /v1/openapi.json
 //! ```
 
@@ -46,6 +47,8 @@ pub enum Target {
         resource: ResourceName,
         step: LeaseStep,
     },
+    /// One transaction of operations on several resources.
+    Txn,
     Metrics,
     Healthz,
     Readyz,
@@ -64,6 +67,7 @@ pub enum Family {
     Sql,
     Lease,
     LeaseStep,
+    Txn,
     Metrics,
     Healthz,
     Readyz,
@@ -104,6 +108,7 @@ impl Family {
             "/healthz" => return Some(Family::Healthz),
             "/readyz" => return Some(Family::Readyz),
             "/v1/openapi.json" => return Some(Family::OpenApi),
+            TXN => return Some(Family::Txn),
             _ => {}
         }
         if path.starts_with(KV) {
@@ -132,6 +137,7 @@ const KV: &str = "/v1/kv/";
 const FENCES: &str = "/v1/fences/";
 const SQL: &str = "/v1/sql/";
 const LEASES: &str = "/v1/leases/";
+const TXN: &str = "/v1/txn";
 const ADVANCE: &str = "/advance";
 const RESET: &str = "/reset";
 
@@ -152,6 +158,7 @@ impl Target {
             Family::Healthz => return Ok(Target::Healthz),
             Family::Readyz => return Ok(Target::Readyz),
             Family::OpenApi => return Ok(Target::OpenApi),
+            Family::Txn => return Ok(Target::Txn),
             Family::Object
             | Family::Fence
             | Family::FenceAdvance
@@ -228,6 +235,7 @@ impl Target {
             Target::LeaseStep { resource, step } => {
                 format!("{LEASES}{resource}/{}", step.as_str())
             }
+            Target::Txn => TXN.to_owned(),
             Target::Metrics => "/metrics".to_owned(),
             Target::Healthz => "/healthz".to_owned(),
             Target::Readyz => "/readyz".to_owned(),
@@ -244,6 +252,7 @@ impl Target {
             Target::Sql { .. } => Family::Sql,
             Target::Lease { .. } => Family::Lease,
             Target::LeaseStep { .. } => Family::LeaseStep,
+            Target::Txn => Family::Txn,
             Target::Metrics => Family::Metrics,
             Target::Healthz => Family::Healthz,
             Target::Readyz => Family::Readyz,
@@ -485,6 +494,7 @@ mod tests {
             Just(Target::Metrics),
             Just(Target::Healthz),
             Just(Target::Readyz),
+            Just(Target::Txn),
             Just(Target::OpenApi),
         ]
     }

@@ -63,6 +63,14 @@ impl Body {
         }
     }
 
+    /// The bytes not yet sent, taken out of the body.
+    pub fn into_bytes(self) -> Bytes {
+        match self.0 {
+            Kind::Whole(bytes) => bytes.unwrap_or_default(),
+            Kind::Paced(paced) => paced.rest,
+        }
+    }
+
     /// Whether every byte has been sent.
     pub fn is_empty(&self) -> bool {
         self.len() == 0

@@ -3,14 +3,17 @@
 use std::sync::Arc;
 
 use fencegate_proto::body::FenceState;
-use fencegate_proto::ResourceName;
+use fencegate_proto::{ResourceName, Token};
 use http::{Response, StatusCode};
 
+use crate::api::keyed;
 use crate::api::request::{fencing_of, Req};
-use crate::api::response::json_response;
+use crate::api::response::{error_response, json_response};
 use crate::api::Body;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
+use crate::store::txn::{Txn, TxnOp, TxnOutcome};
+use crate::store::StoreError;
 
 pub async fn get(
     coordinator: &Arc<Coordinator>,
@@ -33,19 +36,55 @@ pub async fn advance(
     request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
     let fencing = fencing_of(request, &resource)?;
-    coordinator.check_cached(&resource, None, &fencing, request.identity.as_deref())?;
+    let idempotency = keyed::key_of(request)?;
+    // A keyed advance is decided by the store alone; see `keyed`.
+    if idempotency.is_none() {
+        coordinator.check_cached(&resource, None, &fencing, request.identity.as_deref())?;
+    }
     let _in_flight = coordinator.write_permit(request.client(coordinator))?;
     coordinator
         .check_issued(&resource, &fencing, request.identity.as_deref())
         .await?;
-    coordinator
-        .advance(&resource, &fencing, request.identity.as_deref())
+    let Some(idempotency) = idempotency else {
+        coordinator
+            .advance(&resource, &fencing, request.identity.as_deref())
+            .await?;
+        return Ok(advanced(resource, fencing.token));
+    };
+    let txn = Txn::new(vec![TxnOp::Advance {
+        resource: resource.clone(),
+        token: fencing.token,
+    }])
+    .map_err(|error| StoreError::Internal(error.to_string()))?;
+    let token = fencing.token;
+    let render = keyed::renderer(move |outcome| match outcome {
+        TxnOutcome::Stale(members) => error_response(&ApiError::Stale {
+            resource: resource.clone(),
+            presented: token,
+            highest: members.first().map_or(token, |member| member.highest),
+        }),
+        // An advance has no precondition: applied.
+        _ => advanced(resource.clone(), token),
+    });
+    let record = keyed::keyed(coordinator, request, idempotency, &[], render.clone());
+    let answered = coordinator
+        .txn(
+            Arc::new(txn),
+            Some(record),
+            fencing.holder.as_deref(),
+            request.identity.as_deref(),
+        )
         .await?;
-    Ok(json_response(
+    keyed::answer(answered, &render)
+}
+
+/// The answer to an applied advance.
+fn advanced(resource: ResourceName, token: Token) -> Response<Body> {
+    json_response(
         StatusCode::OK,
         &FenceState {
             resource,
-            highest: Some(fencing.token),
+            highest: Some(token),
         },
-    ))
+    )
 }

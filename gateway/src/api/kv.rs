@@ -3,18 +3,20 @@
 use std::sync::Arc;
 
 use fencegate_proto::body::WriteAccepted;
-use fencegate_proto::headers::{Precondition, FENCING_TOKEN};
-use fencegate_proto::{ObjectKey, ResourceName};
+use fencegate_proto::headers::{Fencing, Precondition, FENCING_TOKEN};
+use fencegate_proto::{ObjectKey, ResourceName, Token};
 use http::header::{CONTENT_TYPE, ETAG};
 use http::{HeaderValue, Response, StatusCode};
 
+use crate::api::keyed;
 use crate::api::request::{fencing_of, read_body, Req};
-use crate::api::response::{etag_value, json_response, number_value};
+use crate::api::response::{error_response, etag_value, json_response, number_value};
 use crate::api::Body;
 use crate::coordinator::Applied;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
-use crate::store::{Write, WriteOp};
+use crate::store::txn::{OpDone, Txn, TxnOp, TxnOutcome};
+use crate::store::{StoreError, Write, WriteOp};
 
 /// What a fenced write does to its object.
 pub enum Change {
@@ -36,6 +38,16 @@ pub async fn write(
 ) -> Result<Response<Body>, ApiError> {
     let fencing = fencing_of(request, &resource)?;
     let precondition = Precondition::from_headers(&request.head.headers)?;
+    if let Some(idempotency) = keyed::key_of(request)? {
+        let write = Keyed {
+            resource,
+            key,
+            change,
+            fencing,
+            precondition,
+        };
+        return Box::pin(write_keyed(coordinator, write, idempotency, request)).await;
+    }
     coordinator.check_cached(&resource, Some(&key), &fencing, request.identity.as_deref())?;
     let _in_flight = coordinator.write_permit(request.client(coordinator))?;
     coordinator
@@ -59,6 +71,17 @@ pub async fn write(
     let Applied { version, created } = coordinator
         .write(write, &fencing, request.identity.as_deref())
         .await?;
+    Ok(accepted(resource, key, fencing.token, version, created))
+}
+
+/// The answer to an applied write.
+fn accepted(
+    resource: ResourceName,
+    key: ObjectKey,
+    token: Token,
+    version: u64,
+    created: bool,
+) -> Response<Body> {
     let status = if created {
         StatusCode::CREATED
     } else {
@@ -67,12 +90,104 @@ pub async fn write(
     let accepted = WriteAccepted {
         resource,
         key,
-        token: fencing.token,
+        token,
         version,
     };
     let mut response = json_response(status, &accepted);
     response.headers_mut().insert(ETAG, etag_value(version));
-    Ok(response)
+    response
+}
+
+/// A write with an `Idempotency-Key`, as its parts were read.
+struct Keyed {
+    resource: ResourceName,
+    key: ObjectKey,
+    change: Change,
+    fencing: Fencing,
+    precondition: Precondition,
+}
+
+/// A write with an `Idempotency-Key`: a one-operation transaction that stores its
+/// answer ([`keyed`]). Not checked against the fence cache: the store decides, so that
+/// a retry of an accepted write gets its answer after a newer term began.
+async fn write_keyed(
+    coordinator: &Arc<Coordinator>,
+    write: Keyed,
+    idempotency: String,
+    request: &mut Req,
+) -> Result<Response<Body>, ApiError> {
+    let Keyed {
+        resource,
+        key,
+        change,
+        fencing,
+        precondition,
+    } = write;
+    let _in_flight = coordinator.write_permit(request.client(coordinator))?;
+    coordinator
+        .check_issued(&resource, &fencing, request.identity.as_deref())
+        .await?;
+    let (op, body) = match change {
+        Change::Put => {
+            let body = read_body(coordinator, request).await?;
+            let op = TxnOp::Put {
+                resource: resource.clone(),
+                key: key.clone(),
+                token: fencing.token,
+                value: body.bytes.clone(),
+                precondition,
+            };
+            (op, Some(body))
+        }
+        Change::Delete => {
+            let op = TxnOp::Delete {
+                resource: resource.clone(),
+                key: key.clone(),
+                token: fencing.token,
+                precondition,
+            };
+            (op, None)
+        }
+    };
+    let txn = Txn::new(vec![op]).map_err(|error| StoreError::Internal(error.to_string()))?;
+    let token = fencing.token;
+    let render = keyed::renderer(move |outcome| match outcome {
+        TxnOutcome::Applied(done) => {
+            let done = done.first().copied().unwrap_or(OpDone {
+                version: None,
+                created: false,
+            });
+            accepted(
+                resource.clone(),
+                key.clone(),
+                token,
+                done.version.unwrap_or_default(),
+                done.created,
+            )
+        }
+        TxnOutcome::Stale(members) => error_response(&ApiError::Stale {
+            resource: resource.clone(),
+            presented: token,
+            highest: members.first().map_or(token, |member| member.highest),
+        }),
+        TxnOutcome::PreconditionFailed { current, .. } => {
+            error_response(&ApiError::VersionMismatch { current: *current })
+        }
+    });
+    let bytes = body
+        .as_ref()
+        .map(|body| body.bytes.clone())
+        .unwrap_or_default();
+    let record = keyed::keyed(coordinator, request, idempotency, &bytes, render.clone());
+    let answered = coordinator
+        .txn(
+            Arc::new(txn),
+            Some(record),
+            fencing.holder.as_deref(),
+            request.identity.as_deref(),
+        )
+        .await?;
+    keyed::answer(answered, &render)
 }
 
 pub async fn get(

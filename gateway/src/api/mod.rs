@@ -33,12 +33,14 @@
 
 pub mod body;
 mod fences;
+mod keyed;
 mod kv;
 mod leases;
 mod ops;
 mod request;
 mod response;
 mod sql;
+mod txn;
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -155,9 +157,9 @@ async fn dispatch(
     };
     let target = Target::parse(path)?;
     let method = request.head.method.clone();
-    if let Some(identity) = identity {
+    if let Some(identity) = &identity {
         tracing::Span::current().record("identity", identity.name.as_str());
-        authorize(&identity, &method, &target)?;
+        authorize(identity, &method, &target)?;
         request.identity = Some(identity.name.clone());
     }
     match (method, target) {
@@ -191,6 +193,8 @@ async fn dispatch(
         (_, Target::Sql { .. } | Target::FenceReset { .. } | Target::LeaseStep { .. }) => {
             Err(ApiError::MethodNotAllowed { allow: "POST" })
         }
+        (Method::POST, Target::Txn) => txn::post(coordinator, request, identity.as_deref()).await,
+        (_, Target::Txn) => Err(ApiError::MethodNotAllowed { allow: "POST" }),
         (Method::GET, Target::Metrics) => Ok(ops::metrics(coordinator)),
         (Method::GET, Target::Healthz) => Ok(ops::healthz()),
         (Method::GET, Target::Readyz) => ops::readyz(coordinator).await,
@@ -247,6 +251,7 @@ fn route_label(method: &Method, path: &str) -> &'static str {
         Some(Family::Sql) => "sql",
         Some(Family::Lease) => "lease_get",
         Some(Family::LeaseStep) => "lease_step",
+        Some(Family::Txn) => "txn",
         Some(Family::Metrics) => "metrics",
         Some(Family::Healthz) => "healthz",
         Some(Family::Readyz) => "readyz",
@@ -275,6 +280,7 @@ mod tests {
                 LeaseStep::Renew => ("/v1/leases/{resource}/renew", &["post"]),
                 LeaseStep::Release => ("/v1/leases/{resource}/release", &["post"]),
             },
+            Target::Txn => ("/v1/txn", &["post"]),
             Target::Metrics => ("/metrics", &["get"]),
             Target::Healthz => ("/healthz", &["get"]),
             Target::Readyz => ("/readyz", &["get"]),
@@ -303,6 +309,7 @@ mod tests {
             "/v1/leases/r/acquire",
             "/v1/leases/r/renew",
             "/v1/leases/r/release",
+            "/v1/txn",
             "/metrics",
             "/healthz",
             "/readyz",
@@ -353,6 +360,7 @@ mod tests {
             (Method::POST, "/v1/fences/a/reset"),
             (Method::GET, "/v1/leases/a"),
             (Method::POST, "/v1/leases/a/renew"),
+            (Method::POST, "/v1/txn"),
             (Method::GET, "/metrics"),
             (Method::GET, "/healthz"),
             (Method::GET, "/readyz"),

@@ -151,7 +151,16 @@ const CLAIMED_AT_ONCE: usize = 16 * 1024;
 /// when its first bytes arrive, so a client that declares a large body and sends
 /// nothing holds none; it stays claimed while the result lives.
 pub async fn read_body(coordinator: &Coordinator, request: &mut Req) -> Result<ReadBody, ApiError> {
-    let limit = coordinator.max_body();
+    read_body_within(coordinator, request, coordinator.max_body()).await
+}
+
+/// As [`read_body`], with a limit of its own (at most `--max-body`).
+pub async fn read_body_within(
+    coordinator: &Coordinator,
+    request: &mut Req,
+    limit: usize,
+) -> Result<ReadBody, ApiError> {
+    let limit = limit.min(coordinator.max_body());
     let declared = request
         .head
         .headers

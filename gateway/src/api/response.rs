@@ -66,7 +66,7 @@ pub fn error_response(error: &ApiError) -> Response<Body> {
                 .headers_mut()
                 .insert(ALLOW, HeaderValue::from_static(allow));
         }
-        ApiError::Overloaded(_) | ApiError::ShuttingDown => {
+        ApiError::Overloaded(_) | ApiError::ShuttingDown | ApiError::IdempotencyInFlight => {
             response
                 .headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from_static("1"));

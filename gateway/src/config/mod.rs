@@ -61,6 +61,9 @@ pub const DEFAULT_PG_MAX_PENDING_AUTH: usize = 16;
 pub const DEFAULT_PG_MAX_PENDING_AUTH_PER_PEER: usize = 4;
 pub const DEFAULT_PG_STARTUP_TIMEOUT: &str = "5s";
 pub const DEFAULT_TERM_TAKEOVER_TIMEOUT: &str = "2s";
+pub const DEFAULT_IDEMPOTENCY_TTL: &str = "24h";
+pub const DEFAULT_TXN_MAX_OPERATIONS: usize = 64;
+pub const DEFAULT_TXN_MAX_BYTES: &str = "1MiB";
 pub const DEFAULT_PG_IDLE_IN_TRANSACTION_TIMEOUT: &str = "60s";
 
 /// fencegate: a fencing gateway in front of your storage.
@@ -304,6 +307,21 @@ pub struct Config {
     /// Needs the gateway's login to be a member of pg_signal_backend.
     #[arg(long, env = "FENCEGATE_TERM_TAKEOVER_TIMEOUT", default_value = DEFAULT_TERM_TAKEOVER_TIMEOUT, value_parser = humantime::parse_duration)]
     pub term_takeover_timeout: Duration,
+
+    /// How long the answer of a write sent with an Idempotency-Key is kept: a retry
+    /// with the same key within this time gets the stored answer and applies nothing;
+    /// after it, the key is free again. Expired answers are removed in the background.
+    #[arg(long, env = "FENCEGATE_IDEMPOTENCY_TTL", default_value = DEFAULT_IDEMPOTENCY_TTL, value_parser = humantime::parse_duration)]
+    pub idempotency_ttl: Duration,
+
+    /// Most operations in one POST /v1/txn; past it, 400 too_many_operations.
+    #[arg(long, env = "FENCEGATE_TXN_MAX_OPERATIONS", default_value_t = DEFAULT_TXN_MAX_OPERATIONS)]
+    pub txn_max_operations: usize,
+
+    /// Largest POST /v1/txn body (its JSON, values included); past it, 413
+    /// body_too_large. Also bounded by --max-body.
+    #[arg(long, env = "FENCEGATE_TXN_MAX_BYTES", default_value = DEFAULT_TXN_MAX_BYTES, value_parser = parse_size)]
+    pub txn_max_bytes: usize,
 
     /// Address of the Postgres door, where writers connect with their own Postgres
     /// driver (docs/postgres-door.md); `off` for none. On with the Postgres backend
@@ -693,6 +711,15 @@ impl Config {
         }
         if self.max_pending_answers == 0 {
             return fail("--max-pending-answers must be at least 1");
+        }
+        if self.txn_max_operations == 0 {
+            return fail("--txn-max-operations must be at least 1");
+        }
+        if self.txn_max_bytes == 0 {
+            return fail("--txn-max-bytes must be at least 1 byte");
+        }
+        if self.idempotency_ttl < Duration::from_secs(1) {
+            return fail("--idempotency-ttl must be at least 1s: a retry must find its answer");
         }
         if self.sql_max_response == 0 {
             return fail("--sql-max-response must be at least 1 byte");

@@ -19,6 +19,7 @@ mod audit;
 mod issued;
 mod shares;
 mod takeover;
+mod txn;
 
 pub use shares::ClientKey;
 
@@ -87,6 +88,12 @@ pub struct Coordinator {
     bindings_replaced: AtomicBool,
     /// The administrator's key of a gateway without --auth-file (`--admin-key-file`).
     admin_key: Option<crate::auth::AdminKey>,
+    /// How long keyed answers are kept (`--idempotency-ttl`).
+    pub idempotency_ttl: Duration,
+    /// Most operations in one transaction (`--txn-max-operations`).
+    pub txn_max_operations: usize,
+    /// Largest transaction body (`--txn-max-bytes`, at most `--max-body`).
+    pub txn_max_bytes: usize,
     /// The latest write probe of the store and when it ran; see [`Coordinator::writable`].
     write_probe: tokio::sync::Mutex<Option<(tokio::time::Instant, Result<(), NotWritable>)>>,
 }
@@ -260,6 +267,9 @@ impl Coordinator {
             bindings_generation,
             bindings_replaced: AtomicBool::new(false),
             admin_key,
+            idempotency_ttl: config.idempotency_ttl,
+            txn_max_operations: config.txn_max_operations,
+            txn_max_bytes: config.txn_max_bytes.min(config.max_body),
             write_probe: tokio::sync::Mutex::new(None),
         })
     }

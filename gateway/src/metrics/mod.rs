@@ -8,6 +8,7 @@
 
 mod bounds;
 mod labels;
+mod retries;
 mod trust;
 
 use std::sync::OnceLock;
@@ -19,6 +20,7 @@ use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
     IntGaugeVec, Opts, Registry, TextEncoder,
 };
+use retries::RetryMetrics;
 use trust::TrustMetrics;
 
 /// The label value for resources beyond the cap.
@@ -36,6 +38,7 @@ pub const ROUTES: &[&str] = &[
     "sql",
     "lease_get",
     "lease_step",
+    "txn",
     "metrics",
     "healthz",
     "readyz",
@@ -87,6 +90,7 @@ pub struct Metrics {
     pg: DoorMetrics,
     trust: TrustMetrics,
     bounds: BoundMetrics,
+    retries: RetryMetrics,
 }
 
 /// The Postgres door's own metrics.
@@ -351,6 +355,7 @@ impl Metrics {
         let pg = DoorMetrics::new();
         let trust = TrustMetrics::new();
         let bounds = BoundMetrics::new();
+        let retries = RetryMetrics::new();
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(request_duration.clone()),
@@ -370,6 +375,7 @@ impl Metrics {
         .chain(pg.collectors())
         .chain(trust.collectors())
         .chain(bounds.collectors())
+        .chain(retries.collectors())
         {
             registry
                 .register(collector)
@@ -395,7 +401,23 @@ impl Metrics {
             pg,
             trust,
             bounds,
+            retries,
         }
+    }
+
+    /// Counts a keyed write by what became of its key (see `IDEMPOTENCY_OUTCOMES`).
+    pub fn idempotency(&self, outcome: &str) {
+        self.retries.idempotency.with_label_values(&[outcome]).inc();
+    }
+
+    /// Counts expired answers of keyed writes removed.
+    pub fn idempotency_expired(&self, removed: u64) {
+        self.retries.expired.inc_by(removed);
+    }
+
+    /// Observes the number of operations of a transaction.
+    pub fn txn_operations(&self, operations: usize) {
+        self.retries.txn_operations.observe(operations as f64);
     }
 
     /// Counts a step of a hosted lease.

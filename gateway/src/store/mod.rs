@@ -19,6 +19,7 @@ use leases::{Claimant, LeaseOp, LeaseOutcome, LeaseRecord, Reset, ResetOutcome, 
 pub mod embedded;
 pub mod leases;
 pub mod postgres;
+pub mod txn;
 
 pub use embedded::EmbeddedStore;
 pub use postgres::PgStore;
@@ -223,6 +224,27 @@ impl Store {
         match self {
             Store::Postgres(store) => store.write(write).await,
             Store::Embedded(store) => store.write(write).await,
+        }
+    }
+
+    /// Applies a transaction of several operations all or nothing, storing its answer
+    /// under its key if it has one; see [`txn`].
+    pub async fn txn(
+        &self,
+        txn: &txn::Txn,
+        keyed: Option<&txn::Keyed>,
+    ) -> Result<txn::Answered, StoreError> {
+        match self {
+            Store::Postgres(store) => store.txn(txn, keyed).await,
+            Store::Embedded(store) => store.txn(txn, keyed).await,
+        }
+    }
+
+    /// Removes up to `limit` expired idempotency records; returns how many went.
+    pub async fn expire_idempotency(&self, limit: u32) -> Result<u64, StoreError> {
+        match self {
+            Store::Postgres(store) => store.expire_idempotency(i64::from(limit)).await,
+            Store::Embedded(store) => store.expire_idempotency(limit).await,
         }
     }
 

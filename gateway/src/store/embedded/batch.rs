@@ -3,16 +3,19 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use fencegate_proto::{ResourceName, Token};
+use fencegate_proto::{ObjectKey, ResourceName, Token};
 use redb::{Database, ReadableTable, Table};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::embedded::{
-    lease_record, now_ms, LeaseRow, ObjectRow, ResetRow, FENCES, LEASES, OBJECTS, RAISES,
-    RAISES_KEPT, RESETS,
+    lease_record, now_ms, IdempotencyRow, LeaseRow, ObjectRow, ResetRow, FENCES, IDEMPOTENCY,
+    IDEMPOTENCY_EXPIRY, LEASES, OBJECTS, RAISES, RAISES_KEPT, RESETS,
 };
 use crate::store::leases::{
     check_reset, decide, next_token, Claimant, Decision, LeaseOp, LeaseOutcome, Reset, ResetOutcome,
+};
+use crate::store::txn::{
+    replay, Answered, Hold, Keyed, OpDone, StaleMember, StoredAnswer, Txn, TxnOp, TxnOutcome,
 };
 use crate::store::{
     precondition_holds, AdvanceOutcome, StoreError, UnavailableReason, Write, WriteOp, WriteOutcome,
@@ -41,6 +44,13 @@ pub(super) enum Job {
         reset: Reset,
         reply: Reply<ResetOutcome>,
     },
+    Txn {
+        txn: Txn,
+        keyed: Option<Keyed>,
+        reply: Reply<Answered>,
+    },
+    /// Removes up to `limit` expired idempotency records.
+    Expire { limit: u32, reply: Reply<u64> },
 }
 
 /// A job applied inside the batch transaction, waiting for the commit to answer it.
@@ -49,6 +59,8 @@ enum Applied {
     Advance(Reply<AdvanceOutcome>, AdvanceOutcome),
     Lease(Reply<LeaseOutcome>, LeaseOutcome),
     Reset(Reply<ResetOutcome>, ResetOutcome),
+    Txn(Reply<Answered>, Answered),
+    Expire(Reply<u64>, u64),
 }
 
 impl Job {
@@ -93,6 +105,20 @@ impl Job {
                     Err(error)
                 }
             },
+            Job::Txn { txn, keyed, reply } => match apply_keyed(tables, &txn, keyed.as_ref()) {
+                Ok(answered) => Ok(Applied::Txn(reply, answered)),
+                Err(error) => {
+                    drop(reply.send(Err(storage_failed(Some(false)))));
+                    Err(error)
+                }
+            },
+            Job::Expire { limit, reply } => match expire(tables, limit) {
+                Ok(removed) => Ok(Applied::Expire(reply, removed)),
+                Err(error) => {
+                    drop(reply.send(Err(storage_failed(Some(false)))));
+                    Err(error)
+                }
+            },
         }
     }
 
@@ -104,6 +130,8 @@ impl Job {
             Job::Advance { reply, .. } => drop(reply.send(Err(error))),
             Job::Lease { reply, .. } => drop(reply.send(Err(error))),
             Job::Reset { reply, .. } => drop(reply.send(Err(error))),
+            Job::Txn { reply, .. } => drop(reply.send(Err(error))),
+            Job::Expire { reply, .. } => drop(reply.send(Err(error))),
         }
     }
 }
@@ -116,6 +144,8 @@ impl Applied {
             Applied::Advance(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
             Applied::Lease(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
             Applied::Reset(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
+            Applied::Txn(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
+            Applied::Expire(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
         }
     }
 
@@ -156,6 +186,8 @@ struct Tables<'txn> {
     leases: Table<'txn, &'static str, LeaseRow>,
     resets: Table<'txn, u64, ResetRow>,
     raises: Table<'txn, (&'static str, u64), (&'static str, u64)>,
+    idempotency: Table<'txn, (&'static str, &'static str), IdempotencyRow>,
+    idempotency_expiry: Table<'txn, (u64, &'static str, &'static str), ()>,
 }
 
 impl Tables<'_> {
@@ -233,6 +265,8 @@ fn apply_batch(
             leases: txn.open_table(LEASES)?,
             resets: txn.open_table(RESETS)?,
             raises: txn.open_table(RAISES)?,
+            idempotency: txn.open_table(IDEMPOTENCY)?,
+            idempotency_expiry: txn.open_table(IDEMPOTENCY_EXPIRY)?,
         };
         for job in jobs {
             applied.push(job.apply(&mut tables)?);
@@ -399,27 +433,58 @@ fn apply_write(tables: &mut Tables<'_>, write: &Write) -> Result<WriteOutcome, r
     if let Some(highest) = stale_against(tables, &write.resource, write.token)? {
         return Ok(WriteOutcome::Stale { highest });
     }
-    let object_key = (write.resource.as_str(), write.key.as_str());
+    let current = live_version(tables, &write.resource, write.key.as_str())?;
+    if !precondition_holds(write.precondition, current) {
+        return Ok(WriteOutcome::PreconditionFailed { current });
+    }
+    tables.set_fence(write.resource.as_str(), write.token.get(), "kv")?;
+    let done = write_object(tables, &write.resource, &write.key, write.token, &write.op)?;
+    Ok(WriteOutcome::Applied {
+        version: done.version.unwrap_or_default(),
+        created: done.created,
+    })
+}
+
+/// The version of a live object; `None` if it does not exist or was deleted.
+fn live_version(
+    tables: &Tables<'_>,
+    resource: &ResourceName,
+    key: &str,
+) -> Result<Option<u64>, redb::Error> {
+    Ok(tables
+        .objects
+        .get((resource.as_str(), key))?
+        .and_then(|entry| {
+            let (_, version, _, value) = entry.value();
+            value.is_some().then_some(version)
+        }))
+}
+
+/// Writes an object, once its fence is checked and raised: a put writes (or revives)
+/// it, a delete leaves a tombstone; a delete of nothing changes nothing.
+fn write_object(
+    tables: &mut Tables<'_>,
+    resource: &ResourceName,
+    key: &ObjectKey,
+    token: Token,
+    op: &WriteOp,
+) -> Result<OpDone, redb::Error> {
+    let object_key = (resource.as_str(), key.as_str());
     let existing = tables.objects.get(object_key)?.map(|entry| {
         let (_, version, born, value) = entry.value();
         (version, born, value.is_some())
     });
     let (version, born, live) = existing.unwrap_or((0, 0, false));
-    let current = live.then_some(version);
-    if !precondition_holds(write.precondition, current) {
-        return Ok(WriteOutcome::PreconditionFailed { current });
-    }
-    let token = write.token.get();
-    tables.set_fence(write.resource.as_str(), token, "kv")?;
-    Ok(match &write.op {
+    let token = token.get();
+    Ok(match op {
         WriteOp::Put(value) => {
             let new_version = version + 1;
             let born = if live { born } else { new_version };
             tables
                 .objects
                 .insert(object_key, (token, new_version, born, Some(value.as_ref())))?;
-            WriteOutcome::Applied {
-                version: new_version,
+            OpDone {
+                version: Some(new_version),
                 created: !live,
             }
         }
@@ -427,17 +492,159 @@ fn apply_write(tables: &mut Tables<'_>, write: &Write) -> Result<WriteOutcome, r
             tables
                 .objects
                 .insert(object_key, (token, version + 1, born, None))?;
-            WriteOutcome::Applied {
-                version: version + 1,
+            OpDone {
+                version: Some(version + 1),
                 created: false,
             }
         }
-        // Nothing to delete: the fence is raised, the object stays as it is.
-        WriteOp::Delete => WriteOutcome::Applied {
-            version,
+        // Nothing to delete: the object stays as it is.
+        WriteOp::Delete => OpDone {
+            version: Some(version),
             created: false,
         },
     })
+}
+
+/// A transaction inside the batch transaction, with its key: the answer an earlier
+/// attempt stored, or the transaction applied now and its answer stored with it.
+fn apply_keyed(
+    tables: &mut Tables<'_>,
+    txn: &Txn,
+    keyed: Option<&Keyed>,
+) -> Result<Answered, redb::Error> {
+    let Some(keyed) = keyed else {
+        return Ok(Answered::Ran {
+            outcome: apply_txn(tables, txn)?,
+            stored: None,
+        });
+    };
+    let now = now_ms();
+    let id = (keyed.identity.as_str(), keyed.key.as_str());
+    let earlier = tables.idempotency.get(id)?.map(|entry| {
+        let (fingerprint, expires, status, headers, body) = entry.value();
+        let answer = StoredAnswer {
+            status,
+            headers: StoredAnswer::parse_headers(headers),
+            body: bytes::Bytes::copy_from_slice(body),
+        };
+        (fingerprint.to_vec(), expires, answer)
+    });
+    if let Some((fingerprint, expires, answer)) = earlier {
+        if expires > now {
+            return Ok(replay(&fingerprint, keyed, answer));
+        }
+        tables.idempotency_expiry.remove((expires, id.0, id.1))?;
+    }
+    let outcome = apply_txn(tables, txn)?;
+    let answer = (keyed.render)(&outcome);
+    let expires = now.saturating_add(u64::try_from(keyed.ttl.as_millis()).unwrap_or(u64::MAX));
+    let headers = answer.headers_text();
+    tables.idempotency.insert(
+        id,
+        (
+            keyed.fingerprint.as_slice(),
+            expires,
+            answer.status,
+            headers.as_str(),
+            answer.body.as_ref(),
+        ),
+    )?;
+    tables
+        .idempotency_expiry
+        .insert((expires, id.0, id.1), ())?;
+    Ok(Answered::Ran {
+        outcome,
+        stored: Some(answer),
+    })
+}
+
+/// A transaction inside the batch transaction: every fence and every precondition is
+/// checked before the first change, so a refused transaction changes nothing.
+fn apply_txn(tables: &mut Tables<'_>, txn: &Txn) -> Result<TxnOutcome, redb::Error> {
+    let mut stale = Vec::new();
+    for involved in txn.involved() {
+        if let Some(highest) = stale_against(tables, &involved.resource, involved.token)? {
+            stale.push(StaleMember {
+                resource: involved.resource.clone(),
+                presented: involved.token,
+                highest,
+            });
+        }
+    }
+    if !stale.is_empty() {
+        return Ok(TxnOutcome::Stale(stale));
+    }
+    let mut found = Vec::with_capacity(txn.ops().len());
+    for (at, op) in txn.ops().iter().enumerate() {
+        let current = match op.object() {
+            Some((key, precondition)) => {
+                let current = live_version(tables, op.resource(), key.as_str())?;
+                if !precondition_holds(precondition, current) {
+                    return Ok(TxnOutcome::PreconditionFailed { op: at, current });
+                }
+                current
+            }
+            None => None,
+        };
+        found.push(current);
+    }
+    for involved in txn.involved() {
+        if involved.hold == Hold::Raise {
+            tables.set_fence(involved.resource.as_str(), involved.token.get(), "txn")?;
+        }
+    }
+    let mut done = Vec::with_capacity(txn.ops().len());
+    for (op, current) in txn.ops().iter().zip(found) {
+        done.push(match op {
+            TxnOp::Put {
+                resource,
+                key,
+                token,
+                value,
+                ..
+            } => write_object(tables, resource, key, *token, &WriteOp::Put(value.clone()))?,
+            TxnOp::Delete {
+                resource,
+                key,
+                token,
+                ..
+            } => write_object(tables, resource, key, *token, &WriteOp::Delete)?,
+            TxnOp::Advance { .. } => OpDone {
+                version: None,
+                created: false,
+            },
+            TxnOp::Check { object, .. } => OpDone {
+                version: object.as_ref().map(|_| current.unwrap_or(0)),
+                created: false,
+            },
+        });
+    }
+    Ok(TxnOutcome::Applied(done))
+}
+
+/// Removes up to `limit` idempotency records whose time ran out.
+fn expire(tables: &mut Tables<'_>, limit: u32) -> Result<u64, redb::Error> {
+    let now = now_ms();
+    let due: Vec<(u64, String, String)> = tables
+        .idempotency_expiry
+        .range(..(now, "", ""))?
+        .take(limit as usize)
+        .map(|entry| {
+            entry.map(|(key, _)| {
+                let (expires, identity, key) = key.value();
+                (expires, identity.to_owned(), key.to_owned())
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    for (expires, identity, key) in &due {
+        tables
+            .idempotency_expiry
+            .remove((*expires, identity.as_str(), key.as_str()))?;
+        tables
+            .idempotency
+            .remove((identity.as_str(), key.as_str()))?;
+    }
+    Ok(due.len() as u64)
 }
 
 #[cfg(test)]

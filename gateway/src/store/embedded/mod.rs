@@ -79,6 +79,15 @@ const RAISES: TableDefinition<(&str, u64), (&str, u64)> = TableDefinition::new("
 const RAISES_KEPT: usize = 32;
 /// Set once the raise log holds every fence the store had before it existed.
 const RAISES_SEEDED_KEY: &str = "raises_seeded";
+/// (fingerprint, expiry in ms since the Unix epoch, status, headers, body) of the answer
+/// stored with a keyed write; see [`crate::store::txn`].
+type IdempotencyRow = (&'static [u8], u64, u16, &'static str, &'static [u8]);
+/// (identity, key) -> the answer of a keyed write.
+const IDEMPOTENCY: TableDefinition<(&str, &str), IdempotencyRow> =
+    TableDefinition::new("idempotency");
+/// (expiry, identity, key): the keyed answers in the order they expire.
+const IDEMPOTENCY_EXPIRY: TableDefinition<(u64, &str, &str), ()> =
+    TableDefinition::new("idempotency_expiry");
 /// Marks the file as a fencegate store and records its format.
 const META: TableDefinition<&str, u64> = TableDefinition::new("fencegate_meta");
 const FORMAT_KEY: &str = "format_version";
@@ -276,6 +285,23 @@ impl EmbeddedStore {
             reply,
         })
         .await
+    }
+
+    /// Applies a transaction, keyed or not; see [`crate::store::txn`]. A retry of a keyed
+    /// write queues behind its first attempt and finds its answer: this store never
+    /// answers `InFlight`.
+    pub async fn txn(
+        &self,
+        txn: &crate::store::txn::Txn,
+        keyed: Option<&crate::store::txn::Keyed>,
+    ) -> Result<crate::store::txn::Answered, StoreError> {
+        let (txn, keyed) = (txn.clone(), keyed.cloned());
+        self.submit(|reply| Job::Txn { txn, keyed, reply }).await
+    }
+
+    /// Removes up to `limit` expired idempotency records; returns how many went.
+    pub async fn expire_idempotency(&self, limit: u32) -> Result<u64, StoreError> {
+        self.submit(|reply| Job::Expire { limit, reply }).await
     }
 
     pub async fn get<P, E>(
@@ -522,6 +548,10 @@ fn initialise(
         txn.open_table(LEASES).map_err(|e| open_error(e.into()))?;
         txn.open_table(RESETS).map_err(|e| open_error(e.into()))?;
         txn.open_table(READINESS)
+            .map_err(|e| open_error(e.into()))?;
+        txn.open_table(IDEMPOTENCY)
+            .map_err(|e| open_error(e.into()))?;
+        txn.open_table(IDEMPOTENCY_EXPIRY)
             .map_err(|e| open_error(e.into()))?;
         seed_raises(&txn).map_err(open_error)?;
         let mut table = txn.open_table(IDENTITY).map_err(|e| open_error(e.into()))?;

@@ -23,6 +23,7 @@ mod group;
 mod leases;
 pub(crate) mod session;
 pub mod statements;
+mod txn;
 mod writes;
 
 pub(crate) use connection::{
@@ -308,6 +309,26 @@ impl PgStore {
                 highest: Box::pin(self.highest_above(&write.resource, write.token)).await?,
             },
         })
+    }
+
+    /// Applies a transaction, keyed or not; see [`crate::store::txn`].
+    pub async fn txn(
+        &self,
+        txn: &crate::store::txn::Txn,
+        keyed: Option<&crate::store::txn::Keyed>,
+    ) -> Result<crate::store::txn::Answered, StoreError> {
+        Box::pin(self.with_client(async |client| txn::run(client, txn, keyed).await)).await
+    }
+
+    /// Removes up to `limit` expired idempotency records; returns how many went.
+    pub async fn expire_idempotency(&self, limit: i64) -> Result<u64, StoreError> {
+        self.with_client(async |client| {
+            client
+                .execute(statements::IDEMPOTENCY_EXPIRE, &[&limit])
+                .await
+                .map_err(|e| classify(e, false))
+        })
+        .await
     }
 
     pub async fn advance(

@@ -41,6 +41,23 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
     (3, crate::dbfence::M3_SQL),
     (4, crate::dbfence::M4_SQL),
     (5, crate::dbfence::M5_SQL),
+    (
+        6,
+        "-- The answers of writes sent with an Idempotency-Key, stored in the transaction
+     -- of the write; see crate::store::txn.
+     CREATE TABLE fencegate.idempotency (
+         identity    text NOT NULL,
+         key         text NOT NULL,
+         fingerprint bytea NOT NULL,
+         status      smallint,
+         headers     text,
+         body        bytea,
+         created_at  timestamptz NOT NULL DEFAULT now(),
+         expires_at  timestamptz NOT NULL,
+         PRIMARY KEY (identity, key)
+     );
+     CREATE INDEX idempotency_expiry ON fencegate.idempotency (expires_at);",
+    ),
 ];
 
 /// The readiness probe: a real write, committed on its own.
@@ -273,6 +290,42 @@ pub const GROUP_WRITE: &str = concat!(
     FROM w LEFT JOIN written o ON o.resource = w.resource AND o.key = w.key
     ORDER BY w.n"
 );
+
+/// Claims an idempotency key for a write about to run: a new record, or one whose time
+/// ran out, made new. No row if a live record holds the key (it is then locked until the
+/// transaction ends); waits for an uncommitted claim of the same key. `$1` identity,
+/// `$2` key, `$3` fingerprint, `$4` time to live in milliseconds.
+pub const IDEMPOTENCY_CLAIM: &str = "
+    INSERT INTO fencegate.idempotency AS i (identity, key, fingerprint, expires_at)
+    VALUES ($1, $2, $3, clock_timestamp() + $4::bigint * interval '1 millisecond')
+    ON CONFLICT (identity, key) DO UPDATE SET
+        fingerprint = EXCLUDED.fingerprint, expires_at = EXCLUDED.expires_at,
+        status = NULL, headers = NULL, body = NULL, created_at = now()
+        WHERE i.expires_at <= clock_timestamp()
+    RETURNING true";
+/// The record of a key. `$1` identity, `$2` key.
+pub const IDEMPOTENCY_READ: &str = "SELECT fingerprint, status, headers, body
+     FROM fencegate.idempotency WHERE identity = $1 AND key = $2";
+/// Stores the answer of a claimed key. `$1` identity, `$2` key, `$3` status,
+/// `$4` headers, `$5` body.
+pub const IDEMPOTENCY_RECORD: &str = "UPDATE fencegate.idempotency
+     SET status = $3, headers = $4, body = $5 WHERE identity = $1 AND key = $2";
+/// Removes up to `$1` expired records, skipping any a transaction holds. Touches no
+/// fence.
+pub const IDEMPOTENCY_EXPIRE: &str = "DELETE FROM fencegate.idempotency WHERE ctid = ANY (ARRAY(
+     SELECT ctid FROM fencegate.idempotency WHERE expires_at <= clock_timestamp()
+     LIMIT $1 FOR UPDATE SKIP LOCKED))";
+
+/// A transaction's hold on the fence of a resource it writes: raised to the token iff
+/// the token is not below it; locked either way.
+pub const TXN_FENCE_RAISE: &str = fence_raise!("txn");
+/// A transaction's hold on the fence of a resource it only checks: the row made (at 1,
+/// the lowest token: no fence) if missing, then locked for share.
+pub const TXN_FENCE_ENSURE: &str =
+    "INSERT INTO fencegate.fences (resource, highest, raised_by) VALUES ($1, 1, 'txn')
+     ON CONFLICT (resource) DO NOTHING";
+pub const TXN_FENCE_SHARE: &str =
+    "SELECT highest FROM fencegate.fences WHERE resource = $1 FOR SHARE";
 
 /// The fence step alone: an advance.
 pub const FENCE_ADVANCE: &str = fence_raise!("advance");

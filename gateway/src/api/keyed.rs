@@ -1,0 +1,131 @@
+//! Writes sent with an `Idempotency-Key`: the key read, the request's fingerprint, and
+//! answers stored and replayed.
+//!
+//! A keyed write runs as a transaction of the store ([`crate::store::txn`]) that stores
+//! its answer with it. The answer is rendered from the outcome by the endpoint's own
+//! function, the same for the first attempt and for the store, so that a retry gets the
+//! very bytes the first attempt got (plus `Idempotency-Replayed: true`).
+//!
+//! A keyed write skips the fence cache's early rejection: a retry of a write that was
+//! accepted must get its `201` even after a newer term raised the fence, and only the
+//! store knows it was accepted.
+
+use std::sync::Arc;
+
+use fencegate_proto::headers::{idempotency_key, IDEMPOTENCY_REPLAYED};
+use http::{HeaderName, HeaderValue, Response, StatusCode};
+use ring::digest;
+
+use crate::api::request::Req;
+use crate::api::Body;
+use crate::coordinator::Coordinator;
+use crate::error::ApiError;
+use crate::store::txn::{Answered, Keyed, Render, StoredAnswer, TxnOutcome};
+
+/// The request's `Idempotency-Key`, if it has one.
+pub fn key_of(request: &Req) -> Result<Option<String>, ApiError> {
+    Ok(idempotency_key(&request.head.headers)?)
+}
+
+/// The request headers that decide what a write does, beside its method, path and
+/// body: two requests that differ in one of them are different requests.
+const DECIDING_HEADERS: [&str; 3] = ["fencing-token", "if-match", "if-none-match"];
+
+/// A digest of what the request asks for: method, path, the deciding headers and the
+/// body. Each part is length-prefixed, so no two requests share an encoding.
+pub fn fingerprint(request: &Req, body: &[u8]) -> [u8; 32] {
+    let mut context = digest::Context::new(&digest::SHA256);
+    let mut part = |bytes: &[u8]| {
+        context.update(&(bytes.len() as u64).to_be_bytes());
+        context.update(bytes);
+    };
+    part(request.head.method.as_str().as_bytes());
+    part(request.head.uri.path().as_bytes());
+    for name in DECIDING_HEADERS {
+        for value in request.head.headers.get_all(name) {
+            part(name.as_bytes());
+            part(value.as_bytes());
+        }
+    }
+    part(body);
+    let mut fingerprint = [0; 32];
+    fingerprint.copy_from_slice(context.finish().as_ref());
+    fingerprint
+}
+
+/// The key record of a write about to run, with the answer's renderer.
+pub fn keyed(
+    coordinator: &Coordinator,
+    request: &Req,
+    key: String,
+    body: &[u8],
+    render: Render,
+) -> Keyed {
+    Keyed {
+        identity: request.identity.clone().unwrap_or_default(),
+        key,
+        fingerprint: fingerprint(request, body),
+        ttl: coordinator.idempotency_ttl,
+        render,
+    }
+}
+
+/// A renderer from an endpoint's function of the outcome to its response.
+pub fn renderer(render: impl Fn(&TxnOutcome) -> Response<Body> + Send + Sync + 'static) -> Render {
+    Arc::new(move |outcome| store(render(outcome)))
+}
+
+/// A response as it is stored.
+fn store(response: Response<Body>) -> StoredAnswer {
+    let (parts, body) = response.into_parts();
+    StoredAnswer {
+        status: parts.status.as_u16(),
+        headers: parts
+            .headers
+            .iter()
+            .filter_map(|(name, value)| {
+                Some((name.as_str().to_owned(), value.to_str().ok()?.to_owned()))
+            })
+            .collect(),
+        body: body.into_bytes(),
+    }
+}
+
+/// The response of a stored answer; marked as replayed if it is one.
+fn respond(answer: StoredAnswer, replayed: bool) -> Result<Response<Body>, ApiError> {
+    let mut response = Response::new(Body::whole(answer.body));
+    *response.status_mut() = StatusCode::from_u16(answer.status).map_err(|_| {
+        crate::store::StoreError::Internal(format!("stored status {}", answer.status))
+    })?;
+    for (name, value) in answer.headers {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(&value),
+        ) {
+            response.headers_mut().append(name, value);
+        }
+    }
+    if replayed {
+        response
+            .headers_mut()
+            .insert(IDEMPOTENCY_REPLAYED, HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
+
+/// The response to what a transaction, keyed or not, came to.
+pub fn answer(answered: Answered, render: &Render) -> Result<Response<Body>, ApiError> {
+    match answered {
+        Answered::Ran {
+            stored: Some(answer),
+            ..
+        } => respond(answer, false),
+        Answered::Ran {
+            outcome,
+            stored: None,
+        } => respond(render(&outcome), false),
+        Answered::Replayed(answer) => respond(answer, true),
+        Answered::KeyReused => Err(ApiError::IdempotencyKeyReused),
+        Answered::InFlight => Err(ApiError::IdempotencyInFlight),
+    }
+}

@@ -1,0 +1,276 @@
+//! Transactions over several resources, and keyed writes, on Postgres: the steps of
+//! [`crate::store::txn`] in one database transaction on a connection of the pool (not
+//! a write lane: a transaction's locks are held for several round trips).
+
+use std::time::Duration;
+
+use deadpool_postgres::{Object, Transaction};
+use tokio_postgres::error::SqlState;
+
+use super::connection::classify;
+use super::statements;
+use super::writes::{applied, non_negative, token_from_db, Attempt};
+use crate::store::txn::{
+    replay, Answered, Hold, Keyed, OpDone, StaleMember, StoredAnswer, Txn, TxnOp, TxnOutcome,
+};
+use crate::store::{precondition_holds, StoreError, WriteOp};
+
+/// How long a keyed write waits for an earlier attempt with the same key to finish
+/// before it is answered `idempotency_in_flight`.
+pub const IN_FLIGHT_WAIT: Duration = Duration::from_millis(250);
+
+/// Runs `txn`, with its key if it has one; see [`crate::store::txn`].
+pub(super) async fn run(
+    client: &mut Object,
+    txn: &Txn,
+    keyed: Option<&Keyed>,
+) -> Result<Answered, StoreError> {
+    let tx = client.transaction().await.map_err(|e| classify(e, false))?;
+    if let Some(keyed) = keyed {
+        if let Some(earlier) = claim(&tx, keyed).await? {
+            return Ok(earlier);
+        }
+        // A refusal rolls back to here: the claim stays, to record the refusal.
+        tx.batch_execute("SAVEPOINT txn")
+            .await
+            .map_err(|e| classify(e, false))?;
+    }
+    let outcome = apply(&tx, txn).await?;
+    let refused = !matches!(outcome, TxnOutcome::Applied(_));
+    let Some(keyed) = keyed else {
+        if refused {
+            // Dropped without a commit: rolled back, nothing applied.
+            return Ok(Answered::Ran {
+                outcome,
+                stored: None,
+            });
+        }
+        tx.commit().await.map_err(|e| classify(e, true))?;
+        return Ok(Answered::Ran {
+            outcome,
+            stored: None,
+        });
+    };
+    if refused {
+        tx.batch_execute("ROLLBACK TO SAVEPOINT txn")
+            .await
+            .map_err(|e| classify(e, false))?;
+    }
+    let answer = (keyed.render)(&outcome);
+    let status = i16::try_from(answer.status)
+        .map_err(|_| StoreError::Internal(format!("status {} out of range", answer.status)))?;
+    tx.execute(
+        statements::IDEMPOTENCY_RECORD,
+        &[
+            &keyed.identity,
+            &keyed.key,
+            &status,
+            &answer.headers_text(),
+            &answer.body.as_ref(),
+        ],
+    )
+    .await
+    .map_err(|e| classify(e, false))?;
+    tx.commit().await.map_err(|e| classify(e, true))?;
+    Ok(Answered::Ran {
+        outcome,
+        stored: Some(answer),
+    })
+}
+
+/// Claims the key for this attempt (`None`), or answers from the record an earlier
+/// attempt left.
+async fn claim(tx: &Transaction<'_>, keyed: &Keyed) -> Result<Option<Answered>, StoreError> {
+    let ttl_ms = i64::try_from(keyed.ttl.as_millis()).unwrap_or(i64::MAX);
+    tx.batch_execute(&format!(
+        "SET LOCAL lock_timeout = {}",
+        IN_FLIGHT_WAIT.as_millis()
+    ))
+    .await
+    .map_err(|e| classify(e, false))?;
+    let claimed = tx
+        .query_opt(
+            statements::IDEMPOTENCY_CLAIM,
+            &[
+                &keyed.identity,
+                &keyed.key,
+                &keyed.fingerprint.as_slice(),
+                &ttl_ms,
+            ],
+        )
+        .await;
+    let claimed = match claimed {
+        Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+            return Ok(Some(Answered::InFlight))
+        }
+        other => other.map_err(|e| classify(e, false))?,
+    };
+    if claimed.is_none() {
+        let row = tx
+            .query_one(statements::IDEMPOTENCY_READ, &[&keyed.identity, &keyed.key])
+            .await
+            .map_err(|e| classify(e, false))?;
+        let fingerprint: Vec<u8> = row.get(0);
+        let status: Option<i16> = row.get(1);
+        let headers: Option<String> = row.get(2);
+        let body: Option<Vec<u8>> = row.get(3);
+        let status = status.and_then(|s| u16::try_from(s).ok()).ok_or_else(|| {
+            StoreError::Internal("an idempotency record without its answer".into())
+        })?;
+        let answer = StoredAnswer {
+            status,
+            headers: StoredAnswer::parse_headers(headers.as_deref().unwrap_or_default()),
+            body: body.unwrap_or_default().into(),
+        };
+        return Ok(Some(replay(&fingerprint, keyed, answer)));
+    }
+    tx.batch_execute("SET LOCAL lock_timeout = 0")
+        .await
+        .map_err(|e| classify(e, false))?;
+    Ok(None)
+}
+
+/// Locks, judges and applies `txn` inside `tx`. A refusal may leave fences raised in
+/// `tx`: the caller rolls them back.
+async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError> {
+    let (raise, ensure, share, fence, version) = tokio::try_join!(
+        tx.prepare_cached(statements::TXN_FENCE_RAISE),
+        tx.prepare_cached(statements::TXN_FENCE_ENSURE),
+        tx.prepare_cached(statements::TXN_FENCE_SHARE),
+        tx.prepare_cached(statements::GET_FENCE),
+        tx.prepare_cached(statements::OBJECT_VERSION),
+    )
+    .map_err(|e| classify(e, false))?;
+    // 1. Every fence, in lock order, one at a time: a lock is taken before the next.
+    let mut stale = Vec::new();
+    for involved in txn.involved() {
+        let (resource, token) = (involved.resource.as_str(), involved.token.as_i64());
+        let highest = match involved.hold {
+            Hold::Raise => {
+                let raised = tx
+                    .query_opt(&raise, &[&resource, &token])
+                    .await
+                    .map_err(|e| classify(e, false))?;
+                if raised.is_some() {
+                    continue;
+                }
+                // Refused, and locked: the fence as it stands now is the one that refused.
+                tx.query_one(&fence, &[&resource])
+                    .await
+                    .map_err(|e| classify(e, false))?
+                    .get::<_, i64>(0)
+            }
+            Hold::Check => {
+                tx.execute(&ensure, &[&resource])
+                    .await
+                    .map_err(|e| classify(e, false))?;
+                tx.query_one(&share, &[&resource])
+                    .await
+                    .map_err(|e| classify(e, false))?
+                    .get::<_, i64>(0)
+            }
+        };
+        if highest > token {
+            stale.push(StaleMember {
+                resource: involved.resource.clone(),
+                presented: involved.token,
+                highest: token_from_db(highest)?,
+            });
+        }
+    }
+    if !stale.is_empty() {
+        return Ok(TxnOutcome::Stale(stale));
+    }
+    // 2. Every precondition, in operation order, read under the fence locks.
+    let mut found = Vec::with_capacity(txn.ops().len());
+    for (at, op) in txn.ops().iter().enumerate() {
+        let current = match op.object() {
+            Some((key, precondition)) if needs_version(op, precondition) => {
+                let row = tx
+                    .query_opt(&version, &[&op.resource().as_str(), &key.as_str()])
+                    .await
+                    .map_err(|e| classify(e, false))?;
+                let current = match row {
+                    Some(row) if row.get::<_, bool>(1) => Some(non_negative(row.get(0))?),
+                    _ => None,
+                };
+                if !precondition_holds(precondition, current) {
+                    return Ok(TxnOutcome::PreconditionFailed { op: at, current });
+                }
+                current
+            }
+            _ => None,
+        };
+        found.push(current);
+    }
+    // 3. The writes.
+    let mut done = Vec::with_capacity(txn.ops().len());
+    for (op, current) in txn.ops().iter().zip(found) {
+        done.push(match op {
+            TxnOp::Put {
+                resource,
+                key,
+                token,
+                value,
+                ..
+            } => {
+                let row = tx
+                    .query_one(
+                        statements::OBJECT_PUT,
+                        &[
+                            &resource.as_str(),
+                            &token.as_i64(),
+                            &key.as_str(),
+                            &value.as_ref(),
+                        ],
+                    )
+                    .await
+                    .map_err(|e| classify(e, false))?;
+                written(&WriteOp::Put(value.clone()), row.get(0), row.get(1))?
+            }
+            TxnOp::Delete {
+                resource,
+                key,
+                token,
+                ..
+            } => {
+                let row = tx
+                    .query_one(
+                        statements::OBJECT_DELETE,
+                        &[&resource.as_str(), &token.as_i64(), &key.as_str()],
+                    )
+                    .await
+                    .map_err(|e| classify(e, false))?;
+                written(&WriteOp::Delete, row.get(0), row.get(1))?
+            }
+            TxnOp::Advance { .. } => OpDone {
+                version: None,
+                created: false,
+            },
+            TxnOp::Check { object, .. } => OpDone {
+                version: object.as_ref().map(|_| current.unwrap_or(0)),
+                created: false,
+            },
+        });
+    }
+    Ok(TxnOutcome::Applied(done))
+}
+
+/// Whether the operation must read its object's version: a check of an object, or a
+/// write with a precondition.
+fn needs_version(op: &TxnOp, precondition: fencegate_proto::headers::Precondition) -> bool {
+    matches!(op, TxnOp::Check { .. })
+        || precondition != fencegate_proto::headers::Precondition::None
+}
+
+fn written(op: &WriteOp, version: i64, born: i64) -> Result<OpDone, StoreError> {
+    match applied(op, version, born)? {
+        Attempt::Applied { version, created } => Ok(OpDone {
+            version: Some(version),
+            created,
+        }),
+        other => Err(StoreError::Internal(format!(
+            "a written object read back as {other:?}"
+        ))),
+    }
+}

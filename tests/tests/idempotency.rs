@@ -1,0 +1,281 @@
+//! Writes sent with an `Idempotency-Key`: applied once, their answer stored in the same
+//! transaction and replayed to every retry; a key reused for another request refused;
+//! a retry while the first attempt runs told to wait; keys expire; per identity.
+
+use std::time::Duration;
+
+use fencegate_tests::backend_tests;
+use fencegate_tests::http::{advance_path, kv_path, Client, Reply};
+use http::Method;
+
+async fn keyed_put(
+    client: &Client,
+    resource: &str,
+    key: &str,
+    token: u64,
+    idem: &str,
+    value: &str,
+) -> Reply {
+    let token = token.to_string();
+    client
+        .request(
+            Method::PUT,
+            &kv_path(resource, key),
+            &[("fencing-token", &token), ("idempotency-key", idem)],
+            value.to_owned(),
+        )
+        .await
+}
+
+fn replayed(reply: &Reply) -> bool {
+    reply.header("idempotency-replayed") == Some("true")
+}
+
+backend_tests! {
+
+/// A retry gets the first answer, byte for byte, and the object is written once; a
+/// new key is a new write.
+async fn a_retry_gets_the_stored_answer_and_applies_nothing(deployment) {
+    let client = deployment.client();
+    let first = keyed_put(&client, "orders", "o-1", 5, "order-1-attempt", "paid").await;
+    assert_eq!(first.status, 201, "{:?}", first.body);
+    assert!(!replayed(&first), "a first attempt is not a replay");
+    for _ in 0..3 {
+        let retry = keyed_put(&client, "orders", "o-1", 5, "order-1-attempt", "paid").await;
+        assert_eq!(retry.status, 201);
+        assert!(replayed(&retry), "{:?}", retry.headers);
+        assert_eq!(retry.body, first.body, "the very bytes of the first answer");
+        assert_eq!(retry.header("etag"), Some("\"1\""));
+        assert_eq!(retry.header("content-type"), Some("application/json"));
+    }
+    let (value, token, version) = deployment.object("orders", "o-1").await.unwrap();
+    assert_eq!((value.as_slice(), token, version), (&b"paid"[..], 5, 1), "written once");
+
+    let another = keyed_put(&client, "orders", "o-1", 5, "order-1-second", "paid").await;
+    assert_eq!((another.status, replayed(&another)), (200, false));
+    assert_eq!(another.json()["version"], 2);
+    assert_eq!(client.metric("fencegate_idempotency_requests_total{outcome=\"replayed\"}").await, Some(3.0));
+    assert_eq!(client.metric("fencegate_idempotency_requests_total{outcome=\"stored\"}").await, Some(2.0));
+}
+
+/// An accepted write's retry is answered from its record after a newer term began,
+/// where the same write without a key would be stale; and a refusal stays a refusal
+/// once the reason for it is gone.
+async fn answers_do_not_change_with_the_state_after_them(deployment) {
+    let client = deployment.client();
+    assert_eq!(keyed_put(&client, "jobs", "j", 5, "k-accepted", "v").await.status, 201);
+    assert_eq!(client.advance("jobs", 9).await.status, 200);
+    let retry = keyed_put(&client, "jobs", "j", 5, "k-accepted", "v").await;
+    assert_eq!((retry.status, replayed(&retry)), (201, true), "{:?}", retry.body);
+    let unkeyed = client.put("jobs", "j", 5, "v").await;
+    assert_eq!(unkeyed.error_code(), "stale_token");
+
+    // A write that must create the object is refused while it exists...
+    let must_create = |idem: &'static str| {
+        let client = client.clone();
+        async move {
+            client
+                .request(
+                    Method::PUT,
+                    &kv_path("jobs", "j"),
+                    &[("fencing-token", "9"), ("if-none-match", "*"), ("idempotency-key", idem)],
+                    "new",
+                )
+                .await
+        }
+    };
+    let refused = must_create("k-refused").await;
+    assert_eq!(refused.status, 412, "{:?}", refused.body);
+    // ...and its retry stays refused once the object is gone, though it would now apply.
+    assert_eq!(client.delete("jobs", "j", 9).await.status, 200);
+    let retry = must_create("k-refused").await;
+    assert_eq!((retry.status, replayed(&retry)), (412, true));
+    assert_eq!(retry.body, refused.body);
+    assert_eq!(deployment.object("jobs", "j").await, None, "the refusal applied nothing");
+
+    // A stale refusal is stored too.
+    let stale = keyed_put(&client, "jobs", "j", 3, "k-stale", "late").await;
+    assert_eq!(stale.error_code(), "stale_token");
+    assert_eq!(stale.header("fencing-highest"), Some("9"));
+    let again = keyed_put(&client, "jobs", "j", 3, "k-stale", "late").await;
+    assert_eq!((again.status, replayed(&again), again.body.clone()), (409, true, stale.body.clone()));
+    assert_eq!(again.header("fencing-highest"), Some("9"));
+    assert_eq!(deployment.highest("jobs").await, Some(9));
+}
+
+/// The same key with any other request — another value, token, precondition, path or
+/// method — is refused with 422 and applies nothing.
+async fn a_key_reused_for_another_request_is_refused(deployment) {
+    let client = deployment.client();
+    assert_eq!(keyed_put(&client, "shards", "s", 4, "k", "a").await.status, 201);
+    for (method, path, headers, body) in [
+        (Method::PUT, kv_path("shards", "s"), vec![("fencing-token", "4")], "b"),
+        (Method::PUT, kv_path("shards", "s"), vec![("fencing-token", "5")], "a"),
+        (Method::PUT, kv_path("shards", "s"), vec![("fencing-token", "4"), ("if-match", "\"1\"")], "a"),
+        (Method::PUT, kv_path("shards", "t"), vec![("fencing-token", "4")], "a"),
+        (Method::DELETE, kv_path("shards", "s"), vec![("fencing-token", "4")], ""),
+        (Method::POST, advance_path("shards"), vec![("fencing-token", "4")], ""),
+    ] {
+        let mut headers = headers;
+        headers.push(("idempotency-key", "k"));
+        let reply = client.request(method.clone(), &path, &headers, body).await;
+        assert_eq!(reply.status, 422, "{method} {path} {headers:?}: {:?}", reply.body);
+        assert_eq!(reply.error_code(), "idempotency_key_reused");
+    }
+    let (value, _, version) = deployment.object("shards", "s").await.unwrap();
+    assert_eq!((value.as_slice(), version), (&b"a"[..], 1));
+    assert_eq!(deployment.object("shards", "t").await, None);
+    assert_eq!(deployment.highest("shards").await, Some(4));
+    assert_eq!(client.metric("fencegate_idempotency_requests_total{outcome=\"key_reused\"}").await, Some(6.0));
+}
+
+/// A keyed advance and a keyed delete are replayed too.
+async fn advances_and_deletes_are_replayed(deployment) {
+    let client = deployment.client();
+    let advance = |token: &'static str| {
+        let client = client.clone();
+        async move {
+            client
+                .request(Method::POST, &advance_path("queue"), &[("fencing-token", token), ("idempotency-key", "adv")], "")
+                .await
+        }
+    };
+    let first = advance("6").await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    assert_eq!(client.advance("queue", 8).await.status, 200);
+    let retry = advance("6").await;
+    assert_eq!((retry.status, replayed(&retry), retry.body.clone()), (200, true, first.body.clone()));
+    assert_eq!(deployment.highest("queue").await, Some(8));
+
+    assert_eq!(client.put("queue", "item", 8, "x").await.status, 201);
+    let delete = || {
+        let client = client.clone();
+        async move {
+            client
+                .request(Method::DELETE, &kv_path("queue", "item"), &[("fencing-token", "8"), ("idempotency-key", "del")], "")
+                .await
+        }
+    };
+    let first = delete().await;
+    assert_eq!(first.json()["version"], 2);
+    assert_eq!(client.put("queue", "item", 8, "y").await.json()["version"], 3);
+    let retry = delete().await;
+    assert_eq!((retry.status, replayed(&retry)), (200, true));
+    assert_eq!(retry.json()["version"], 2);
+    assert_eq!(client.get("queue", "item").await.status, 200, "the retry deleted nothing");
+}
+
+/// After `--idempotency-ttl` a key is free: the same request applies again, and the
+/// expired answers are removed in the background.
+async fn keys_expire(deployment) ["--idempotency-ttl", "1s"] {
+    let client = deployment.client();
+    assert_eq!(keyed_put(&client, "ttl", "k", 2, "once", "v").await.status, 201);
+    assert!(replayed(&keyed_put(&client, "ttl", "k", 2, "once", "v").await));
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let later = keyed_put(&client, "ttl", "k", 2, "once", "v").await;
+    assert_eq!((later.status, replayed(&later)), (200, false), "{:?}", later.body);
+    assert_eq!(later.json()["version"], 2);
+    // Another key, left to expire, is removed by the cleanup.
+    assert_eq!(keyed_put(&client, "ttl", "k2", 2, "left", "v").await.status, 201);
+    fencegate_tests::eventually(Duration::from_secs(10), "the expired answer is removed", || {
+        let client = client.clone();
+        async move { client.metric("fencegate_idempotency_expired_total").await.unwrap_or(0.0) >= 1.0 }
+    })
+    .await;
+}
+
+/// Keys that are not 1–255 printable ASCII bytes, or sent twice, are refused before
+/// anything is read or applied.
+async fn invalid_keys_are_refused(deployment) {
+    let client = deployment.client();
+    let long = "k".repeat(256);
+    for key in ["", long.as_str(), "tab\there"] {
+        let reply = client
+            .request(Method::PUT, &kv_path("bad", "k"), &[("fencing-token", "1"), ("idempotency-key", key)], "v")
+            .await;
+        assert_eq!(reply.status, 400, "{key:?}");
+        assert_eq!(reply.error_code(), "invalid_idempotency_key");
+    }
+    let twice = client
+        .request(Method::PUT, &kv_path("bad", "k"), &[("fencing-token", "1"), ("idempotency-key", "a"), ("idempotency-key", "a")], "v")
+        .await;
+    assert_eq!(twice.error_code(), "invalid_idempotency_key");
+    assert_eq!(deployment.highest("bad").await, None);
+}
+
+/// A keyed write survives the gateway's kill -9: its answer was stored with it.
+async fn answers_survive_a_crash(deployment) {
+    let mut deployment = deployment;
+    let first = keyed_put(&deployment.client(), "c", "k", 3, "crash", "v").await;
+    assert_eq!(first.status, 201);
+    deployment.gateway.kill().await;
+    deployment.gateway = deployment.builder().spawn().await;
+    let retry = keyed_put(&deployment.client(), "c", "k", 3, "crash", "v").await;
+    assert_eq!((retry.status, replayed(&retry), retry.body.clone()), (201, true, first.body.clone()));
+    assert_eq!(deployment.object("c", "k").await.unwrap().2, 1);
+}
+
+}
+
+/// A retry while the first attempt still runs — here held on a fence lock — is told to
+/// come back (409 with Retry-After), applies nothing, and then gets the first answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_while_the_first_attempt_runs_is_told_to_wait() {
+    use fencegate_tests::deployment::{Backend, Deployment};
+    let deployment = Deployment::start(Backend::Postgres).await;
+    let client = deployment.client();
+    assert_eq!(client.advance("held", 2).await.status, 200);
+    let lock = deployment.db().lock_fence("held").await;
+    let first = tokio::spawn({
+        let client = client.clone();
+        async move { keyed_put(&client, "held", "k", 2, "slow", "v").await }
+    });
+    // The first attempt has claimed its key and waits on the fence.
+    let db = deployment.db();
+    fencegate_tests::eventually(Duration::from_secs(5), "the first attempt waits on the fence lock", || async {
+        db.value::<i64>("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%fencegate.fences%'").await == 1
+    })
+    .await;
+    let retry = keyed_put(&client, "held", "k", 2, "slow", "v").await;
+    assert_eq!(retry.status, 409, "{:?}", retry.body);
+    assert_eq!(retry.error_code(), "idempotency_in_flight");
+    assert_eq!(retry.header("retry-after"), Some("1"));
+    drop(lock);
+    let first = first.await.unwrap();
+    assert_eq!(
+        (first.status, replayed(&first)),
+        (201, false),
+        "{:?}",
+        first.body
+    );
+    let after = keyed_put(&client, "held", "k", 2, "slow", "v").await;
+    assert_eq!((after.status, replayed(&after)), (201, true));
+    assert_eq!(
+        deployment.object("held", "k").await.unwrap().2,
+        1,
+        "applied once"
+    );
+    assert_eq!(
+        client
+            .metric("fencegate_idempotency_requests_total{outcome=\"in_flight\"}")
+            .await,
+        Some(1.0)
+    );
+}
+
+/// Another replica on the same database answers a retry from the same record (an
+/// embedded store has one gateway only: its file is locked).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_replica_sees_the_record() {
+    use fencegate_tests::deployment::{Backend, Deployment};
+    let deployment = Deployment::start(Backend::Postgres).await;
+    let other = deployment.builder().spawn().await;
+    let first = keyed_put(&deployment.client(), "r", "k", 3, "k", "v").await;
+    assert_eq!(first.status, 201);
+    let retry = keyed_put(&other.client(), "r", "k", 3, "k", "v").await;
+    assert_eq!(
+        (retry.status, replayed(&retry), retry.body.clone()),
+        (201, true, first.body.clone())
+    );
+    assert_eq!(deployment.object("r", "k").await.unwrap().2, 1);
+}
