@@ -88,6 +88,14 @@ pub enum ApiError {
     IdempotencyKeyReused,
     #[error("a request with this Idempotency-Key is still being applied; retry with the same key after Retry-After to get its answer")]
     IdempotencyInFlight,
+    /// An error answer as stored with a keyed write (or rendered from a transaction's
+    /// outcome), sent as it is: its status, headers and body.
+    #[error("{}", .code.as_str())]
+    Stored {
+        code: ErrorCode,
+        answer: Box<crate::store::txn::StoredAnswer>,
+        replayed: bool,
+    },
     /// An endpoint's own refusal, with the whole client-facing body (its code decides
     /// the status): how endpoint modules add errors without this enum knowing them.
     #[error("{}", .0.message)]
@@ -146,6 +154,7 @@ impl ApiError {
             ApiError::Store(StoreError::Internal(_)) => ErrorCode::Internal,
             ApiError::IdempotencyKeyReused => ErrorCode::IdempotencyKeyReused,
             ApiError::IdempotencyInFlight => ErrorCode::IdempotencyInFlight,
+            ApiError::Stored { code, .. } => *code,
             ApiError::Refused(body) => body.error,
         }
     }
@@ -154,6 +163,10 @@ impl ApiError {
     pub fn body(&self) -> ErrorBody {
         if let ApiError::Refused(body) = self {
             return (**body).clone();
+        }
+        if let ApiError::Stored { code, answer, .. } = self {
+            return serde_json::from_slice(&answer.body)
+                .unwrap_or_else(|_| ErrorBody::new(*code, code.as_str()));
         }
         let code = self.code();
         let mut body = ErrorBody::new(code, self.to_string());

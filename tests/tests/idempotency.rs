@@ -279,3 +279,147 @@ async fn every_replica_sees_the_record() {
     );
     assert_eq!(deployment.object("r", "k").await.unwrap().2, 1);
 }
+
+/// A keyed `/v1/sql` transaction commits once: its answer is stored inside it (through
+/// the gateway's key: the SQL login may not touch the record itself), a refusal is
+/// stored after what its statements did is rolled back, and with `--sql-role` too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_sql_transactions_commit_once() {
+    use fencegate_tests::db::TestDb;
+    use fencegate_tests::gateway::Gateway;
+    let db = TestDb::create().await;
+    db.execute("CREATE TABLE counter (id int PRIMARY KEY, n int NOT NULL); INSERT INTO counter VALUES (1, 0);")
+        .await;
+    let sql_login = db.create_role("sql", "LOGIN").await;
+    let sql_role = db.create_role("sqlrole", "NOLOGIN").await;
+    db.execute(&format!(
+        "GRANT {sql_role} TO {sql_login};
+         GRANT USAGE ON SCHEMA public TO {sql_role};
+         GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {sql_role};"
+    ))
+    .await;
+    let gateway = Gateway::builder()
+        .database(&db.url())
+        .sql_as(&db.url_as(&sql_login))
+        .args(&["--sql-role", &sql_role])
+        .spawn()
+        .await;
+    let client = gateway.client();
+    let send = |token: u64, idem: &'static str, statements: serde_json::Value| {
+        let client = client.clone();
+        async move {
+            let token = token.to_string();
+            client
+                .request(
+                    Method::POST,
+                    "/v1/sql/counter",
+                    &[("fencing-token", &token), ("idempotency-key", idem)],
+                    statements.to_string(),
+                )
+                .await
+        }
+    };
+    let bump = serde_json::json!({"statements": [{"sql": "UPDATE counter SET n = n + 1 WHERE id = 1 RETURNING n"}]});
+    let first = send(3, "bump-1", bump.clone()).await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    assert_eq!(first.json()["results"][0]["rows"][0][0], 1);
+    let retry = send(3, "bump-1", bump.clone()).await;
+    assert_eq!(
+        (retry.status, replayed(&retry), retry.body.clone()),
+        (200, true, first.body.clone())
+    );
+    assert_eq!(
+        db.value::<i32>("SELECT n FROM counter").await,
+        1,
+        "committed once"
+    );
+
+    // A refusal after a statement that wrote: rolled back, stored, replayed.
+    let failing = serde_json::json!({"statements": [
+        {"sql": "UPDATE counter SET n = n + 1 WHERE id = 1"},
+        {"sql": "INSERT INTO counter VALUES (1, 0)"}
+    ]});
+    let refused = send(3, "bump-2", failing.clone()).await;
+    assert_eq!(
+        (refused.status, refused.json()["sqlstate"].as_str()),
+        (400, Some("23505")),
+        "{:?}",
+        refused.body
+    );
+    let again = send(3, "bump-2", failing).await;
+    assert_eq!(
+        (again.status, replayed(&again), again.body.clone()),
+        (400, true, refused.body.clone())
+    );
+    assert_eq!(
+        db.value::<i32>("SELECT n FROM counter").await,
+        1,
+        "the refused transaction wrote nothing"
+    );
+
+    // A stale refusal is stored too, and stays after the fence moves on.
+    assert_eq!(client.advance("counter", 9).await.status, 200);
+    let stale = send(4, "bump-3", bump.clone()).await;
+    assert_eq!(stale.error_code(), "stale_token");
+    let stale_again = send(4, "bump-3", bump.clone()).await;
+    assert_eq!((stale_again.status, replayed(&stale_again)), (409, true));
+    let reused = send(9, "bump-1", bump).await;
+    assert_eq!(reused.error_code(), "idempotency_key_reused");
+    assert_eq!(db.value::<i32>("SELECT n FROM counter").await, 1);
+    // The login cannot read the records itself.
+    let peek = client
+        .sql("counter", 9, serde_json::json!({"statements": [{"sql": "SELECT count(*) FROM fencegate.idempotency"}]}))
+        .await;
+    assert_eq!(peek.status, 400, "{:?}", peek.body);
+}
+
+backend_tests! {
+
+/// A keyed lease step is applied once: a retried acquire gets the first term's answer,
+/// not a second term.
+async fn keyed_lease_steps_are_applied_once(deployment) {
+    let client = deployment.client();
+    let acquire = |idem: &'static str, holder: &'static str| {
+        let client = client.clone();
+        async move {
+            client
+                .request(Method::POST, "/v1/leases/leader/acquire", &[("idempotency-key", idem)], serde_json::json!({"holder": holder, "ttl_ms": 60000}).to_string())
+                .await
+        }
+    };
+    let first = acquire("acq-1", "node-a").await;
+    assert_eq!(first.status, 200, "{:?}", first.body);
+    let token = first.json()["token"].as_u64().unwrap();
+    let retry = acquire("acq-1", "node-a").await;
+    assert_eq!((retry.status, replayed(&retry), retry.body.clone()), (200, true, first.body.clone()));
+    let held = acquire("acq-2", "node-b").await;
+    assert_eq!(held.error_code(), "lease_held");
+    assert_eq!(acquire("acq-2", "node-b").await.body, held.body, "a refusal is stored too");
+    let lease = client.get_path("/v1/leases/leader").await.json();
+    assert_eq!((lease["token"].as_u64(), lease["holder"].as_str()), (Some(token), Some("node-a")), "one term");
+    assert_eq!(acquire("acq-1", "node-z").await.error_code(), "idempotency_key_reused");
+}
+
+}
+
+/// A fence reset takes no key: refused before anything is done.
+#[tokio::test]
+async fn a_reset_refuses_a_key() {
+    use fencegate_tests::inprocess::{Api, InProcess};
+    let gateway = InProcess::start(&[]).await;
+    let reply = gateway
+        .client()
+        .request(
+            Method::POST,
+            "/v1/fences/r/reset",
+            &[("idempotency-key", "k")],
+            r#"{"to": 1, "reason": "x"}"#,
+        )
+        .await;
+    assert_eq!(
+        reply.error_code(),
+        "invalid_idempotency_key",
+        "{:?}",
+        reply.body
+    );
+}

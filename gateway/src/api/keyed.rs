@@ -12,7 +12,9 @@
 
 use std::sync::Arc;
 
+use fencegate_proto::body::ErrorBody;
 use fencegate_proto::headers::{idempotency_key, IDEMPOTENCY_REPLAYED};
+use fencegate_proto::ErrorCode;
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 use ring::digest;
 
@@ -20,7 +22,7 @@ use crate::api::request::Req;
 use crate::api::Body;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
-use crate::store::txn::{Answered, Keyed, Render, StoredAnswer, TxnOutcome};
+use crate::store::txn::{Answered, Keyed, Render, StoredAnswer};
 
 /// The request's `Idempotency-Key`, if it has one.
 pub fn key_of(request: &Req) -> Result<Option<String>, ApiError> {
@@ -54,13 +56,13 @@ pub fn fingerprint(request: &Req, body: &[u8]) -> [u8; 32] {
 }
 
 /// The key record of a write about to run, with the answer's renderer.
-pub fn keyed(
+pub fn keyed<O>(
     coordinator: &Coordinator,
     request: &Req,
     key: String,
     body: &[u8],
-    render: Render,
-) -> Keyed {
+    render: Render<O>,
+) -> Keyed<O> {
     Keyed {
         identity: request.identity.clone().unwrap_or_default(),
         key,
@@ -71,7 +73,7 @@ pub fn keyed(
 }
 
 /// A renderer from an endpoint's function of the outcome to its response.
-pub fn renderer(render: impl Fn(&TxnOutcome) -> Response<Body> + Send + Sync + 'static) -> Render {
+pub fn renderer<O>(render: impl Fn(&O) -> Response<Body> + Send + Sync + 'static) -> Render<O> {
     Arc::new(move |outcome| store(render(outcome)))
 }
 
@@ -92,12 +94,11 @@ fn store(response: Response<Body>) -> StoredAnswer {
 }
 
 /// The response of a stored answer; marked as replayed if it is one.
-fn respond(answer: StoredAnswer, replayed: bool) -> Result<Response<Body>, ApiError> {
-    let mut response = Response::new(Body::whole(answer.body));
-    *response.status_mut() = StatusCode::from_u16(answer.status).map_err(|_| {
-        crate::store::StoreError::Internal(format!("stored status {}", answer.status))
-    })?;
-    for (name, value) in answer.headers {
+pub fn respond(answer: &StoredAnswer, replayed: bool) -> Response<Body> {
+    let mut response = Response::new(Body::whole(answer.body.clone()));
+    *response.status_mut() =
+        StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    for (name, value) in &answer.headers {
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
             HeaderValue::from_str(&value),
@@ -110,21 +111,37 @@ fn respond(answer: StoredAnswer, replayed: bool) -> Result<Response<Body>, ApiEr
             .headers_mut()
             .insert(IDEMPOTENCY_REPLAYED, HeaderValue::from_static("true"));
     }
-    Ok(response)
+    response
+}
+
+/// A stored answer as the handler's result: an error answer goes the way of every error
+/// (counted by its code, logged), with its stored status, headers and body.
+fn result_of(answer: StoredAnswer, replayed: bool) -> Result<Response<Body>, ApiError> {
+    if answer.status < 400 {
+        return Ok(respond(&answer, replayed));
+    }
+    let code = serde_json::from_slice::<ErrorBody>(&answer.body)
+        .map(|body| body.error)
+        .unwrap_or(ErrorCode::Internal);
+    Err(ApiError::Stored {
+        code,
+        answer: Box::new(answer),
+        replayed,
+    })
 }
 
 /// The response to what a transaction, keyed or not, came to.
-pub fn answer(answered: Answered, render: &Render) -> Result<Response<Body>, ApiError> {
+pub fn answer<O>(answered: Answered<O>, render: &Render<O>) -> Result<Response<Body>, ApiError> {
     match answered {
         Answered::Ran {
             stored: Some(answer),
             ..
-        } => respond(answer, false),
+        } => result_of(answer, false),
         Answered::Ran {
             outcome,
             stored: None,
-        } => respond(render(&outcome), false),
-        Answered::Replayed(answer) => respond(answer, true),
+        } => result_of(render(&outcome), false),
+        Answered::Replayed(answer) => result_of(answer, true),
         Answered::KeyReused => Err(ApiError::IdempotencyKeyReused),
         Answered::InFlight => Err(ApiError::IdempotencyInFlight),
     }

@@ -12,8 +12,9 @@ use fencegate_proto::{ErrorCode, ResourceName};
 use http::{Response, StatusCode};
 use serde::de::DeserializeOwned;
 
+use crate::api::keyed;
 use crate::api::request::{read_body, Req};
-use crate::api::response::json_response;
+use crate::api::response::{error_response, json_response};
 use crate::api::Body;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
@@ -43,12 +44,15 @@ pub async fn step(
     request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
     tracing::Span::current().record("resource", resource.as_str());
+    let idempotency = keyed::key_of(request)?;
     let _in_flight = coordinator.write_permit(request.client(coordinator))?;
+    let body = read_body(coordinator, request).await?;
     let LeaseRequest {
         holder,
         token,
         ttl_ms,
-    } = read_json(coordinator, request).await?;
+    } = serde_json::from_slice(&body.bytes).map_err(|error| invalid(error.to_string()))?;
+    let body = body.bytes;
     check_holder(&holder)?;
     let op = match step {
         LeaseStep::Acquire => {
@@ -70,6 +74,16 @@ pub async fn step(
         holder,
         identity: request.identity.clone(),
     };
+    let shown = resource.clone();
+    let render = keyed::renderer(move |outcome| lease_answer(&resource, outcome));
+    let keyed =
+        idempotency.map(|key| keyed::keyed(coordinator, request, key, &body, Arc::clone(&render)));
+    let answered = coordinator.lease(&shown, op, claimant, keyed).await?;
+    keyed::answer(answered, &render)
+}
+
+/// The answer to a lease step's outcome: what is sent, and stored with a key.
+fn lease_answer(resource: &ResourceName, outcome: &LeaseOutcome) -> Response<Body> {
     let refusal = |code: ErrorCode, message: String, lease: Option<&LeaseRecord>| {
         let mut body = ErrorBody::new(code, message);
         body.resource = Some(resource.clone());
@@ -77,11 +91,11 @@ pub async fn step(
             body.holder = lease.holder.clone();
             body.expires_in_ms = Some(millis(lease.remaining));
         }
-        Err(ApiError::Refused(Box::new(body)))
+        error_response(&ApiError::Refused(Box::new(body)))
     };
-    match coordinator.lease(&resource, op, claimant).await? {
+    match outcome {
         LeaseOutcome::Granted(lease) | LeaseOutcome::Released(lease) => {
-            Ok(json_response(StatusCode::OK, &state(resource, &lease)))
+            json_response(StatusCode::OK, &state(resource.clone(), lease))
         }
         LeaseOutcome::Held(lease) => refusal(
             ErrorCode::LeaseHeld,
@@ -90,14 +104,14 @@ pub async fn step(
                 lease.holder.as_deref().unwrap_or_default(),
                 millis(lease.remaining)
             ),
-            Some(&lease),
+            Some(lease),
         ),
         LeaseOutcome::Lost(lease) => refusal(
             ErrorCode::LeaseLost,
             format!(
                 "this holder does not hold lease {resource} at that token (it expired, or another holder took it): the term is over"
             ),
-            Some(&lease),
+            Some(lease),
         ),
         LeaseOutcome::Exhausted => refusal(
             ErrorCode::TokensExhausted,
@@ -116,6 +130,13 @@ pub async fn reset(
     request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
     tracing::Span::current().record("resource", resource.as_str());
+    if keyed::key_of(request)?.is_some() {
+        return Err(ApiError::Proto(
+            fencegate_proto::ProtoError::InvalidIdempotencyKey(
+                "a fence reset does not take one: it lowers the fence only where it is above `to`, so repeating it refuses rather than applies twice",
+            ),
+        ));
+    }
     // With --auth-file, the identity's admin grant was checked with every request's.
     if coordinator.authenticator().is_none() {
         let authorization = request

@@ -37,6 +37,12 @@ pub fn json_response<T: serde::Serialize>(status: StatusCode, body: &T) -> Respo
 }
 
 pub fn error_response(error: &ApiError) -> Response<Body> {
+    if let ApiError::Stored {
+        answer, replayed, ..
+    } = error
+    {
+        return super::keyed::respond(answer, *replayed);
+    }
     let code = error.code();
     let status = StatusCode::from_u16(code.status()).expect("error codes carry valid statuses");
     let mut response = match error {

@@ -8,17 +8,19 @@
 
 use std::sync::Arc;
 
-use fencegate_proto::body::{SqlAccepted, SqlRequest};
-use fencegate_proto::ResourceName;
+use fencegate_proto::body::{SqlAccepted, SqlRequest, SqlResult};
+use fencegate_proto::{ResourceName, Token};
 use http::{Response, StatusCode};
 
+use crate::api::keyed;
 use crate::api::request::{fencing_of, read_body, Req};
-use crate::api::response::json_response;
+use crate::api::response::{error_response, json_response};
 use crate::api::Body;
 use crate::coordinator::{Coordinator, Door};
 use crate::dbfence::{Refusal, Reported};
 use crate::error::ApiError;
-use crate::sql::{SqlEndpoint, SqlError, SqlFailure, SqlTransaction};
+use crate::sql::{SqlEndpoint, SqlError, SqlFailure, SqlOutcome, SqlTransaction};
+use crate::store::txn::Answered;
 
 pub async fn post(
     coordinator: &Arc<Coordinator>,
@@ -26,13 +28,17 @@ pub async fn post(
     request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
     let fencing = fencing_of(request, &resource)?;
+    let idempotency = keyed::key_of(request)?;
     let service = match coordinator.sql() {
         SqlEndpoint::Enabled(service) => Arc::clone(service),
         SqlEndpoint::Disabled => return Err(SqlError::Disabled.into()),
         SqlEndpoint::NotSupported => return Err(SqlError::NotSupportedByBackend.into()),
     };
     let policy = service.policy();
-    coordinator.check_cached(&resource, None, &fencing, request.identity.as_deref())?;
+    // A keyed transaction is decided by the database alone; see `keyed`.
+    if idempotency.is_none() {
+        coordinator.check_cached(&resource, None, &fencing, request.identity.as_deref())?;
+    }
     let _in_flight = coordinator.write_permit(request.client(coordinator))?;
     coordinator
         .check_issued(&resource, &fencing, request.identity.as_deref())
@@ -61,51 +67,114 @@ pub async fn post(
         token,
         statements,
     };
+    let shown = resource.clone();
+    let render = keyed::renderer(move |outcome: &SqlOutcome| match outcome {
+        Ok(results) => accepted(shown.clone(), token, results.clone()),
+        Err(failure) => error_response(&failed(failure)),
+    });
+    let keyed = idempotency
+        .map(|key| keyed::keyed(coordinator, request, key, &body.bytes, Arc::clone(&render)));
+    let was_keyed = keyed.is_some();
     let in_task = Arc::clone(coordinator);
     let seen = coordinator.seen();
-    let outcome = coordinator
+    let answered = coordinator
         .detached(async move {
-            let outcome = service.run(&tx).await;
-            if outcome.is_ok() {
-                in_task.committed(&tx.resource, tx.token, seen);
-            }
-            // Only the backend's own failures count against it; the writer's SQL
-            // errors and stale tokens are answers from a healthy database.
-            match &outcome {
-                Err(SqlFailure::Store(error)) => in_task.backend_failed(error),
+            let answered = match &keyed {
+                Some(keyed) => service.run_keyed(&tx, keyed).await,
+                None => Answered::Ran {
+                    outcome: service.run(&tx).await,
+                    stored: None,
+                },
+            };
+            match &answered {
+                Answered::Ran { outcome: Ok(_), .. } => {
+                    in_task.committed(&tx.resource, tx.token, seen);
+                    in_task.backend_succeeded();
+                }
+                // Only the backend's own failures count against it; the writer's SQL
+                // errors and stale tokens are answers from a healthy database.
+                Answered::Ran {
+                    outcome: Err(SqlFailure::Store(error)),
+                    ..
+                } => in_task.backend_failed(error),
                 _ => in_task.backend_succeeded(),
             }
-            outcome
+            answered
         })
         .await?;
-    match outcome {
-        Ok(results) => {
-            let answer = SqlAccepted {
-                resource,
-                token,
-                results,
-            };
-            let (head, body) = json_response(StatusCode::OK, &answer).into_parts();
+    if was_keyed {
+        coordinator.metrics().idempotency(answered.key_outcome());
+    }
+    match answered {
+        Answered::Ran {
+            outcome: Ok(results),
+            stored: None,
+        } => {
+            let (head, body) = accepted(resource, token, results).into_parts();
             let body = body.paced_committed(coordinator.responses(), &request.conn);
             Ok(Response::from_parts(head, body))
         }
-        Err(SqlFailure::Fence(refusal)) => {
-            let answer = match &refusal {
-                Refusal::Stale(rejection) => ApiError::Stale {
-                    resource: rejection.resource.clone(),
-                    presented: rejection.presented,
-                    highest: rejection.highest,
-                },
-                Refusal::NotIssued(rejection) => Coordinator::not_issued_answer(rejection),
-            };
-            coordinator.db_refusal(&Reported::Proven(refusal), fencing.holder, Door::Http);
-            Err(answer)
+        Answered::Ran {
+            outcome: Err(failure),
+            stored,
+        } => {
+            count_refusal(coordinator, &failure, fencing.holder);
+            match stored {
+                None => Err(failed(&failure)),
+                stored => keyed::answer(
+                    Answered::Ran {
+                        outcome: Err(failure),
+                        stored,
+                    },
+                    &render,
+                ),
+            }
         }
-        Err(SqlFailure::Forged { code, failed }) => {
-            coordinator.db_refusal(&Reported::Unproven { code }, fencing.holder, Door::Http);
-            Err(failed.into())
+        answered => {
+            let response = keyed::answer(answered, &render)?;
+            let (head, body) = response.into_parts();
+            let body = body.paced_committed(coordinator.responses(), &request.conn);
+            Ok(Response::from_parts(head, body))
         }
-        Err(SqlFailure::Store(error)) => Err(ApiError::Store(error)),
-        Err(SqlFailure::Refused(error)) => Err(error.into()),
+    }
+}
+
+/// The answer to a committed transaction.
+fn accepted(resource: ResourceName, token: Token, results: Vec<SqlResult>) -> Response<Body> {
+    let answer = SqlAccepted {
+        resource,
+        token,
+        results,
+    };
+    json_response(StatusCode::OK, &answer)
+}
+
+/// The error a failed transaction is answered with.
+fn failed(failure: &SqlFailure) -> ApiError {
+    match failure {
+        SqlFailure::Fence(Refusal::Stale(rejection)) => ApiError::Stale {
+            resource: rejection.resource.clone(),
+            presented: rejection.presented,
+            highest: rejection.highest,
+        },
+        SqlFailure::Fence(Refusal::NotIssued(rejection)) => {
+            Coordinator::not_issued_answer(rejection)
+        }
+        SqlFailure::Forged { failed, .. } => failed.clone().into(),
+        SqlFailure::Store(error) => ApiError::Store(error.clone()),
+        SqlFailure::Refused(error) => error.clone().into(),
+    }
+}
+
+/// Counts and logs what the fence refused, or a fence error the writer's SQL raised.
+fn count_refusal(coordinator: &Coordinator, failure: &SqlFailure, holder: Option<String>) {
+    match failure {
+        SqlFailure::Fence(refusal) => {
+            coordinator.db_refusal(&Reported::Proven(refusal.clone()), holder, Door::Http)
+        }
+        SqlFailure::Forged { code, .. } => {
+            coordinator.db_refusal(&Reported::Unproven { code }, holder, Door::Http)
+        }
+        SqlFailure::Store(_) | SqlFailure::Refused(_) => {}
     }
 }

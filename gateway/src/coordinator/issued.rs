@@ -17,6 +17,7 @@ use crate::issuers::{judge, Issued, Verdict};
 use crate::store::leases::{
     Claimant, LeaseOp, LeaseOutcome, LeaseRecord, Reset, ResetOutcome, ResetRecord,
 };
+use crate::store::txn::{Answered, Keyed};
 
 impl Coordinator {
     /// Applies one step of a hosted lease. A new term raises the fence cache to its
@@ -27,7 +28,8 @@ impl Coordinator {
         resource: &ResourceName,
         op: LeaseOp,
         claimant: Claimant,
-    ) -> Result<LeaseOutcome, ApiError> {
+        keyed: Option<Keyed<LeaseOutcome>>,
+    ) -> Result<Answered<LeaseOutcome>, ApiError> {
         let step = match op {
             LeaseOp::Acquire { .. } => LeaseStep::Acquire,
             LeaseOp::Renew { .. } => LeaseStep::Renew,
@@ -37,7 +39,10 @@ impl Coordinator {
         let seen = self.seen();
         let outcome = self
             .detached(async move {
-                let step = this.store.lease(&task_resource, &op, &claimant);
+                let was_keyed = keyed.is_some();
+                let step = this
+                    .store
+                    .lease(&task_resource, &op, &claimant, keyed.as_ref());
                 let outcome = match op {
                     // A new term's token is above every token of the fence.
                     LeaseOp::Acquire { .. } => {
@@ -46,8 +51,16 @@ impl Coordinator {
                     _ => step.await,
                 };
                 this.backend_result(&outcome);
-                if let (Ok(LeaseOutcome::Granted(lease)), LeaseOp::Acquire { .. }) = (&outcome, &op)
-                {
+                if let Ok(answered) = &outcome {
+                    if was_keyed {
+                        this.metrics.idempotency(answered.key_outcome());
+                    }
+                }
+                let ran = match &outcome {
+                    Ok(Answered::Ran { outcome, .. }) => Some(outcome),
+                    _ => None,
+                };
+                if let (Some(LeaseOutcome::Granted(lease)), LeaseOp::Acquire { .. }) = (ran, &op) {
                     if let Some(token) = lease.token {
                         this.committed(&task_resource, token, seen);
                         this.issuers.learn(
@@ -62,14 +75,16 @@ impl Coordinator {
                 outcome
             })
             .await??;
-        let label = match &outcome {
-            LeaseOutcome::Granted(_) => "granted",
-            LeaseOutcome::Released(_) => "released",
-            LeaseOutcome::Held(_) => "held",
-            LeaseOutcome::Lost(_) => "lost",
-            LeaseOutcome::Exhausted => "exhausted",
-        };
-        self.metrics.lease_step(step.as_str(), label);
+        if let Answered::Ran { outcome, .. } = &outcome {
+            let label = match outcome {
+                LeaseOutcome::Granted(_) => "granted",
+                LeaseOutcome::Released(_) => "released",
+                LeaseOutcome::Held(_) => "held",
+                LeaseOutcome::Lost(_) => "lost",
+                LeaseOutcome::Exhausted => "exhausted",
+            };
+            self.metrics.lease_step(step.as_str(), label);
+        }
         Ok(outcome)
     }
 

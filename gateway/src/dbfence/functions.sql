@@ -432,6 +432,64 @@ BEGIN
 END
 $fn$;
 
+-- The idempotency record of a keyed /v1/sql transaction, claimed and stored inside that
+-- transaction (the SQL login may not touch fencegate.idempotency): only the gateway can
+-- (the key is the schema's). The claim waits at most in_flight_ms for an uncommitted
+-- claim of the same key (SQLSTATE 55P03 past it). claimed is true for a new claim;
+-- false with the earlier attempt's record otherwise.
+CREATE OR REPLACE FUNCTION fencegate.sql_idempotency_claim(identity text, idem_key text,
+        fingerprint bytea, ttl_ms bigint, in_flight_ms bigint, key bytea)
+    RETURNS TABLE (claimed boolean, found_fingerprint bytea, status smallint, headers text, body bytea)
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    waited text := current_setting('lock_timeout');
+    taken bigint;
+BEGIN
+    IF NOT EXISTS (SELECT FROM fencegate.keys k WHERE k.name = 'sql' AND k.key = sql_idempotency_claim.key) THEN
+        RAISE EXCEPTION USING ERRCODE = 'ZF006',
+            MESSAGE = 'fencegate: only the gateway keeps the answers of /v1/sql transactions';
+    END IF;
+    PERFORM set_config('lock_timeout', in_flight_ms::text, true);
+    INSERT INTO fencegate.idempotency AS i (identity, key, fingerprint, expires_at)
+        VALUES (sql_idempotency_claim.identity, sql_idempotency_claim.idem_key,
+                sql_idempotency_claim.fingerprint,
+                clock_timestamp() + sql_idempotency_claim.ttl_ms * interval '1 millisecond')
+        ON CONFLICT ON CONSTRAINT idempotency_pkey DO UPDATE SET
+            fingerprint = EXCLUDED.fingerprint, expires_at = EXCLUDED.expires_at,
+            status = NULL, headers = NULL, body = NULL, created_at = now()
+            WHERE i.expires_at <= clock_timestamp();
+    GET DIAGNOSTICS taken = ROW_COUNT;
+    PERFORM set_config('lock_timeout', waited, true);
+    IF taken > 0 THEN
+        RETURN QUERY SELECT true, NULL::bytea, NULL::smallint, NULL::text, NULL::bytea;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT false, i.fingerprint, i.status, i.headers, i.body
+        FROM fencegate.idempotency i
+        WHERE i.identity = sql_idempotency_claim.identity AND i.key = sql_idempotency_claim.idem_key;
+END
+$fn$;
+
+-- Stores the answer of a keyed /v1/sql transaction under the key it claimed.
+CREATE OR REPLACE FUNCTION fencegate.sql_idempotency_record(identity text, idem_key text,
+        status smallint, headers text, body bytea, key bytea) RETURNS void
+    LANGUAGE plpgsql SECURITY DEFINER
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF NOT EXISTS (SELECT FROM fencegate.keys k WHERE k.name = 'sql' AND k.key = sql_idempotency_record.key) THEN
+        RAISE EXCEPTION USING ERRCODE = 'ZF006',
+            MESSAGE = 'fencegate: only the gateway keeps the answers of /v1/sql transactions';
+    END IF;
+    UPDATE fencegate.idempotency i
+        SET status = sql_idempotency_record.status, headers = sql_idempotency_record.headers,
+            body = sql_idempotency_record.body
+        WHERE i.identity = sql_idempotency_record.identity AND i.key = sql_idempotency_record.idem_key;
+END
+$fn$;
+
 -- The trigger's long way: the table's registration, the transaction's /v1/sql grant
 -- or the caller's authority, the presented token, and fence_check().
 CREATE OR REPLACE FUNCTION fencegate.enforce_slow(tbl regclass) RETURNS void

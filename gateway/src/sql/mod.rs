@@ -88,6 +88,9 @@ pub struct SqlTransaction {
     pub statements: Vec<SqlStatement>,
 }
 
+/// What a transaction came to: each statement's result, committed, or why not.
+pub type SqlOutcome = Result<Vec<SqlResult>, SqlFailure>;
+
 /// Why `/v1/sql` could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum SqlStartError {
@@ -358,8 +361,18 @@ impl SqlService {
     }
 
     /// Runs a fenced SQL transaction; one result per statement; see [`tx`].
-    pub async fn run(&self, tx: &SqlTransaction) -> Result<Vec<SqlResult>, SqlFailure> {
+    pub async fn run(&self, tx: &SqlTransaction) -> SqlOutcome {
         tx::run(self, tx).await
+    }
+
+    /// Runs a transaction sent with an `Idempotency-Key`, storing its answer in it; see
+    /// [`crate::store::txn`].
+    pub async fn run_keyed(
+        &self,
+        tx: &SqlTransaction,
+        keyed: &crate::store::txn::Keyed<SqlOutcome>,
+    ) -> crate::store::txn::Answered<SqlOutcome> {
+        tx::run_keyed(self, tx, keyed).await
     }
 
     /// Runs `op` on a connection of the writer-only pool within the backend timeout.

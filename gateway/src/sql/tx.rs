@@ -44,13 +44,20 @@ use futures_util::{pin_mut, TryStreamExt};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Statement;
 
-use super::{values, SqlError, SqlFailure, SqlPolicy, SqlService, SqlTransaction};
+use super::{values, SqlError, SqlFailure, SqlOutcome, SqlPolicy, SqlService, SqlTransaction};
 use crate::dbfence::{ProofKey, Reported};
 use crate::store::postgres::{classify, server_unavailable};
+use crate::store::postgres::{stored_answer, IN_FLIGHT_WAIT};
+use crate::store::txn::{replay, Answered, Keyed};
 use crate::store::StoreError;
+use tokio_postgres::error::SqlState;
 
 /// The fence step.
 const FENCE: &str = "SELECT fencegate.sql_fence($1::text, $2::bigint, $3::bytea)";
+/// The claim of a keyed transaction's key; see [`run_keyed`].
+const CLAIM: &str = "SELECT * FROM fencegate.sql_idempotency_claim($1::text, $2::text, $3::bytea, $4::bigint, $5::bigint, $6::bytea)";
+/// The answer of a keyed transaction, stored.
+const RECORD: &str = "SELECT fencegate.sql_idempotency_record($1::text, $2::text, $3::smallint, $4::text, $5::bytea, $6::bytea)";
 
 /// Runs `tx`; see the module doc.
 pub(super) async fn run(
@@ -65,32 +72,175 @@ pub(super) async fn run(
                 .await
                 .map_err(|e| classify(e, false))?;
             let transaction = client.transaction().await.map_err(|e| classify(e, false))?;
-            Ok(steps(transaction, &fence, tx, service, &commit_sent).await)
+            let results = match steps(&transaction, &fence, tx, service).await {
+                Ok(results) => results,
+                Err(failure) => return Ok(Err(failure)),
+            };
+            Ok(commit(transaction, &commit_sent, &service.proof)
+                .await
+                .map(|()| results))
         })
         .await;
     match outcome {
         Ok(outcome) => outcome,
-        // Given up before COMMIT was sent: the cancel and the closed connection roll
-        // the transaction back, so it certainly did not apply.
-        Err(StoreError::Unavailable {
-            reason,
-            applied: None,
-        }) if !commit_sent.load(Ordering::Acquire) => Err(StoreError::Unavailable {
-            reason,
-            applied: Some(false),
-        }
-        .into()),
-        Err(error) => Err(error.into()),
+        Err(error) => Err(given_up(error, &commit_sent).into()),
     }
 }
 
-/// Steps 2–5 of the module doc.
-async fn steps(
+/// A keyed transaction: the key claimed first (through the gateway's key: the SQL login
+/// may not touch `fencegate.idempotency`), the steps, and the answer stored in the same
+/// transaction — also a refusal, after rolling back what the writer's statements did.
+/// The database's own failures store nothing: the transaction rolls back, and a retry
+/// runs it afresh.
+pub(super) async fn run_keyed(
+    service: &SqlService,
+    tx: &SqlTransaction,
+    keyed: &Keyed<SqlOutcome>,
+) -> Answered<SqlOutcome> {
+    let commit_sent = AtomicBool::new(false);
+    let answered = service
+        .with_client(async |client| {
+            let fence = client
+                .prepare_cached(FENCE)
+                .await
+                .map_err(|e| classify(e, false))?;
+            let transaction = client.transaction().await.map_err(|e| classify(e, false))?;
+            if let Some(earlier) = claim(&transaction, service, keyed).await? {
+                return Ok(earlier);
+            }
+            transaction
+                .batch_execute("SAVEPOINT keyed")
+                .await
+                .map_err(|e| classify(e, false))?;
+            let outcome = steps(&transaction, &fence, tx, service).await;
+            match &outcome {
+                Err(SqlFailure::Store(_)) => {
+                    return Ok(Answered::Ran {
+                        outcome,
+                        stored: None,
+                    })
+                }
+                Err(_) => transaction
+                    .batch_execute("ROLLBACK TO SAVEPOINT keyed")
+                    .await
+                    .map_err(|e| classify(e, false))?,
+                Ok(_) => {}
+            }
+            let answer = (keyed.render)(&outcome);
+            let status = i16::try_from(answer.status)
+                .map_err(|_| StoreError::Internal(format!("status {}", answer.status)))?;
+            // Back to the login, which may store the answer, from --sql-role.
+            transaction
+                .batch_execute("SET LOCAL ROLE NONE")
+                .await
+                .map_err(|e| classify(e, false))?;
+            transaction
+                .execute(
+                    RECORD,
+                    &[
+                        &keyed.identity,
+                        &keyed.key,
+                        &status,
+                        &answer.headers_text(),
+                        &answer.body.as_ref(),
+                        &service.fence_key.as_slice(),
+                    ],
+                )
+                .await
+                .map_err(|e| classify(e, false))?;
+            Ok(
+                match commit(transaction, &commit_sent, &service.proof).await {
+                    Ok(()) => Answered::Ran {
+                        outcome,
+                        stored: Some(answer),
+                    },
+                    Err(failure) => Answered::Ran {
+                        outcome: Err(failure),
+                        stored: None,
+                    },
+                },
+            )
+        })
+        .await;
+    answered.unwrap_or_else(|error| Answered::Ran {
+        outcome: Err(given_up(error, &commit_sent).into()),
+        stored: None,
+    })
+}
+
+/// Claims the key of a keyed transaction (`None`), or answers from the record an
+/// earlier attempt left.
+async fn claim(
+    transaction: &Transaction<'_>,
+    service: &SqlService,
+    keyed: &Keyed<SqlOutcome>,
+) -> Result<Option<Answered<SqlOutcome>>, StoreError> {
+    let ttl_ms = i64::try_from(keyed.ttl_ms()).unwrap_or(i64::MAX);
+    let in_flight_ms = i64::try_from(IN_FLIGHT_WAIT.as_millis()).unwrap_or(i64::MAX);
+    let claimed = transaction
+        .query_one(
+            CLAIM,
+            &[
+                &keyed.identity,
+                &keyed.key,
+                &keyed.fingerprint.as_slice(),
+                &ttl_ms,
+                &in_flight_ms,
+                &service.fence_key.as_slice(),
+            ],
+        )
+        .await;
+    let row = match claimed {
+        Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
+            return Ok(Some(Answered::InFlight))
+        }
+        other => other.map_err(|e| classify(e, false))?,
+    };
+    if row.get::<_, bool>(0) {
+        return Ok(None);
+    }
+    let (fingerprint, answer) = stored_answer(&row, 1)?;
+    Ok(Some(replay(&fingerprint, keyed, answer)))
+}
+
+/// Step 5: `COMMIT`.
+async fn commit(
     transaction: Transaction<'_>,
+    commit_sent: &AtomicBool,
+    proof: &ProofKey,
+) -> Result<(), SqlFailure> {
+    commit_sent.store(true, Ordering::Release);
+    transaction
+        .commit()
+        .await
+        .map_err(|e| match server_refusal(None, &e, proof) {
+            Some(refusal) => refusal,
+            // COMMIT was sent: if the connection broke, it may have committed.
+            None => SqlFailure::Store(classify(e, true)),
+        })
+}
+
+/// The error of a transaction given up on: before COMMIT was sent, the cancel and the
+/// closed connection roll the transaction back, so it certainly did not apply.
+fn given_up(error: StoreError, commit_sent: &AtomicBool) -> StoreError {
+    match error {
+        StoreError::Unavailable {
+            reason,
+            applied: None,
+        } if !commit_sent.load(Ordering::Acquire) => StoreError::Unavailable {
+            reason,
+            applied: Some(false),
+        },
+        error => error,
+    }
+}
+
+/// Steps 2–4 of the module doc; the caller commits.
+async fn steps(
+    transaction: &Transaction<'_>,
     fence: &Statement,
     tx: &SqlTransaction,
     service: &SqlService,
-    commit_sent: &AtomicBool,
 ) -> Result<Vec<SqlResult>, SqlFailure> {
     let policy: &SqlPolicy = service.policy();
     let proof = &service.proof;
@@ -151,15 +301,6 @@ async fn steps(
             .await?,
         );
     }
-    commit_sent.store(true, Ordering::Release);
-    transaction
-        .commit()
-        .await
-        .map_err(|e| match server_refusal(None, &e, proof) {
-            Some(refusal) => refusal,
-            // COMMIT was sent: if the connection broke, it may have committed.
-            None => SqlFailure::Store(classify(e, true)),
-        })?;
     Ok(results)
 }
 

@@ -285,16 +285,18 @@ impl Store {
         }
     }
 
-    /// Applies one step of a hosted lease; see [`leases`].
+    /// Applies one step of a hosted lease, storing its answer under its key if it has
+    /// one; see [`leases`] and [`txn`].
     pub async fn lease(
         &self,
         resource: &ResourceName,
         op: &LeaseOp,
         claimant: &Claimant,
-    ) -> Result<LeaseOutcome, StoreError> {
+        keyed: Option<&txn::Keyed<LeaseOutcome>>,
+    ) -> Result<txn::Answered<LeaseOutcome>, StoreError> {
         match self {
-            Store::Postgres(store) => store.lease(resource, op, claimant).await,
-            Store::Embedded(store) => store.lease(resource, op, claimant).await,
+            Store::Postgres(store) => store.lease(resource, op, claimant, keyed).await,
+            Store::Embedded(store) => store.lease(resource, op, claimant, keyed).await,
         }
     }
 

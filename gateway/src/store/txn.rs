@@ -271,13 +271,12 @@ impl StoredAnswer {
     }
 }
 
-/// Builds the answer a keyed write stores from its outcome, inside the transaction that
-/// applies it: a pure function of the outcome and the request.
-pub type Render = Arc<dyn Fn(&TxnOutcome) -> StoredAnswer + Send + Sync>;
+/// Builds the answer a keyed write stores from its outcome `O`, inside the transaction
+/// that applies it: a pure function of the outcome and the request.
+pub type Render<O = TxnOutcome> = Arc<dyn Fn(&O) -> StoredAnswer + Send + Sync>;
 
-/// The idempotency key of a write, and how its answer is stored.
-#[derive(Clone)]
-pub struct Keyed {
+/// The idempotency key of a write whose outcome is an `O`, and how its answer is stored.
+pub struct Keyed<O = TxnOutcome> {
     /// The authenticated caller; empty without authentication. Keys of different
     /// identities never meet.
     pub identity: String,
@@ -287,10 +286,29 @@ pub struct Keyed {
     pub fingerprint: [u8; 32],
     /// How long the record answers retries.
     pub ttl: Duration,
-    pub render: Render,
+    pub render: Render<O>,
 }
 
-impl std::fmt::Debug for Keyed {
+impl<O> Keyed<O> {
+    /// The time to live in milliseconds, as the stores keep it.
+    pub fn ttl_ms(&self) -> u64 {
+        u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+impl<O> Clone for Keyed<O> {
+    fn clone(&self) -> Keyed<O> {
+        Keyed {
+            identity: self.identity.clone(),
+            key: self.key.clone(),
+            fingerprint: self.fingerprint,
+            ttl: self.ttl,
+            render: Arc::clone(&self.render),
+        }
+    }
+}
+
+impl<O> std::fmt::Debug for Keyed<O> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Keyed")
             .field("identity", &self.identity)
@@ -299,12 +317,12 @@ impl std::fmt::Debug for Keyed {
     }
 }
 
-/// What a transaction, keyed or not, came to.
+/// What a keyed write (or any transaction) came to; `O` is its outcome when it ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answered {
+pub enum Answered<O = TxnOutcome> {
     /// Run now; with a key, its answer was stored with it.
     Ran {
-        outcome: TxnOutcome,
+        outcome: O,
         stored: Option<StoredAnswer>,
     },
     /// An earlier attempt with the same key and request was applied (or refused): its
@@ -316,13 +334,44 @@ pub enum Answered {
     InFlight,
 }
 
-/// Applies `txn` to a stored record found under its key: the replay, or the refusal.
-pub fn replay(found_fingerprint: &[u8], keyed: &Keyed, answer: StoredAnswer) -> Answered {
+impl<O> Answered<O> {
+    /// What became of the key, as the `outcome` label of
+    /// `fencegate_idempotency_requests_total`.
+    pub fn key_outcome(&self) -> &'static str {
+        match self {
+            Answered::Ran { .. } => "stored",
+            Answered::Replayed(_) => "replayed",
+            Answered::KeyReused => "key_reused",
+            Answered::InFlight => "in_flight",
+        }
+    }
+}
+
+/// The answer to a retry that found a record under its key: the record's answer if the
+/// request is the same, else the refusal.
+pub fn replay<O>(found_fingerprint: &[u8], keyed: &Keyed<O>, answer: StoredAnswer) -> Answered<O> {
     if found_fingerprint == keyed.fingerprint {
         Answered::Replayed(answer)
     } else {
         Answered::KeyReused
     }
+}
+
+/// A stored answer as a store read it back; `status` is `None` only for a record that
+/// never got its answer, which the stores never commit.
+pub fn found_answer(
+    status: Option<u16>,
+    headers: &str,
+    body: Bytes,
+) -> Result<StoredAnswer, crate::store::StoreError> {
+    let status = status.ok_or_else(|| {
+        crate::store::StoreError::Internal("an idempotency record without its answer".into())
+    })?;
+    Ok(StoredAnswer {
+        status,
+        headers: StoredAnswer::parse_headers(headers),
+        body,
+    })
 }
 
 #[cfg(test)]

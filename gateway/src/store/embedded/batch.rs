@@ -38,7 +38,8 @@ pub(super) enum Job {
         resource: ResourceName,
         op: LeaseOp,
         claimant: Claimant,
-        reply: Reply<LeaseOutcome>,
+        keyed: Option<Keyed<LeaseOutcome>>,
+        reply: Reply<Answered<LeaseOutcome>>,
     },
     Reset {
         reset: Reset,
@@ -57,7 +58,7 @@ pub(super) enum Job {
 enum Applied {
     Write(Reply<WriteOutcome>, WriteOutcome),
     Advance(Reply<AdvanceOutcome>, AdvanceOutcome),
-    Lease(Reply<LeaseOutcome>, LeaseOutcome),
+    Lease(Reply<Answered<LeaseOutcome>>, Answered<LeaseOutcome>),
     Reset(Reply<ResetOutcome>, ResetOutcome),
     Txn(Reply<Answered>, Answered),
     Expire(Reply<u64>, u64),
@@ -90,8 +91,9 @@ impl Job {
                 resource,
                 op,
                 claimant,
+                keyed,
                 reply,
-            } => match apply_lease(tables, &resource, &op, &claimant) {
+            } => match apply_keyed_lease(tables, &resource, &op, &claimant, keyed.as_ref()) {
                 Ok(outcome) => Ok(Applied::Lease(reply, outcome)),
                 Err(error) => {
                     drop(reply.send(Err(storage_failed(Some(false)))));
@@ -301,6 +303,27 @@ fn apply_advance(
     }
     tables.set_fence(resource.as_str(), token.get(), "advance")?;
     Ok(AdvanceOutcome::Applied)
+}
+
+/// A lease step inside the batch transaction, with its key: the answer an earlier
+/// attempt stored, or the step applied now and its answer stored with it.
+fn apply_keyed_lease(
+    tables: &mut Tables<'_>,
+    resource: &ResourceName,
+    op: &LeaseOp,
+    claimant: &Claimant,
+    keyed: Option<&Keyed<LeaseOutcome>>,
+) -> Result<Answered<LeaseOutcome>, redb::Error> {
+    if let Some(keyed) = keyed {
+        if let Some(earlier) = tables.earlier_answer(keyed)? {
+            return Ok(earlier);
+        }
+    }
+    let outcome = apply_lease(tables, resource, op, claimant)?;
+    let stored = keyed
+        .map(|keyed| tables.record_answer(keyed, &outcome))
+        .transpose()?;
+    Ok(Answered::Ran { outcome, stored })
 }
 
 /// A lease step inside the batch transaction, on the gateway's wall clock.
@@ -518,44 +541,65 @@ fn apply_keyed(
             stored: None,
         });
     };
-    let now = now_ms();
-    let id = (keyed.identity.as_str(), keyed.key.as_str());
-    let earlier = tables.idempotency.get(id)?.map(|entry| {
-        let (fingerprint, expires, status, headers, body) = entry.value();
-        let answer = StoredAnswer {
-            status,
-            headers: StoredAnswer::parse_headers(headers),
-            body: bytes::Bytes::copy_from_slice(body),
-        };
-        (fingerprint.to_vec(), expires, answer)
-    });
-    if let Some((fingerprint, expires, answer)) = earlier {
-        if expires > now {
-            return Ok(replay(&fingerprint, keyed, answer));
-        }
-        tables.idempotency_expiry.remove((expires, id.0, id.1))?;
+    if let Some(earlier) = tables.earlier_answer(keyed)? {
+        return Ok(earlier);
     }
     let outcome = apply_txn(tables, txn)?;
-    let answer = (keyed.render)(&outcome);
-    let expires = now.saturating_add(u64::try_from(keyed.ttl.as_millis()).unwrap_or(u64::MAX));
-    let headers = answer.headers_text();
-    tables.idempotency.insert(
-        id,
-        (
-            keyed.fingerprint.as_slice(),
-            expires,
-            answer.status,
-            headers.as_str(),
-            answer.body.as_ref(),
-        ),
-    )?;
-    tables
-        .idempotency_expiry
-        .insert((expires, id.0, id.1), ())?;
+    let answer = tables.record_answer(keyed, &outcome)?;
     Ok(Answered::Ran {
         outcome,
         stored: Some(answer),
     })
+}
+
+impl Tables<'_> {
+    /// The answer an earlier attempt stored under `keyed`'s key, if it is still live;
+    /// an expired one is forgotten.
+    fn earlier_answer<O>(&mut self, keyed: &Keyed<O>) -> Result<Option<Answered<O>>, redb::Error> {
+        let id = (keyed.identity.as_str(), keyed.key.as_str());
+        let earlier = self.idempotency.get(id)?.map(|entry| {
+            let (fingerprint, expires, status, headers, body) = entry.value();
+            let answer = StoredAnswer {
+                status,
+                headers: StoredAnswer::parse_headers(headers),
+                body: bytes::Bytes::copy_from_slice(body),
+            };
+            (fingerprint.to_vec(), expires, answer)
+        });
+        let Some((fingerprint, expires, answer)) = earlier else {
+            return Ok(None);
+        };
+        if expires > now_ms() {
+            return Ok(Some(replay(&fingerprint, keyed, answer)));
+        }
+        self.idempotency_expiry.remove((expires, id.0, id.1))?;
+        self.idempotency.remove(id)?;
+        Ok(None)
+    }
+
+    /// Stores the answer to `outcome` under `keyed`'s key, in the batch transaction.
+    fn record_answer<O>(
+        &mut self,
+        keyed: &Keyed<O>,
+        outcome: &O,
+    ) -> Result<StoredAnswer, redb::Error> {
+        let id = (keyed.identity.as_str(), keyed.key.as_str());
+        let answer = (keyed.render)(outcome);
+        let expires = now_ms().saturating_add(keyed.ttl_ms());
+        let headers = answer.headers_text();
+        self.idempotency.insert(
+            id,
+            (
+                keyed.fingerprint.as_slice(),
+                expires,
+                answer.status,
+                headers.as_str(),
+                answer.body.as_ref(),
+            ),
+        )?;
+        self.idempotency_expiry.insert((expires, id.0, id.1), ())?;
+        Ok(answer)
+    }
 }
 
 /// A transaction inside the batch transaction: every fence and every precondition is

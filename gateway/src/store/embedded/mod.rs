@@ -357,12 +357,15 @@ impl EmbeddedStore {
         resource: &ResourceName,
         op: &LeaseOp,
         claimant: &Claimant,
-    ) -> Result<LeaseOutcome, StoreError> {
+        keyed: Option<&crate::store::txn::Keyed<LeaseOutcome>>,
+    ) -> Result<crate::store::txn::Answered<LeaseOutcome>, StoreError> {
         let (resource, op, claimant) = (resource.clone(), op.clone(), claimant.clone());
+        let keyed = keyed.cloned();
         self.submit(|reply| Job::Lease {
             resource,
             op,
             claimant,
+            keyed,
             reply,
         })
         .await

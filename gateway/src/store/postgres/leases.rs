@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::Object;
+use deadpool_postgres::{Object, Transaction};
 use fencegate_proto::{ResourceName, Token};
 use tokio_postgres::Row;
 
@@ -17,17 +17,42 @@ use crate::store::leases::{
     check_reset, decide, next_token, Claimant, Decision, LeaseOp, LeaseOutcome, LeaseRecord, Reset,
     ResetOutcome, ResetRecord,
 };
+use crate::store::txn::{Answered, Keyed};
 use crate::store::StoreError;
 
-/// Applies one lease step.
+/// Applies one lease step; with a key, claims it first and stores the answer in the
+/// same transaction ([`crate::store::txn`]). A refused step changes nothing but the
+/// lease's empty row, so nothing needs rolling back before its answer is stored.
 pub(super) async fn step(
     client: &mut Object,
     resource: &ResourceName,
     op: &LeaseOp,
     claimant: &Claimant,
+    keyed: Option<&Keyed<LeaseOutcome>>,
+) -> Result<Answered<LeaseOutcome>, StoreError> {
+    let tx = client.transaction().await.map_err(|e| classify(e, false))?;
+    if let Some(keyed) = keyed {
+        if let Some(earlier) = super::txn::claim(&tx, keyed).await? {
+            return Ok(earlier);
+        }
+    }
+    let outcome = step_in(&tx, resource, op, claimant).await?;
+    let stored = match keyed {
+        Some(keyed) => Some(super::txn::record(&tx, keyed, &outcome).await?),
+        None => None,
+    };
+    tx.commit().await.map_err(|e| classify(e, true))?;
+    Ok(Answered::Ran { outcome, stored })
+}
+
+/// One lease step inside `tx`, which the caller commits.
+async fn step_in(
+    tx: &Transaction<'_>,
+    resource: &ResourceName,
+    op: &LeaseOp,
+    claimant: &Claimant,
 ) -> Result<LeaseOutcome, StoreError> {
     let resource = resource.as_str();
-    let tx = client.transaction().await.map_err(|e| classify(e, false))?;
     tx.execute(statements::LEASE_ENSURE, &[&resource])
         .await
         .map_err(|e| classify(e, false))?;
@@ -72,7 +97,6 @@ pub(super) async fn step(
     }
     .map_err(|e| classify(e, false))?;
     let after = record(&row)?;
-    tx.commit().await.map_err(|e| classify(e, true))?;
     Ok(match op {
         LeaseOp::Release { .. } => LeaseOutcome::Released(after),
         _ => LeaseOutcome::Granted(after),

@@ -30,6 +30,7 @@ pub(crate) use connection::{
     classify, describe, error_text, server_unavailable, with_client_until,
 };
 pub use connection::{migrate, new_pool, PgPool, PgStartError, ServerWatch};
+pub(crate) use txn::{stored_answer, IN_FLIGHT_WAIT};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -236,6 +237,8 @@ impl PgStore {
             for grant in [
                 "SELECT format('GRANT USAGE ON SCHEMA fencegate TO %I', $1::text)",
                 "SELECT format('GRANT EXECUTE ON FUNCTION fencegate.sql_fence(text, bigint, bytea) TO %I', $1::text)",
+                "SELECT format('GRANT EXECUTE ON FUNCTION fencegate.sql_idempotency_claim(text, text, bytea, bigint, bigint, bytea) TO %I', $1::text)",
+                "SELECT format('GRANT EXECUTE ON FUNCTION fencegate.sql_idempotency_record(text, text, smallint, text, bytea, bytea) TO %I', $1::text)",
                 "SELECT format('REVOKE EXECUTE ON FUNCTION fencegate.fence(text, bigint) FROM %I', $1::text)",
             ] {
                 let statement: String = client
@@ -403,8 +406,9 @@ impl PgStore {
         resource: &ResourceName,
         op: &LeaseOp,
         claimant: &Claimant,
-    ) -> Result<LeaseOutcome, StoreError> {
-        self.with_client(async |client| leases::step(client, resource, op, claimant).await)
+        keyed: Option<&crate::store::txn::Keyed<LeaseOutcome>>,
+    ) -> Result<crate::store::txn::Answered<LeaseOutcome>, StoreError> {
+        self.with_client(async |client| leases::step(client, resource, op, claimant, keyed).await)
             .await
     }
 

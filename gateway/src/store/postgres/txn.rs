@@ -11,7 +11,8 @@ use super::connection::classify;
 use super::statements;
 use super::writes::{applied, non_negative, token_from_db, Attempt};
 use crate::store::txn::{
-    replay, Answered, Hold, Keyed, OpDone, StaleMember, StoredAnswer, Txn, TxnOp, TxnOutcome,
+    found_answer, replay, Answered, Hold, Keyed, OpDone, StaleMember, StoredAnswer, Txn, TxnOp,
+    TxnOutcome,
 };
 use crate::store::{precondition_holds, StoreError, WriteOp};
 
@@ -56,21 +57,7 @@ pub(super) async fn run(
             .await
             .map_err(|e| classify(e, false))?;
     }
-    let answer = (keyed.render)(&outcome);
-    let status = i16::try_from(answer.status)
-        .map_err(|_| StoreError::Internal(format!("status {} out of range", answer.status)))?;
-    tx.execute(
-        statements::IDEMPOTENCY_RECORD,
-        &[
-            &keyed.identity,
-            &keyed.key,
-            &status,
-            &answer.headers_text(),
-            &answer.body.as_ref(),
-        ],
-    )
-    .await
-    .map_err(|e| classify(e, false))?;
+    let answer = record(&tx, keyed, &outcome).await?;
     tx.commit().await.map_err(|e| classify(e, true))?;
     Ok(Answered::Ran {
         outcome,
@@ -80,8 +67,11 @@ pub(super) async fn run(
 
 /// Claims the key for this attempt (`None`), or answers from the record an earlier
 /// attempt left.
-async fn claim(tx: &Transaction<'_>, keyed: &Keyed) -> Result<Option<Answered>, StoreError> {
-    let ttl_ms = i64::try_from(keyed.ttl.as_millis()).unwrap_or(i64::MAX);
+pub(super) async fn claim<O>(
+    tx: &Transaction<'_>,
+    keyed: &Keyed<O>,
+) -> Result<Option<Answered<O>>, StoreError> {
+    let ttl_ms = i64::try_from(keyed.ttl_ms()).unwrap_or(i64::MAX);
     tx.batch_execute(&format!(
         "SET LOCAL lock_timeout = {}",
         IN_FLIGHT_WAIT.as_millis()
@@ -110,24 +100,55 @@ async fn claim(tx: &Transaction<'_>, keyed: &Keyed) -> Result<Option<Answered>, 
             .query_one(statements::IDEMPOTENCY_READ, &[&keyed.identity, &keyed.key])
             .await
             .map_err(|e| classify(e, false))?;
-        let fingerprint: Vec<u8> = row.get(0);
-        let status: Option<i16> = row.get(1);
-        let headers: Option<String> = row.get(2);
-        let body: Option<Vec<u8>> = row.get(3);
-        let status = status.and_then(|s| u16::try_from(s).ok()).ok_or_else(|| {
-            StoreError::Internal("an idempotency record without its answer".into())
-        })?;
-        let answer = StoredAnswer {
-            status,
-            headers: StoredAnswer::parse_headers(headers.as_deref().unwrap_or_default()),
-            body: body.unwrap_or_default().into(),
-        };
+        let (fingerprint, answer) = stored_answer(&row, 0)?;
         return Ok(Some(replay(&fingerprint, keyed, answer)));
     }
     tx.batch_execute("SET LOCAL lock_timeout = 0")
         .await
         .map_err(|e| classify(e, false))?;
     Ok(None)
+}
+
+/// The fingerprint and answer of a record, from `row`'s columns `from..from + 4`:
+/// fingerprint, status, headers, body.
+pub(crate) fn stored_answer(
+    row: &tokio_postgres::Row,
+    from: usize,
+) -> Result<(Vec<u8>, StoredAnswer), StoreError> {
+    let fingerprint: Vec<u8> = row.get(from);
+    let status: Option<i16> = row.get(from + 1);
+    let headers: Option<String> = row.get(from + 2);
+    let body: Option<Vec<u8>> = row.get(from + 3);
+    let answer = found_answer(
+        status.and_then(|s| u16::try_from(s).ok()),
+        headers.as_deref().unwrap_or_default(),
+        body.unwrap_or_default().into(),
+    )?;
+    Ok((fingerprint, answer))
+}
+
+/// Stores the answer to `outcome` under the key `claim` took, in the same transaction.
+pub(super) async fn record<O>(
+    tx: &Transaction<'_>,
+    keyed: &Keyed<O>,
+    outcome: &O,
+) -> Result<StoredAnswer, StoreError> {
+    let answer = (keyed.render)(outcome);
+    let status = i16::try_from(answer.status)
+        .map_err(|_| StoreError::Internal(format!("status {} out of range", answer.status)))?;
+    tx.execute(
+        statements::IDEMPOTENCY_RECORD,
+        &[
+            &keyed.identity,
+            &keyed.key,
+            &status,
+            &answer.headers_text(),
+            &answer.body.as_ref(),
+        ],
+    )
+    .await
+    .map_err(|e| classify(e, false))?;
+    Ok(answer)
 }
 
 /// Locks, judges and applies `txn` inside `tx`. A refusal may leave fences raised in
