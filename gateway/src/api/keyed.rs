@@ -101,7 +101,7 @@ pub fn respond(answer: &StoredAnswer, replayed: bool) -> Response<Body> {
     for (name, value) in &answer.headers {
         if let (Ok(name), Ok(value)) = (
             HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(&value),
+            HeaderValue::from_str(value),
         ) {
             response.headers_mut().append(name, value);
         }

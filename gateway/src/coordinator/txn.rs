@@ -48,28 +48,30 @@ impl Coordinator {
                 answered
             })
             .await??;
-        if let Answered::Ran { outcome, .. } = &answered {
-            if let TxnOutcome::Stale(members) = outcome {
-                for member in members {
-                    let fencing = Fencing {
-                        token: member.presented,
-                        holder: holder.map(str::to_owned),
-                    };
-                    let key = txn
-                        .ops()
-                        .iter()
-                        .find(|op| op.resource() == &member.resource)
-                        .and_then(|op| op.object().map(|(key, _)| key));
-                    // The answer is rendered from the outcome; this counts and logs.
-                    let _ = self.stale(
-                        &member.resource,
-                        key,
-                        &fencing,
-                        identity,
-                        member.highest,
-                        seen,
-                    );
-                }
+        if let Answered::Ran {
+            outcome: TxnOutcome::Stale(members),
+            ..
+        } = &answered
+        {
+            for member in members {
+                let fencing = Fencing {
+                    token: member.presented,
+                    holder: holder.map(str::to_owned),
+                };
+                let key = txn
+                    .ops()
+                    .iter()
+                    .find(|op| op.resource() == &member.resource)
+                    .and_then(|op| op.object().map(|(key, _)| key));
+                // The answer is rendered from the outcome; this counts and logs.
+                let _ = self.stale(
+                    &member.resource,
+                    key,
+                    &fencing,
+                    identity,
+                    member.highest,
+                    seen,
+                );
             }
         }
         if was_keyed {

@@ -291,7 +291,7 @@ async fn steps(
         .map_err(|e| failed(Some(index), e, proof))?;
         results.push(
             execute(
-                &transaction,
+                transaction,
                 index,
                 &statement,
                 &request.params,
