@@ -135,7 +135,11 @@ pub struct LeaseRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<Token>,
     /// How long the lease lasts from now, on the gateway's clock.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "integral::option"
+    )]
     pub ttl_ms: Option<u64>,
 }
 
@@ -289,7 +293,11 @@ pub enum TxnOperation {
         token: Token,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         key: Option<ObjectKey>,
-        #[serde(default, skip_serializing_if = "Option::is_none")]
+        #[serde(
+            default,
+            skip_serializing_if = "Option::is_none",
+            deserialize_with = "integral::option"
+        )]
         version: Option<u64>,
     },
 }
@@ -319,8 +327,57 @@ impl TxnOperation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum IfMatch {
-    Version(u64),
+    Version(#[serde(deserialize_with = "integral::exact")] u64),
     Any(AnyVersion),
+}
+
+/// Integers in JSON bodies. JSON Schema counts `42.0` as the integer 42, so an integral
+/// number written with a fraction is read as that integer — up to 2^53, above which
+/// such a number may already stand for another integer (as [`Token`] reads tokens).
+pub mod integral {
+    use std::fmt;
+
+    use serde::Deserializer;
+
+    /// The largest integer every double below which is exact.
+    const EXACT_IN_A_DOUBLE: f64 = 9_007_199_254_740_992.0;
+
+    struct Visitor;
+
+    impl serde::de::Visitor<'_> for Visitor {
+        type Value = u64;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a non-negative integer")
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<u64, E> {
+            Ok(value)
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<u64, E> {
+            u64::try_from(value).map_err(|_| E::custom("a non-negative integer is expected"))
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, value: f64) -> Result<u64, E> {
+            if value.fract() != 0.0 || !(0.0..=EXACT_IN_A_DOUBLE).contains(&value) {
+                return Err(E::custom(
+                    "a non-negative integer is expected (written without a fraction above 2^53)",
+                ));
+            }
+            Ok(value as u64)
+        }
+    }
+
+    pub fn exact<'de, D: Deserializer<'de>>(deserializer: D) -> Result<u64, D::Error> {
+        // `any`: inside a tagged enum the number arrives buffered, and only `any` passes
+        // a buffered float on to `visit_f64`.
+        deserializer.deserialize_any(Visitor)
+    }
+
+    pub fn option<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<u64>, D::Error> {
+        exact(deserializer).map(Some)
+    }
 }
 
 /// The `"*"` of [`IfMatch`].
@@ -412,11 +469,35 @@ mod tests {
             }
         ));
         assert_eq!(request.operations[4].token().get(), 6);
+        let integral: TxnRequest = serde_json::from_str(
+            r#"{"operations": [{"op": "check", "resource": "d", "token": 6.0, "key": "k", "version": 2.0},
+                              {"op": "put", "resource": "e", "key": "k", "token": 1, "value": "v", "if_match": 3.0}]}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            integral.operations[0],
+            TxnOperation::Check {
+                version: Some(2),
+                ..
+            }
+        ));
+        assert!(matches!(
+            integral.operations[1],
+            TxnOperation::Put {
+                if_match: Some(IfMatch::Version(3)),
+                ..
+            }
+        ));
+        let lease: LeaseRequest =
+            serde_json::from_str(r#"{"holder": "a", "ttl_ms": 6671.0}"#).unwrap();
+        assert_eq!(lease.ttl_ms, Some(6671));
         for bad in [
             r#"{"operations": [{"op": "move", "resource": "a", "token": 1}]}"#,
             r#"{"operations": [{"op": "advance", "resource": "a", "token": 1, "key": "k"}]}"#,
             r#"{"operations": [{"op": "advance", "resource": "a", "token": 0}]}"#,
             r#"{"operations": [{"op": "put", "resource": "a", "key": "k", "token": 1, "if_match": "x"}]}"#,
+            r#"{"operations": [{"op": "put", "resource": "a", "key": "k", "token": 1, "if_match": 1.5}]}"#,
+            r#"{"operations": [{"op": "check", "resource": "a", "token": 1, "key": "k", "version": -1}]}"#,
             r#"{"operations": [], "extra": 1}"#,
         ] {
             assert!(serde_json::from_str::<TxnRequest>(bad).is_err(), "{bad}");

@@ -55,7 +55,9 @@ impl<'de> Deserialize<'de> for Token {
                 self.visit_u64(value as u64)
             }
         }
-        deserializer.deserialize_u64(Visitor)
+        // `any`: inside a tagged enum the number arrives buffered, and only `any` passes
+        // a buffered float on to `visit_f64`.
+        deserializer.deserialize_any(Visitor)
     }
 }
 
