@@ -99,12 +99,13 @@ pub async fn post(
                 } => in_task.backend_failed(error),
                 _ => in_task.backend_succeeded(),
             }
+            // Counted here, not after: a client that left must not hide its key.
+            if was_keyed {
+                in_task.metrics().idempotency(answered.key_outcome());
+            }
             answered
         })
         .await?;
-    if was_keyed {
-        coordinator.metrics().idempotency(answered.key_outcome());
-    }
     match answered {
         Answered::Ran {
             outcome: Ok(results),

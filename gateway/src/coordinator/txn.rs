@@ -45,6 +45,10 @@ impl Coordinator {
                     }
                 }
                 this.backend_result(&answered);
+                // Counted here, not after: a client that left must not hide its key.
+                if let (true, Ok(answered)) = (was_keyed, &answered) {
+                    this.metrics.idempotency(answered.key_outcome());
+                }
                 answered
             })
             .await??;
@@ -73,9 +77,6 @@ impl Coordinator {
                     seen,
                 );
             }
-        }
-        if was_keyed {
-            self.metrics.idempotency(answered.key_outcome());
         }
         Ok(answered)
     }

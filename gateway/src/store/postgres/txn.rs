@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Object, Transaction};
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
 
 use super::connection::classify;
 use super::statements;
@@ -28,13 +29,9 @@ pub(super) async fn run(
 ) -> Result<Answered, StoreError> {
     let tx = client.transaction().await.map_err(|e| classify(e, false))?;
     if let Some(keyed) = keyed {
-        if let Some(earlier) = claim(&tx, keyed).await? {
+        if let Some(earlier) = claim(&tx, keyed, true).await? {
             return Ok(earlier);
         }
-        // A refusal rolls back to here: the claim stays, to record the refusal.
-        tx.batch_execute("SAVEPOINT txn")
-            .await
-            .map_err(|e| classify(e, false))?;
     }
     let outcome = apply(&tx, txn).await?;
     let refused = !matches!(outcome, TxnOutcome::Applied(_));
@@ -66,29 +63,37 @@ pub(super) async fn run(
 }
 
 /// Claims the key for this attempt (`None`), or answers from the record an earlier
-/// attempt left.
+/// attempt left. With `savepoint`, a savepoint follows the claim, for a refusal to roll
+/// back to: the claim stays, to record the refusal. One round trip: the statements are
+/// pipelined, and judged in order.
 pub(super) async fn claim<O>(
     tx: &Transaction<'_>,
     keyed: &Keyed<O>,
+    savepoint: bool,
 ) -> Result<Option<Answered<O>>, StoreError> {
     let ttl_ms = i64::try_from(keyed.ttl_ms()).unwrap_or(i64::MAX);
-    tx.batch_execute(&format!(
-        "SET LOCAL lock_timeout = {}",
-        IN_FLIGHT_WAIT.as_millis()
-    ))
-    .await
+    let (claim, read) = tokio::try_join!(
+        tx.prepare_cached(statements::IDEMPOTENCY_CLAIM),
+        tx.prepare_cached(statements::IDEMPOTENCY_READ),
+    )
     .map_err(|e| classify(e, false))?;
-    let claimed = tx
-        .query_opt(
-            statements::IDEMPOTENCY_CLAIM,
-            &[
-                &keyed.identity,
-                &keyed.key,
-                &keyed.fingerprint.as_slice(),
-                &ttl_ms,
-            ],
-        )
-        .await;
+    let wait = format!("SET LOCAL lock_timeout = {}", IN_FLIGHT_WAIT.as_millis());
+    let after = if savepoint {
+        "SET LOCAL lock_timeout = 0; SAVEPOINT txn"
+    } else {
+        "SET LOCAL lock_timeout = 0"
+    };
+    let fingerprint = keyed.fingerprint.as_slice();
+    let claim_params: [&(dyn ToSql + Sync); 4] =
+        [&keyed.identity, &keyed.key, &fingerprint, &ttl_ms];
+    let read_params: [&(dyn ToSql + Sync); 2] = [&keyed.identity, &keyed.key];
+    let (waiting, claimed, found, done) = tokio::join!(
+        tx.batch_execute(&wait),
+        tx.query_opt(&claim, &claim_params),
+        tx.query_opt(&read, &read_params),
+        tx.batch_execute(after),
+    );
+    waiting.map_err(|e| classify(e, false))?;
     let claimed = match claimed {
         Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
             return Ok(Some(Answered::InFlight))
@@ -96,16 +101,14 @@ pub(super) async fn claim<O>(
         other => other.map_err(|e| classify(e, false))?,
     };
     if claimed.is_none() {
-        let row = tx
-            .query_one(statements::IDEMPOTENCY_READ, &[&keyed.identity, &keyed.key])
-            .await
-            .map_err(|e| classify(e, false))?;
+        let row = found
+            .map_err(|e| classify(e, false))?
+            .ok_or_else(|| StoreError::Internal("a claimed key without its record".into()))?;
         let (fingerprint, answer) = stored_answer(&row, 0)?;
         return Ok(Some(replay(&fingerprint, keyed, answer)));
     }
-    tx.batch_execute("SET LOCAL lock_timeout = 0")
-        .await
-        .map_err(|e| classify(e, false))?;
+    found.map_err(|e| classify(e, false))?;
+    done.map_err(|e| classify(e, false))?;
     Ok(None)
 }
 
@@ -162,36 +165,59 @@ async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError
         tx.prepare_cached(statements::OBJECT_VERSION),
     )
     .map_err(|e| classify(e, false))?;
-    // 1. Every fence, in lock order, one at a time: a lock is taken before the next.
-    let mut stale = Vec::new();
-    for involved in txn.involved() {
-        let (resource, token) = (involved.resource.as_str(), involved.token.as_i64());
-        let highest = match involved.hold {
-            Hold::Raise => {
-                let raised = tx
+    // 1. Every fence, in lock order. Statements on one connection run one after the
+    // other, each lock taken before the next statement starts, so those that each take
+    // their lock in one statement are pipelined; a check takes two (the row made if
+    // missing, then locked for share), so a transaction with checks goes one by one.
+    let mut highest = Vec::with_capacity(txn.involved().len());
+    if txn.involved().iter().all(|i| i.hold == Hold::Raise) {
+        let raise = &raise;
+        let raised = futures_util::future::join_all(txn.involved().iter().map(|involved| {
+            let token = involved.token.as_i64();
+            async move {
+                tx.query_opt(raise, &[&involved.resource.as_str(), &token])
+                    .await
+            }
+        }))
+        .await;
+        for raised in raised {
+            highest.push(raised.map_err(|e| classify(e, false))?.map(|_| 0));
+        }
+    } else {
+        for involved in txn.involved() {
+            let (resource, token) = (involved.resource.as_str(), involved.token.as_i64());
+            highest.push(match involved.hold {
+                Hold::Raise => tx
                     .query_opt(&raise, &[&resource, &token])
                     .await
-                    .map_err(|e| classify(e, false))?;
-                if raised.is_some() {
-                    continue;
+                    .map_err(|e| classify(e, false))?
+                    .map(|_| 0),
+                Hold::Check => {
+                    tx.execute(&ensure, &[&resource])
+                        .await
+                        .map_err(|e| classify(e, false))?;
+                    Some(
+                        tx.query_one(&share, &[&resource])
+                            .await
+                            .map_err(|e| classify(e, false))?
+                            .get::<_, i64>(0),
+                    )
                 }
-                // Refused, and locked: the fence as it stands now is the one that refused.
-                tx.query_one(&fence, &[&resource])
-                    .await
-                    .map_err(|e| classify(e, false))?
-                    .get::<_, i64>(0)
-            }
-            Hold::Check => {
-                tx.execute(&ensure, &[&resource])
-                    .await
-                    .map_err(|e| classify(e, false))?;
-                tx.query_one(&share, &[&resource])
-                    .await
-                    .map_err(|e| classify(e, false))?
-                    .get::<_, i64>(0)
-            }
+            });
+        }
+    }
+    let mut stale = Vec::new();
+    for (involved, highest) in txn.involved().iter().zip(highest) {
+        let highest = match highest {
+            Some(highest) => highest,
+            // A raise refused, and locked: the fence as it stands now refused it.
+            None => tx
+                .query_one(&fence, &[&involved.resource.as_str()])
+                .await
+                .map_err(|e| classify(e, false))?
+                .get::<_, i64>(0),
         };
-        if highest > token {
+        if highest > involved.token.as_i64() {
             stale.push(StaleMember {
                 resource: involved.resource.clone(),
                 presented: involved.token,
@@ -202,42 +228,58 @@ async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError
     if !stale.is_empty() {
         return Ok(TxnOutcome::Stale(stale));
     }
-    // 2. Every precondition, in operation order, read under the fence locks.
-    let mut found = Vec::with_capacity(txn.ops().len());
-    for (at, op) in txn.ops().iter().enumerate() {
-        let current = match op.object() {
-            Some((key, precondition)) if needs_version(op, precondition) => {
-                let row = tx
-                    .query_opt(&version, &[&op.resource().as_str(), &key.as_str()])
+    // 2. Every precondition, read under the fence locks (pipelined), judged in operation
+    // order.
+    let reads = futures_util::future::join_all(txn.ops().iter().map(|op| {
+        let version = &version;
+        async move {
+            match op.object() {
+                Some((key, precondition)) if needs_version(op, precondition) => tx
+                    .query_opt(version, &[&op.resource().as_str(), &key.as_str()])
                     .await
-                    .map_err(|e| classify(e, false))?;
+                    .map(Some),
+                _ => Ok(None),
+            }
+        }
+    }))
+    .await;
+    let mut found = Vec::with_capacity(txn.ops().len());
+    for (at, (op, read)) in txn.ops().iter().zip(reads).enumerate() {
+        let current = match read.map_err(|e| classify(e, false))? {
+            Some(row) => {
                 let current = match row {
                     Some(row) if row.get::<_, bool>(1) => Some(non_negative(row.get(0))?),
                     _ => None,
                 };
+                let (_, precondition) = op.object().expect("only objects are read");
                 if !precondition_holds(precondition, current) {
                     return Ok(TxnOutcome::PreconditionFailed { op: at, current });
                 }
                 current
             }
-            _ => None,
+            None => None,
         };
         found.push(current);
     }
-    // 3. The writes.
-    let mut done = Vec::with_capacity(txn.ops().len());
-    for (op, current) in txn.ops().iter().zip(found) {
-        done.push(match op {
-            TxnOp::Put {
-                resource,
-                key,
-                token,
-                value,
-                ..
-            } => {
-                let row = tx
+    // 3. The writes, pipelined, in operation order.
+    let (put, delete) = tokio::try_join!(
+        tx.prepare_cached(statements::OBJECT_PUT),
+        tx.prepare_cached(statements::OBJECT_DELETE),
+    )
+    .map_err(|e| classify(e, false))?;
+    let rows = futures_util::future::join_all(txn.ops().iter().map(|op| {
+        let (put, delete) = (&put, &delete);
+        async move {
+            match op {
+                TxnOp::Put {
+                    resource,
+                    key,
+                    token,
+                    value,
+                    ..
+                } => tx
                     .query_one(
-                        statements::OBJECT_PUT,
+                        put,
                         &[
                             &resource.as_str(),
                             &token.as_i64(),
@@ -246,30 +288,38 @@ async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError
                         ],
                     )
                     .await
-                    .map_err(|e| classify(e, false))?;
-                written(&WriteOp::Put(value.clone()), row.get(0), row.get(1))?
-            }
-            TxnOp::Delete {
-                resource,
-                key,
-                token,
-                ..
-            } => {
-                let row = tx
+                    .map(Some),
+                TxnOp::Delete {
+                    resource,
+                    key,
+                    token,
+                    ..
+                } => tx
                     .query_one(
-                        statements::OBJECT_DELETE,
+                        delete,
                         &[&resource.as_str(), &token.as_i64(), &key.as_str()],
                     )
                     .await
-                    .map_err(|e| classify(e, false))?;
-                written(&WriteOp::Delete, row.get(0), row.get(1))?
+                    .map(Some),
+                TxnOp::Advance { .. } | TxnOp::Check { .. } => Ok(None),
             }
-            TxnOp::Advance { .. } => OpDone {
-                version: None,
+        }
+    }))
+    .await;
+    let mut done = Vec::with_capacity(txn.ops().len());
+    for ((op, current), row) in txn.ops().iter().zip(found).zip(rows) {
+        let row = row.map_err(|e| classify(e, false))?;
+        done.push(match (op, row) {
+            (TxnOp::Put { value, .. }, Some(row)) => {
+                written(&WriteOp::Put(value.clone()), row.get(0), row.get(1))?
+            }
+            (TxnOp::Delete { .. }, Some(row)) => written(&WriteOp::Delete, row.get(0), row.get(1))?,
+            (TxnOp::Check { object, .. }, _) => OpDone {
+                version: object.as_ref().map(|_| current.unwrap_or(0)),
                 created: false,
             },
-            TxnOp::Check { object, .. } => OpDone {
-                version: object.as_ref().map(|_| current.unwrap_or(0)),
+            _ => OpDone {
+                version: None,
                 created: false,
             },
         });
