@@ -2,16 +2,30 @@
 //!
 //! # Behavior
 //!
-//! - Every write carries `Fencing-Token: <term epoch>` and `Fencing-Holder: <holder>`.
-//! - A write is not sent once its term has ended ([`WriteError::TermOver`]).
+//! - Every write carries `Fencing-Token: <term epoch>` and `Fencing-Holder: <holder>`;
+//!   a transaction ([`FencedClient::txn`]) carries each operation's token in its body.
+//! - Every logical write — a put, a delete, an advance, a transaction — gets its own
+//!   `Idempotency-Key` (128 random bits as 32 hex digits), made once and sent on every
+//!   attempt of that write: the gateway applies it at most once and answers a resend
+//!   with the answer it stored (`Idempotency-Replayed: true`). A replayed answer is
+//!   handled exactly like a fresh one.
+//! - A write is not sent, nor resent, once its term has ended
+//!   ([`WriteError::TermOver`]); a transaction, once the term of any of its operations
+//!   has ended.
+//! - A write is resent, with the same token and key, up to `retries` times
+//!   ([`DEFAULT_RETRIES`]) and only while its terms are live, after an answer that says
+//!   it was not applied or that nobody knows: a transport failure (no answer);
+//!   `503 backend_unavailable` with `write_applied` `false` or `null` (in doubt);
+//!   `503 overloaded` or `shutting_down`; `409 idempotency_in_flight` (an earlier
+//!   attempt still runs). The pause before a resend is the answer's `Retry-After`, at
+//!   most [`MAX_RETRY_AFTER`], or else 50 ms doubled per resend, at most 3.2 s; it ends
+//!   early if a term ends. Any other answer is returned at once.
 //! - `409 stale_token` ends the term with [`LossReason::StaleRejection`] and returns
 //!   [`WriteError::Stale`] with the presented and highest tokens. The client never
 //!   resends that write, and never fetches a newer token to push it through: a newer
-//!   term decides afresh what to write.
-//! - A transport failure (no answer) is retried, with the same token, only while the
-//!   term is live and only for writes that cannot apply twice: those with a version
-//!   precondition (`If-Match: "<n>"`, or "must not exist"). If the first attempt did
-//!   apply, the retry answers `version_mismatch`: the caller reads before deciding.
+//!   term decides afresh what to write. A stale transaction ends the term of every
+//!   resource its answer names as stale, and returns [`WriteError::Stale`] for the
+//!   first of them.
 //! - `403 token_not_issued` / `token_holder_mismatch` end the term too
 //!   ([`LossReason::TokenRefused`]): no write of it will ever be accepted.
 //! - With [`FencedClient::with_key`], every request carries `Authorization: Bearer`.
@@ -28,19 +42,23 @@ use fencegate_proto::headers::{
 use fencegate_proto::path::Target;
 use fencegate_proto::{ErrorCode, ObjectKey, ResourceName, Token};
 use http::header::{ETAG, IF_MATCH, IF_NONE_MATCH};
-use http::{HeaderValue, Method, Request, StatusCode};
+use http::{HeaderMap, HeaderValue, Method, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use crate::term::{LossReason, Term};
+use crate::txn::TxnBuilder;
+
+mod keyed;
+
+pub(crate) use keyed::Keyed;
+pub use keyed::MAX_RETRY_AFTER;
 
 /// How long one request may take unless configured otherwise.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-/// How many times an idempotent write is resent after a transport failure.
+/// How many times a write is resent unless configured otherwise.
 pub const DEFAULT_RETRIES: u32 = 2;
-/// The first pause before a resend; doubled for each further one.
-const RETRY_BACKOFF: Duration = Duration::from_millis(50);
 
 /// A write the gateway did not accept, or could not be asked.
 #[derive(Debug, thiserror::Error)]
@@ -89,7 +107,6 @@ pub struct Object {
     pub token: Token,
 }
 
-/// An HTTP client for one gateway.
 #[derive(Clone)]
 pub struct FencedClient {
     base: String,
@@ -104,7 +121,7 @@ impl FencedClient {
     /// A client for the gateway at `base_url` (`http://host:port`; plain HTTP).
     pub fn new(base_url: &str) -> Result<FencedClient, WriteError> {
         let base = base_url.trim_end_matches('/').to_owned();
-        let uri: http::Uri = base
+        let uri: Uri = base
             .parse()
             .map_err(|_| WriteError::Protocol(format!("{base_url:?} is not a URL")))?;
         if uri.scheme_str() != Some("http") || uri.host().is_none() {
@@ -137,7 +154,8 @@ impl FencedClient {
         self
     }
 
-    /// Sets how many times an idempotent write is resent after a transport failure.
+    /// Sets how many times a write is resent after an answer that leaves it unapplied
+    /// or in doubt (see the module's "Behavior").
     pub fn with_retries(mut self, retries: u32) -> FencedClient {
         self.retries = retries;
         self
@@ -152,8 +170,18 @@ impl FencedClient {
         value: impl Into<Bytes>,
         precondition: Precondition,
     ) -> Result<WriteAccepted, WriteError> {
-        let put = (Method::PUT, value.into());
-        self.write(term, put, resource, key, precondition).await
+        let path = kv_path(resource, key);
+        let body = self
+            .fenced(
+                term,
+                Method::PUT,
+                &path,
+                resource,
+                precondition,
+                value.into(),
+            )
+            .await?;
+        decode(&body)
     }
 
     /// `DELETE /v1/kv/{resource}/{key}` under `term`.
@@ -164,29 +192,22 @@ impl FencedClient {
         key: &ObjectKey,
         precondition: Precondition,
     ) -> Result<WriteAccepted, WriteError> {
-        let delete = (Method::DELETE, Bytes::new());
-        self.write(term, delete, resource, key, precondition).await
-    }
-
-    /// A fenced write of one object: `method` with `body`.
-    async fn write(
-        &self,
-        term: &Term,
-        (method, body): (Method, Bytes),
-        resource: &ResourceName,
-        key: &ObjectKey,
-        precondition: Precondition,
-    ) -> Result<WriteAccepted, WriteError> {
         let path = kv_path(resource, key);
-        let (_, answer) = self
-            .fenced(term, method, &path, resource, precondition, body)
+        let body = self
+            .fenced(
+                term,
+                Method::DELETE,
+                &path,
+                resource,
+                precondition,
+                Bytes::new(),
+            )
             .await?;
-        decode(&answer)
+        decode(&body)
     }
 
     /// `POST /v1/fences/{resource}/advance`: raises the resource's fence to the term's
     /// token, so that writes still in flight from older terms are rejected from now on.
-    /// Idempotent, so retried like a versioned write.
     pub async fn advance(
         &self,
         term: &Term,
@@ -196,7 +217,7 @@ impl FencedClient {
             resource: resource.clone(),
         }
         .path();
-        let (_, body) = self
+        let body = self
             .fenced(
                 term,
                 Method::POST,
@@ -207,6 +228,12 @@ impl FencedClient {
             )
             .await?;
         decode(&body)
+    }
+
+    /// A transaction (`POST /v1/txn`): operations on one or more resources, each under
+    /// the term of its resource, applied all or none; see [`TxnBuilder`].
+    pub fn txn(&self) -> TxnBuilder {
+        TxnBuilder::new(self.clone())
     }
 
     /// `GET /v1/kv/{resource}/{key}`; `None` if there is no such object. Reads are not
@@ -243,7 +270,7 @@ impl FencedClient {
         }
     }
 
-    /// Sends one fenced request, resending it after transport failures when allowed.
+    /// One fenced write of `resource` under `term`; a refusal that ends the term ends it.
     async fn fenced(
         &self,
         term: &Term,
@@ -252,86 +279,43 @@ impl FencedClient {
         resource: &ResourceName,
         precondition: Precondition,
         body: Bytes,
-    ) -> Result<(StatusCode, Bytes), WriteError> {
-        // Raising a fence to the same token twice changes nothing, and a versioned
-        // write cannot apply twice: those may be resent.
-        let idempotent = method == Method::POST
-            || matches!(
-                precondition,
-                Precondition::Version(_) | Precondition::MustNotExist
-            );
-        let mut attempt = 0;
-        loop {
-            if !term.is_live() {
-                return Err(WriteError::TermOver {
-                    epoch: term.epoch(),
-                    reason: term.loss_reason(),
-                });
-            }
-            let request = self.request(term, &method, path, precondition, body.clone());
-            let error = match self.send(request).await {
-                Ok((status, _, body)) if status.is_success() => return Ok((status, body)),
-                Ok((status, headers, body)) => refusal(status, &headers, &body)?,
-                Err(error) => error,
-            };
-            match error {
-                WriteError::Refused { body, .. } if body.error == ErrorCode::StaleToken => {
-                    return Err(stale(term, resource, *body))
-                }
-                WriteError::Refused { ref body, .. }
-                    if matches!(
-                        body.error,
-                        ErrorCode::TokenNotIssued | ErrorCode::TokenHolderMismatch
-                    ) =>
-                {
-                    if term.end(LossReason::TokenRefused) {
-                        tracing::warn!(
-                            lease = term.lease(),
-                            holder = term.holder(),
-                            resource = resource.as_str(),
-                            presented = term.epoch().get(),
-                            code = body.error.as_str(),
-                            "token refused by the resource's issuer: leadership lost"
-                        );
-                    }
-                    return Err(error);
-                }
-                WriteError::Transport(_) if idempotent && attempt < self.retries => {
-                    tracing::debug!(%error, attempt, "resending an idempotent write");
-                    tokio::time::sleep(RETRY_BACKOFF * 2u32.pow(attempt)).await;
-                    attempt += 1;
-                }
-                error => return Err(error),
-            }
-        }
-    }
-
-    fn request(
-        &self,
-        term: &Term,
-        method: &Method,
-        path: &str,
-        precondition: Precondition,
-        body: Bytes,
-    ) -> Request<Full<Bytes>> {
-        let mut request = Request::builder()
-            .method(method.clone())
-            .uri(format!("{}{path}", self.base))
-            .header(FENCING_TOKEN, HeaderValue::from(term.epoch().get()));
+    ) -> Result<Bytes, WriteError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(FENCING_TOKEN, HeaderValue::from(term.epoch().get()));
         if let Ok(holder) = HeaderValue::from_str(term.holder()) {
-            request = request.header(FENCING_HOLDER, holder);
+            headers.insert(FENCING_HOLDER, holder);
         }
-        request = match precondition {
-            Precondition::None => request,
-            Precondition::MustNotExist => request.header(IF_NONE_MATCH, "*"),
-            Precondition::MustExist => request.header(IF_MATCH, "*"),
-            Precondition::Version(version) => request.header(IF_MATCH, etag(version)),
+        let precondition = match precondition {
+            Precondition::None => None,
+            Precondition::MustNotExist => Some((IF_NONE_MATCH, HeaderValue::from_static("*"))),
+            Precondition::MustExist => Some((IF_MATCH, HeaderValue::from_static("*"))),
+            Precondition::Version(version) => Some((
+                IF_MATCH,
+                HeaderValue::from_str(&etag(version)).expect("an entity tag is a header value"),
+            )),
         };
-        let mut request = request
-            .body(Full::new(body))
-            .expect("method, URI and headers were validated");
-        self.authorize(&mut request);
-        request
+        if let Some((name, value)) = precondition {
+            headers.insert(name, value);
+        }
+        let write = Keyed::new(self, method, path, headers, body)?;
+        self.send_keyed(&[term], &write)
+            .await
+            .map_err(|error| match error {
+                WriteError::Refused { body, .. } if body.error == ErrorCode::StaleToken => {
+                    let presented = body.presented.unwrap_or(term.epoch());
+                    end_stale(term, resource, presented, body.highest);
+                    WriteError::Stale {
+                        resource: body.resource.unwrap_or_else(|| resource.clone()),
+                        presented,
+                        highest: body.highest,
+                    }
+                }
+                WriteError::Refused { ref body, .. } if refuses_the_token(body.error) => {
+                    end_refused(term, resource, body.error);
+                    error
+                }
+                error => error,
+            })
     }
 
     fn authorize(&self, request: &mut Request<Full<Bytes>>) {
@@ -387,10 +371,21 @@ impl FencedClient {
     }
 }
 
-/// Ends the term: a newer one has written. Logged once, with the facts.
-fn stale(term: &Term, resource: &ResourceName, body: ErrorBody) -> WriteError {
-    let presented = body.presented.unwrap_or(term.epoch());
-    let highest = body.highest;
+/// Whether `code` says that the resource's issuer refuses the term's token for good.
+pub(crate) fn refuses_the_token(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::TokenNotIssued | ErrorCode::TokenHolderMismatch
+    )
+}
+
+/// Ends `term`: a newer one has written to `resource`. Logged once, with the facts.
+pub(crate) fn end_stale(
+    term: &Term,
+    resource: &ResourceName,
+    presented: Token,
+    highest: Option<Token>,
+) {
     if term.end(LossReason::StaleRejection) {
         tracing::warn!(
             lease = term.lease(),
@@ -401,10 +396,19 @@ fn stale(term: &Term, resource: &ResourceName, body: ErrorBody) -> WriteError {
             "write rejected as stale: leadership lost"
         );
     }
-    WriteError::Stale {
-        resource: body.resource.unwrap_or_else(|| resource.clone()),
-        presented,
-        highest,
+}
+
+/// Ends `term`: the issuer of `resource` refuses its token. Logged once.
+pub(crate) fn end_refused(term: &Term, resource: &ResourceName, code: ErrorCode) {
+    if term.end(LossReason::TokenRefused) {
+        tracing::warn!(
+            lease = term.lease(),
+            holder = term.holder(),
+            resource = resource.as_str(),
+            presented = term.epoch().get(),
+            code = code.as_str(),
+            "token refused by the resource's issuer: leadership lost"
+        );
     }
 }
 
@@ -416,7 +420,7 @@ fn kv_path(resource: &ResourceName, key: &ObjectKey) -> String {
     .path()
 }
 
-fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, WriteError> {
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, WriteError> {
     serde_json::from_slice(body)
         .map_err(|e| WriteError::Protocol(format!("a success body that does not decode: {e}")))
 }

@@ -45,8 +45,11 @@
 //! - [`elector`]: the loop that follows, acquires, renews and steps down, publishing
 //!   [`Transition`]s.
 //! - [`term`]: [`Term`], [`LossReason`].
-//! - [`client`]: [`FencedClient`], fenced writes through the gateway; a stale
-//!   rejection ends the term.
+//! - [`client`]: [`FencedClient`], fenced writes through the gateway, each under its
+//!   own `Idempotency-Key` and resent under it while in doubt; a stale rejection ends
+//!   the term.
+//! - [`txn`]: [`TxnBuilder`], operations on several resources under their terms, sent
+//!   as one transaction that applies all or none.
 //! - `metrics` (feature `prometheus`): `fencegate_lease_*` series.
 //!
 //! # Invariants
@@ -57,6 +60,8 @@
 //!   successful renewal, measured on its monotonic clock; the store cannot grant the
 //!   lease to anyone else before `lease_duration` after that instant.
 //! - A term, once ended, never becomes live again; the client sends nothing under it.
+//! - A logical write has one `Idempotency-Key`, the same on every attempt, and no
+//!   other write has it: the gateway applies it at most once however often it is sent.
 //! - A lease is handed back only after the leading code of the term has returned, and
 //!   only if the store still records this holder at this epoch.
 #![forbid(unsafe_code)]
@@ -68,6 +73,7 @@ pub mod elector;
 pub mod metrics;
 pub mod store;
 pub mod term;
+pub mod txn;
 
 pub use client::{FencedClient, Object, WriteError};
 pub use config::{ConfigError, LeaseConfig};
@@ -80,3 +86,4 @@ pub use store::postgres::PostgresStore;
 pub use store::redis::RedisStore;
 pub use store::{LeaseStore, StoreError};
 pub use term::{LossReason, Lost, Term};
+pub use txn::TxnBuilder;

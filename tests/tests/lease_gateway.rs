@@ -1,6 +1,7 @@
 //! fencegate-lease's fenced client against the real gateway: the fence is advanced on
-//! acquisition, a stale rejection ends the term and is never retried, error answers
-//! are decoded from the contract, and the lease metrics count what happened.
+//! acquisition, a stale rejection ends the term and is never retried, a transport
+//! failure is, error answers are decoded from the contract, and the lease metrics count
+//! what happened. More on resends in `client_retries.rs`.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -226,10 +227,10 @@ async fn other_refusals_are_decoded_and_keep_the_term() {
     assert!(live, "a version mismatch does not end the term");
 }
 
-/// A transport failure is retried, with the same token, only for a write that cannot
-/// apply twice (a version precondition); an unconditional write is not resent.
+/// A transport failure is retried, with the same token and the same Idempotency-Key,
+/// for every write, conditional or not: each is applied once when the network is back.
 #[tokio::test]
-async fn only_idempotent_writes_are_resent_after_a_transport_failure() {
+async fn writes_are_resent_after_a_transport_failure() {
     let deployment = Deployment::start(Backend::Postgres).await;
     let (db, gateway) = (deployment.db(), &deployment.gateway);
     let network = fencegate_tests::proxy::Proxy::start(gateway.addr()).await;
@@ -253,16 +254,16 @@ async fn only_idempotent_writes_are_resent_after_a_transport_failure() {
             );
             async move {
                 net.lock().await.as_ref().unwrap().cut();
-                let plain_key = ObjectKey::new("plain").unwrap();
-                let plain = client
-                    .put(&term, &resource, &plain_key, "x", Precondition::None)
-                    .await;
-                // The network comes back while the versioned write is being retried.
+                // The network comes back while the writes are being resent.
                 let restore = tokio::spawn(async move {
                     tokio::time::sleep(Duration::from_millis(30)).await;
                     let proxy = net.lock().await.take().unwrap();
                     proxy.restore().await
                 });
+                let plain_key = ObjectKey::new("plain").unwrap();
+                let plain = client
+                    .put(&term, &resource, &plain_key, "x", Precondition::None)
+                    .await;
                 let versioned_key = ObjectKey::new("versioned").unwrap();
                 let versioned = client
                     .put(
@@ -275,7 +276,7 @@ async fn only_idempotent_writes_are_resent_after_a_transport_failure() {
                     .await;
                 let _proxy = restore.await.unwrap();
                 *out.lock().unwrap() = Some((
-                    matches!(plain, Err(WriteError::Transport(_))),
+                    plain.map(|w| (w.token, w.version)),
                     versioned.map(|w| (w.token, w.version)),
                 ));
             }
@@ -283,16 +284,19 @@ async fn only_idempotent_writes_are_resent_after_a_transport_failure() {
     )
     .await
     .expect("run returns when the leading code returns");
-    let (plain_failed, versioned) = outcome.lock().unwrap().take().unwrap();
-    assert!(
-        plain_failed,
-        "an unconditional write is not resent after a transport failure"
+    let (plain, versioned) = outcome.lock().unwrap().take().unwrap();
+    assert_eq!(
+        plain.expect("the unconditional write was resent and accepted"),
+        (token(1), 1)
     );
     assert_eq!(
         versioned.expect("the versioned write was resent and accepted"),
         (token(1), 1)
     );
-    assert_eq!(db.object("invoices", "plain").await, None);
+    assert_eq!(
+        db.object("invoices", "plain").await,
+        Some((b"x".to_vec(), 1, 1))
+    );
     assert_eq!(
         db.object("invoices", "versioned").await,
         Some((b"y".to_vec(), 1, 1))
