@@ -73,6 +73,8 @@ scenarios! {
     s11_database_outage => "11-database-outage",
     s12_stale_flood => "12-stale-flood",
     s13_commit_reply_delayed => "13-commit-reply-delayed",
+    s14_keyed_retry => "14-keyed-retry",
+    s15_txn_one_step => "15-txn-one-step",
 }
 
 /// A wrong expectation fails the run at that step, naming the expected and the

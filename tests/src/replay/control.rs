@@ -55,6 +55,8 @@ pub async fn run(
         .await
         .map_err(harness(0))?;
     let mut queued: HashMap<String, Queued> = HashMap::new();
+    // The puts of transactions held in the network, by label: they land together.
+    let mut queued_txns: HashMap<String, Vec<Queued>> = HashMap::new();
     let mut order: Vec<String> = Vec::new();
     let mut paused: HashSet<String> = HashSet::new();
     let mut landed: HashSet<String> = HashSet::new();
@@ -104,6 +106,41 @@ pub async fn run(
                         landed.insert(label);
                     }
                     format!("applied unconditionally: {ok}")
+                }
+            }
+            Action::Txn => {
+                // Without a fence, each put of the transaction lands as it comes.
+                let mut puts = Vec::new();
+                for op in step.ops.iter().filter(|op| op.op == "put") {
+                    let token = op
+                        .token
+                        .or_else(|| {
+                            run.tokens
+                                .get(op.actor.as_deref().unwrap_or(&actor))
+                                .copied()
+                        })
+                        .ok_or_else(|| harness(number)("no token".into()))?;
+                    let name = op.resource.as_deref().unwrap_or(&scenario.resource);
+                    puts.push(Queued {
+                        resource: format!("{name}-{}", run.id),
+                        key: op.key.clone().unwrap_or_else(|| "k".into()),
+                        value: op.value.clone().unwrap_or_default(),
+                        token,
+                        actor: actor.clone(),
+                    });
+                }
+                if step.hold || step.delay.is_some() {
+                    let label = step.label.clone().unwrap_or_default();
+                    queued_txns.insert(label, puts);
+                    "queued in the network".to_owned()
+                } else {
+                    let mut applied = 0;
+                    for write in puts {
+                        if apply(write).await.map_err(harness(number))? {
+                            applied += 1;
+                        }
+                    }
+                    format!("{applied} puts applied unconditionally")
                 }
             }
             Action::Release | Action::Await | Action::Reorder => {
@@ -169,6 +206,13 @@ pub async fn run(
         };
         let mut text = text;
         for label in due {
+            if let Some(puts) = queued_txns.remove(&label) {
+                for write in puts {
+                    apply(write).await.map_err(harness(number))?;
+                }
+                landed.insert(label.clone());
+                text.push_str(&format!("{label}'s puts applied unconditionally; "));
+            }
             if let Some(write) = queued.remove(&label) {
                 let ok = apply(write).await.map_err(harness(number))?;
                 if ok {

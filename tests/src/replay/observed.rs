@@ -51,6 +51,7 @@ impl Observed {
                 version: reply.field("version"),
                 token: reply.field("token"),
                 applied,
+                replayed: Some(reply.replayed),
                 ..Expect::default()
             },
         };
@@ -69,6 +70,9 @@ impl Observed {
             }
             _ => format!("{name} {} {}", reply.status, reply.body.trim()),
         };
+        if reply.replayed {
+            observed.text.push_str(" (replayed)");
+        }
         observed
     }
 }
@@ -131,6 +135,11 @@ pub(crate) fn check(expect: &Expect, seen: &Observed) -> Result<(), (String, Str
         "applied",
         expect.applied.clone(),
         seen.facts.applied.clone(),
+    );
+    compare(
+        "replayed",
+        expect.replayed.map(|r| r.to_string()),
+        seen.facts.replayed.map(|r| r.to_string()),
     );
     if expected.is_empty() {
         Ok(())

@@ -282,6 +282,7 @@ impl<'a> Run<'a> {
                 Ok(Observed::text("waited"))
             }
             Action::Write => self.write(number, step).await,
+            Action::Txn => self.txn(number, step).await,
             Action::Advance => {
                 let token = self.token_for(step).ok_or("the actor holds no token")?;
                 let path = crate::http::advance_path(&self.resource(step));
@@ -330,6 +331,7 @@ impl<'a> Run<'a> {
                             status,
                             etag: None,
                             token: None,
+                            replayed: false,
                             body: String::from_utf8_lossy(&body).into_owned(),
                         })
                         .ok_or_else(String::new),
@@ -473,6 +475,69 @@ impl<'a> Run<'a> {
         if let Some(version) = &step.if_match {
             request = request.header("if-match", &format!("\"{version}\""));
         }
+        if let Some(idempotency) = &step.idempotency_key {
+            request = request.header("idempotency-key", idempotency);
+        }
+        self.send_labelled(step, actor, label, key, request).await
+    }
+
+    /// A `POST /v1/txn` of the step's operations, labelled as a write is.
+    async fn txn(&mut self, number: usize, step: &Step) -> Result<Observed, String> {
+        let actor = step.actor.clone().unwrap_or_else(|| "-".into());
+        let label = step
+            .label
+            .clone()
+            .unwrap_or_else(|| format!("step-{number}"));
+        let key = self.key(&label);
+        let mut operations = Vec::with_capacity(step.ops.len());
+        for op in &step.ops {
+            let token = op
+                .token
+                .or_else(|| {
+                    let actor = op.actor.as_deref().or(step.actor.as_deref())?;
+                    self.tokens.get(actor).copied()
+                })
+                .ok_or("an op's actor holds no token")?;
+            let name = op.resource.as_deref().unwrap_or(&self.scenario.resource);
+            let mut operation = serde_json::json!({
+                "op": op.op,
+                "resource": format!("{name}-{}", self.id),
+                "token": token,
+            });
+            if matches!(op.op.as_str(), "put" | "delete") {
+                operation["key"] = op.key.as_deref().unwrap_or("k").into();
+            }
+            if let Some(value) = &op.value {
+                operation["value"] = value.as_str().into();
+            }
+            operations.push(operation);
+        }
+        let body = serde_json::json!({ "operations": operations }).to_string();
+        let mut request = Request {
+            method: "POST".into(),
+            path: "/v1/txn".into(),
+            headers: vec![
+                ("content-type".into(), "application/json".into()),
+                (crate::proxy::LABEL_HEADER.into(), key.clone()),
+            ],
+            body,
+        };
+        if let Some(idempotency) = &step.idempotency_key {
+            request = request.header("idempotency-key", idempotency);
+        }
+        self.send_labelled(step, actor, label, key, request).await
+    }
+
+    /// Sends a labelled request through the step's replica: at once, held or delayed
+    /// in the network, or by the actor's writer process.
+    async fn send_labelled(
+        &mut self,
+        step: &Step,
+        actor: String,
+        label: String,
+        key: String,
+        request: Request,
+    ) -> Result<Observed, String> {
         let hop = &self.replica(step).hop;
         let addr = hop.addr();
         if self.scenario.processes.contains(&actor) {

@@ -108,6 +108,10 @@ pub enum Action {
     Write,
     /// Raises the fence to the actor's token.
     Advance,
+    /// Sends `ops` as one `POST /v1/txn`, each operation with the token of its own
+    /// `actor` (or the step's) unless it names a `token`; labelled as a write is, and
+    /// `hold`/`delay` keep it in the network.
+    Txn,
     /// Forwards held writes (`label` or `labels`, at once) and checks their answers.
     Release,
     /// Waits for the answer of a delayed write or of a paused process's write.
@@ -173,6 +177,12 @@ pub struct Step {
     /// `If-Match` version, e.g. `"1"` (`"0"`: must not exist).
     #[serde(default)]
     pub if_match: Option<String>,
+    /// `Idempotency-Key` of a write, advance or transaction: the same on a retry.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+    /// The operations of a `txn` step.
+    #[serde(default)]
+    pub ops: Vec<TxnStepOp>,
     /// Gateway replica, 1-based.
     #[serde(default)]
     pub via: Option<usize>,
@@ -186,6 +196,24 @@ pub struct Step {
     pub meanwhile: Option<String>,
     #[serde(default)]
     pub expect: Option<Expect>,
+}
+
+/// One operation of a `txn` step: `op` is `put`, `delete`, `advance` or `check`; the
+/// resource defaults to the scenario's, the key to `k`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TxnStepOp {
+    pub op: String,
+    #[serde(default)]
+    pub actor: Option<String>,
+    #[serde(default)]
+    pub resource: Option<String>,
+    #[serde(default)]
+    pub key: Option<String>,
+    #[serde(default)]
+    pub value: Option<String>,
+    #[serde(default)]
+    pub token: Option<u64>,
 }
 
 /// What a step must observe. Only the fields given are checked.
@@ -207,6 +235,9 @@ pub struct Expect {
     pub duplicate: Option<Outcome>,
     /// 503 answers: `write_applied` as `"no"` (false) or `"unknown"` (null).
     pub applied: Option<String>,
+    /// Whether the answer was replayed from an earlier attempt with the same
+    /// `Idempotency-Key` (header `Idempotency-Replayed: true`).
+    pub replayed: Option<bool>,
 }
 
 /// The kinds of answer a step can have.
@@ -340,6 +371,27 @@ impl Scenario {
                 }
                 if step.hold && step.delay.is_some() {
                     return Err(fail("`hold` and `delay` exclude each other"));
+                }
+            }
+            if step.action == Action::Txn {
+                if step.ops.is_empty() {
+                    return Err(fail("needs `ops`"));
+                }
+                for op in &step.ops {
+                    if !["put", "delete", "advance", "check"].contains(&op.op.as_str()) {
+                        return Err(fail("an op is `put`, `delete`, `advance` or `check`"));
+                    }
+                    if op.token.is_none() && op.actor.is_none() && step.actor.is_none() {
+                        return Err(fail(
+                            "each op needs a `token`, or an `actor` (its own or the step's)",
+                        ));
+                    }
+                    if op.op == "put" && op.value.is_none() {
+                        return Err(fail("a put op needs `value`"));
+                    }
+                }
+                if (step.hold || step.delay.is_some()) && step.label.is_none() {
+                    return Err(fail("needs `label`"));
                 }
             }
             if step.action == Action::Release && step.label.is_none() && step.labels.is_empty() {

@@ -78,6 +78,9 @@ pub struct Reply {
     pub etag: Option<String>,
     /// `Fencing-Token` of reads: the token that wrote the object.
     pub token: Option<String>,
+    /// `Idempotency-Replayed: true`: the answer of an earlier attempt with the same key.
+    #[serde(default)]
+    pub replayed: bool,
     pub body: String,
 }
 
@@ -118,6 +121,7 @@ pub async fn send(addr: SocketAddr, requests: &[Request]) -> Result<Vec<Reply>, 
                     status: response.status,
                     etag: response.header("etag"),
                     token: response.header("fencing-token"),
+                    replayed: response.header("idempotency-replayed").as_deref() == Some("true"),
                     body: String::from_utf8_lossy(&response.body).into_owned(),
                 });
                 continue;
