@@ -323,6 +323,7 @@ pub async fn run(fault: Fault, settings: &Settings, leases: &Leases) -> Result<R
                 keys: 2,
                 lanes: settings.lanes,
                 unfenced: fault == Fault::Control,
+                unkeyed: false,
             };
             let holder = args.holder.clone();
             writers.push(WriterProcess::spawn(&settings.binary, &args)?);

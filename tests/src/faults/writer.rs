@@ -72,6 +72,14 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// One in this many operations is a read.
 const READ_EVERY: u32 = 8;
 
+/// How many times a write or an advance is sent in all while its answer leaves it in
+/// doubt (no answer, `503` with `write_applied: null`); every attempt carries the same
+/// `Idempotency-Key`, so the attempts are one operation of the history.
+const ATTEMPTS: u32 = 3;
+
+/// The pause before a write in doubt is sent again.
+const RETRY_AFTER: Duration = Duration::from_millis(100);
+
 /// A writer process's settings (`fencegate-faults writer --help`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct WriterArgs {
@@ -105,6 +113,9 @@ pub struct WriterArgs {
     /// Present token 1 instead of the term's token, and never advance the fence.
     #[arg(long)]
     pub unfenced: bool,
+    /// Send writes without an Idempotency-Key, and never again once in doubt.
+    #[arg(long)]
+    pub unkeyed: bool,
 }
 
 impl WriterArgs {
@@ -133,6 +144,9 @@ impl WriterArgs {
         ];
         if self.unfenced {
             args.push("--unfenced".to_owned());
+        }
+        if self.unkeyed {
+            args.push("--unkeyed".to_owned());
         }
         args
     }
@@ -317,11 +331,20 @@ impl Writer {
         };
         let addr = self.args.gateways[self.next_gateway % self.args.gateways.len()];
         self.next_gateway += 1;
+        let keyed = !self.args.unkeyed && !matches!(entry.op, Op::Read { .. });
+        let (request, attempts) = match keyed {
+            true => {
+                let key = format!("{}-{}-{seq}", self.args.holder, std::process::id());
+                (request.header("idempotency-key", &key), ATTEMPTS)
+            }
+            false => (request, 1),
+        };
         Prepared {
             seq,
             entry,
             addr,
             request,
+            attempts,
         }
     }
 }
@@ -332,19 +355,49 @@ struct Prepared {
     entry: Entry,
     addr: SocketAddr,
     request: Request,
+    /// How many times it is sent in all while its answer leaves it in doubt.
+    attempts: u32,
 }
 
-/// Sends a prepared operation and records its outcome.
+/// Sends a prepared operation — again, with the same key, while it is in doubt and it
+/// has attempts left — and records its outcome: one operation, from its first sending
+/// to its last answer.
 async fn exchange(prepared: Prepared) -> Outcome {
     let Prepared {
         seq,
         mut entry,
         addr,
         request,
+        attempts,
     } = prepared;
-    let answer = tokio::time::timeout(REQUEST_TIMEOUT, wire::send_one(addr, &request)).await;
+    let mut in_doubt = false;
+    for attempt in 1..=attempts {
+        match attempt_once(&entry, addr, &request).await {
+            Outcome::Indeterminate => in_doubt = true,
+            // A later attempt refused says nothing of an earlier one in doubt.
+            Outcome::NotApplied if in_doubt => {}
+            definite => {
+                entry.outcome = definite;
+                in_doubt = false;
+                break;
+            }
+        }
+        if attempt < attempts {
+            tokio::time::sleep(RETRY_AFTER).await;
+        }
+    }
+    if in_doubt {
+        entry.outcome = Outcome::Indeterminate;
+    }
     entry.completed = history::now();
-    entry.outcome = match answer {
+    emit(seq, &entry);
+    entry.outcome
+}
+
+/// One sending of an operation, and what its answer says.
+async fn attempt_once(entry: &Entry, addr: SocketAddr, request: &Request) -> Outcome {
+    let answer = tokio::time::timeout(REQUEST_TIMEOUT, wire::send_one(addr, request)).await;
+    match answer {
         Ok(Ok(reply)) => {
             history::outcome_of(&entry.op, reply.status, &reply.body, reply.etag.as_deref())
                 .unwrap_or_else(|unexpected| {
@@ -358,9 +411,7 @@ async fn exchange(prepared: Prepared) -> Outcome {
             Op::Read { .. } => Outcome::NotApplied,
             _ => Outcome::Indeterminate,
         },
-    };
-    emit(seq, &entry);
-    entry.outcome
+    }
 }
 
 fn emit(seq: u64, entry: &Entry) {

@@ -316,9 +316,17 @@ pub const IDEMPOTENCY_EXPIRE: &str = "DELETE FROM fencegate.idempotency WHERE ct
      SELECT ctid FROM fencegate.idempotency WHERE expires_at <= clock_timestamp()
      LIMIT $1 FOR UPDATE SKIP LOCKED))";
 
-/// A transaction's hold on the fence of a resource it writes: raised to the token iff
-/// the token is not below it; locked either way.
-pub const TXN_FENCE_RAISE: &str = fence_raise!("txn");
+/// A transaction's hold on the fence of a resource it writes: the row locked as
+/// [`GROUP_LOCK`] locks it (made at 1, the lowest token, if missing), nothing raised
+/// yet. `$1` resource.
+pub const TXN_FENCE_LOCK: &str =
+    "INSERT INTO fencegate.fences AS f (resource, highest, raised_by) VALUES ($1, 1, 'txn')
+     ON CONFLICT (resource) DO UPDATE SET highest = f.highest WHERE false";
+/// Raises a fence the transaction holds to its token, once every check passed; a fence
+/// already at the token is left as it is. `$1` resource, `$2` token.
+pub const TXN_FENCE_SET: &str =
+    "UPDATE fencegate.fences SET highest = $2, raised_by = 'txn', updated_at = now()
+     WHERE resource = $1 AND highest < $2";
 /// A transaction's hold on the fence of a resource it only checks: the row made (at 1,
 /// the lowest token: no fence) if missing, then locked for share.
 pub const TXN_FENCE_ENSURE: &str =

@@ -29,7 +29,7 @@ pub(super) async fn run(
 ) -> Result<Answered, StoreError> {
     let tx = client.transaction().await.map_err(|e| classify(e, false))?;
     if let Some(keyed) = keyed {
-        if let Some(earlier) = claim(&tx, keyed, true).await? {
+        if let Some(earlier) = claim(&tx, keyed).await? {
             return Ok(earlier);
         }
     }
@@ -49,11 +49,7 @@ pub(super) async fn run(
             stored: None,
         });
     };
-    if refused {
-        tx.batch_execute("ROLLBACK TO SAVEPOINT txn")
-            .await
-            .map_err(|e| classify(e, false))?;
-    }
+    // A refusal changed no fence and no object (see `apply`): its answer is stored.
     let answer = record(&tx, keyed, &outcome).await?;
     tx.commit().await.map_err(|e| classify(e, true))?;
     Ok(Answered::Ran {
@@ -63,35 +59,25 @@ pub(super) async fn run(
 }
 
 /// Claims the key for this attempt (`None`), or answers from the record an earlier
-/// attempt left. With `savepoint`, a savepoint follows the claim, for a refusal to roll
-/// back to: the claim stays, to record the refusal. One round trip: the statements are
-/// pipelined, and judged in order.
+/// attempt left. The claim and the settings around it are pipelined: one round trip,
+/// and one more to read the record of a retry.
 pub(super) async fn claim<O>(
     tx: &Transaction<'_>,
     keyed: &Keyed<O>,
-    savepoint: bool,
 ) -> Result<Option<Answered<O>>, StoreError> {
     let ttl_ms = i64::try_from(keyed.ttl_ms()).unwrap_or(i64::MAX);
-    let (claim, read) = tokio::try_join!(
-        tx.prepare_cached(statements::IDEMPOTENCY_CLAIM),
-        tx.prepare_cached(statements::IDEMPOTENCY_READ),
-    )
-    .map_err(|e| classify(e, false))?;
+    let claim = tx
+        .prepare_cached(statements::IDEMPOTENCY_CLAIM)
+        .await
+        .map_err(|e| classify(e, false))?;
     let wait = format!("SET LOCAL lock_timeout = {}", IN_FLIGHT_WAIT.as_millis());
-    let after = if savepoint {
-        "SET LOCAL lock_timeout = 0; SAVEPOINT txn"
-    } else {
-        "SET LOCAL lock_timeout = 0"
-    };
     let fingerprint = keyed.fingerprint.as_slice();
     let claim_params: [&(dyn ToSql + Sync); 4] =
         [&keyed.identity, &keyed.key, &fingerprint, &ttl_ms];
-    let read_params: [&(dyn ToSql + Sync); 2] = [&keyed.identity, &keyed.key];
-    let (waiting, claimed, found, done) = tokio::join!(
+    let (waiting, claimed, done) = tokio::join!(
         tx.batch_execute(&wait),
         tx.query_opt(&claim, &claim_params),
-        tx.query_opt(&read, &read_params),
-        tx.batch_execute(after),
+        tx.batch_execute("SET LOCAL lock_timeout = 0"),
     );
     waiting.map_err(|e| classify(e, false))?;
     let claimed = match claimed {
@@ -100,16 +86,16 @@ pub(super) async fn claim<O>(
         }
         other => other.map_err(|e| classify(e, false))?,
     };
-    if claimed.is_none() {
-        let row = found
-            .map_err(|e| classify(e, false))?
-            .ok_or_else(|| StoreError::Internal("a claimed key without its record".into()))?;
-        let (fingerprint, answer) = stored_answer(&row, 0)?;
-        return Ok(Some(replay(&fingerprint, keyed, answer)));
-    }
-    found.map_err(|e| classify(e, false))?;
     done.map_err(|e| classify(e, false))?;
-    Ok(None)
+    if claimed.is_some() {
+        return Ok(None);
+    }
+    let row = tx
+        .query_one(statements::IDEMPOTENCY_READ, &[&keyed.identity, &keyed.key])
+        .await
+        .map_err(|e| classify(e, false))?;
+    let (fingerprint, answer) = stored_answer(&row, 0)?;
+    Ok(Some(replay(&fingerprint, keyed, answer)))
 }
 
 /// The fingerprint and answer of a record, from `row`'s columns `from..from + 4`:
@@ -154,69 +140,52 @@ pub(super) async fn record<O>(
     Ok(answer)
 }
 
-/// Locks, judges and applies `txn` inside `tx`. A refusal may leave fences raised in
-/// `tx`: the caller rolls them back.
+/// Locks, judges and applies `txn` inside `tx`. Every check comes before the first
+/// change: a refused transaction raised no fence and wrote no object — at most it made
+/// the missing fence rows of its resources, at 1, the lowest token, which refuses
+/// nothing (as a write group does).
 async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError> {
-    let (raise, ensure, share, fence, version) = tokio::try_join!(
-        tx.prepare_cached(statements::TXN_FENCE_RAISE),
+    let (lock, ensure, share, fence, version, set) = tokio::try_join!(
+        tx.prepare_cached(statements::TXN_FENCE_LOCK),
         tx.prepare_cached(statements::TXN_FENCE_ENSURE),
         tx.prepare_cached(statements::TXN_FENCE_SHARE),
         tx.prepare_cached(statements::GET_FENCE),
         tx.prepare_cached(statements::OBJECT_VERSION),
+        tx.prepare_cached(statements::TXN_FENCE_SET),
     )
     .map_err(|e| classify(e, false))?;
-    // 1. Every fence, in lock order. Statements on one connection run one after the
-    // other, each lock taken before the next statement starts, so those that each take
-    // their lock in one statement are pipelined; a check takes two (the row made if
-    // missing, then locked for share), so a transaction with checks goes one by one.
-    let mut highest = Vec::with_capacity(txn.involved().len());
-    if txn.involved().iter().all(|i| i.hold == Hold::Raise) {
-        let raise = &raise;
-        let raised = futures_util::future::join_all(txn.involved().iter().map(|involved| {
-            let token = involved.token.as_i64();
-            async move {
-                tx.query_opt(raise, &[&involved.resource.as_str(), &token])
-                    .await
+    // 1. Every fence, locked in lock order and read. Statements on one connection run
+    // one after the other, each lock taken before the next statement starts: pipelined
+    // in that order, one round trip takes them all.
+    let mut statements = Vec::with_capacity(2 * txn.involved().len());
+    for involved in txn.involved() {
+        let resource = involved.resource.as_str();
+        let (take, read) = match involved.hold {
+            Hold::Raise => (&lock, &fence),
+            Hold::Check => (&ensure, &share),
+        };
+        statements.push(Step::Lock(take, resource));
+        statements.push(Step::Read(read, resource));
+    }
+    let answers = futures_util::future::join_all(statements.iter().map(|step| async move {
+        match step {
+            Step::Lock(statement, resource) => {
+                tx.execute(*statement, &[resource]).await.map(|_| None)
             }
-        }))
-        .await;
-        for raised in raised {
-            highest.push(raised.map_err(|e| classify(e, false))?.map(|_| 0));
+            Step::Read(statement, resource) => {
+                tx.query_one(*statement, &[resource]).await.map(Some)
+            }
         }
-    } else {
-        for involved in txn.involved() {
-            let (resource, token) = (involved.resource.as_str(), involved.token.as_i64());
-            highest.push(match involved.hold {
-                Hold::Raise => tx
-                    .query_opt(&raise, &[&resource, &token])
-                    .await
-                    .map_err(|e| classify(e, false))?
-                    .map(|_| 0),
-                Hold::Check => {
-                    tx.execute(&ensure, &[&resource])
-                        .await
-                        .map_err(|e| classify(e, false))?;
-                    Some(
-                        tx.query_one(&share, &[&resource])
-                            .await
-                            .map_err(|e| classify(e, false))?
-                            .get::<_, i64>(0),
-                    )
-                }
-            });
+    }))
+    .await;
+    let mut highest = Vec::with_capacity(txn.involved().len());
+    for answer in answers {
+        if let Some(row) = answer.map_err(|e| classify(e, false))? {
+            highest.push(row.get::<_, i64>(0));
         }
     }
     let mut stale = Vec::new();
     for (involved, highest) in txn.involved().iter().zip(highest) {
-        let highest = match highest {
-            Some(highest) => highest,
-            // A raise refused, and locked: the fence as it stands now refused it.
-            None => tx
-                .query_one(&fence, &[&involved.resource.as_str()])
-                .await
-                .map_err(|e| classify(e, false))?
-                .get::<_, i64>(0),
-        };
         if highest > involved.token.as_i64() {
             stale.push(StaleMember {
                 resource: involved.resource.clone(),
@@ -261,12 +230,23 @@ async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError
         };
         found.push(current);
     }
-    // 3. The writes, pipelined, in operation order.
+    // 3. The fences raised, then the writes in operation order, pipelined.
     let (put, delete) = tokio::try_join!(
         tx.prepare_cached(statements::OBJECT_PUT),
         tx.prepare_cached(statements::OBJECT_DELETE),
     )
     .map_err(|e| classify(e, false))?;
+    let set = &set;
+    let raises = futures_util::future::join_all(
+        txn.involved()
+            .iter()
+            .filter(|involved| involved.hold == Hold::Raise)
+            .map(|involved| async move {
+                let token = involved.token.as_i64();
+                tx.execute(set, &[&involved.resource.as_str(), &token])
+                    .await
+            }),
+    );
     let rows = futures_util::future::join_all(txn.ops().iter().map(|op| {
         let (put, delete) = (&put, &delete);
         async move {
@@ -304,8 +284,11 @@ async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError
                 TxnOp::Advance { .. } | TxnOp::Check { .. } => Ok(None),
             }
         }
-    }))
-    .await;
+    }));
+    let (raises, rows) = tokio::join!(raises, rows);
+    for raised in raises {
+        raised.map_err(|e| classify(e, false))?;
+    }
     let mut done = Vec::with_capacity(txn.ops().len());
     for ((op, current), row) in txn.ops().iter().zip(found).zip(rows) {
         let row = row.map_err(|e| classify(e, false))?;
@@ -325,6 +308,12 @@ async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError
         });
     }
     Ok(TxnOutcome::Applied(done))
+}
+
+/// One statement of the lock phase: a lock taken, or a fence read under its lock.
+enum Step<'a> {
+    Lock(&'a tokio_postgres::Statement, &'a str),
+    Read(&'a tokio_postgres::Statement, &'a str),
 }
 
 /// Whether the operation must read its object's version: a check of an object, or a
