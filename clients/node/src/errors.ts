@@ -13,8 +13,10 @@
  * - {@link FenceError}: the fence refused the token. A {@link StaleToken} means the
  *   writer's term is over: stop its work, never retry it with the same token, and do
  *   not fetch a newer token to push the old work through.
- * - {@link TransientError}: nothing was decided now; retry later. `writeApplied` says
- *   whether a write may have been applied (`false`: certainly not; `null`: unknown).
+ * - {@link TransientError}: nothing was decided now; retry later, with the same
+ *   `Idempotency-Key`. `writeApplied` says whether a write may have been applied
+ *   (`false`: certainly not; `null`: unknown). The gateway client has already resent the
+ *   write as its {@link RetryPolicy} says before throwing one.
  *
  * @module
  */
@@ -82,11 +84,14 @@ export class FenceError extends FencegateError {
 export class TransientError extends FencegateError {
   /**
    * For a write: `false` if it was certainly not applied, `null` if it may have been
-   * (the connection or the database went away after the request was sent).
+   * (the connection or the database went away after the request was sent, by this
+   * attempt or an earlier one).
    */
-  readonly writeApplied: boolean | null;
+  writeApplied: boolean | null;
   /** Seconds the gateway asked to wait before retrying, if it did. */
   readonly retryAfter: number | undefined;
+  /** How many times the write was sent, all with the same `Idempotency-Key`. */
+  attempts = 1;
 
   constructor(message: string, init: ErrorInit = {}) {
     super(message, init);
@@ -104,18 +109,30 @@ export class GatewayUnreachable extends TransientError {}
 
 // ---------------------------------------------------------------- the fence
 
+/** A resource whose fence is above the token a write presented for it. */
+export interface StaleResource {
+  readonly resource: string;
+  readonly presented: bigint;
+  readonly highest: bigint;
+}
+
 /**
  * `409 stale_token` / SQLSTATE `ZF001`: the token is below the resource's highest
  * accepted token. The writer's term is over: stop its work, do not retry it.
  */
 export class StaleToken extends FenceError {
   static override readonly code = 'stale_token';
-  /** The fenced resource. */
+  /** The fenced resource (of a transaction: the first stale one). */
   readonly resource: string;
   /** The token the writer presented. */
   readonly presented: bigint;
   /** The resource's highest accepted token. */
   readonly highest: bigint;
+  /**
+   * Every stale resource: one for a single write, each one a refused transaction
+   * ({@link Gateway.txn}) found stale, in the gateway's lock order.
+   */
+  readonly stale: readonly StaleResource[];
 
   constructor(message: string, init: ErrorInit = {}) {
     super(message, init);
@@ -124,6 +141,15 @@ export class StaleToken extends FenceError {
     // The contract always sends `highest`; a stale token means highest > presented, so
     // presented + 1 is a true lower bound should something in between strip it.
     this.highest = token(this.body, 'highest') ?? this.presented + 1n;
+    const listed = this.body['stale'];
+    const stale = (Array.isArray(listed) ? (listed as unknown[]) : [])
+      .filter((item): item is ErrorBody => typeof item === 'object' && item !== null)
+      .map((item) => ({
+        resource: str(item, 'resource') ?? '',
+        presented: token(item, 'presented') ?? 0n,
+        highest: token(item, 'highest') ?? 0n,
+      }));
+    this.stale = stale.length > 0 ? stale : [{ resource: this.resource, presented: this.presented, highest: this.highest }];
   }
 }
 
@@ -181,6 +207,19 @@ export class BodyTimeout extends TransientError {
   static override readonly code = 'body_timeout';
 }
 
+/**
+ * `409 idempotency_in_flight`: an earlier attempt with the same `Idempotency-Key` is
+ * still running (Postgres). This attempt applied nothing; the earlier one may still
+ * apply (`writeApplied` is `null`). Retry with the same key to get its answer.
+ */
+export class IdempotencyInFlight extends TransientError {
+  static override readonly code = 'idempotency_in_flight';
+
+  constructor(message: string, init: ErrorInit = {}) {
+    super(message, { ...init, writeApplied: init.writeApplied === undefined ? null : init.writeApplied });
+  }
+}
+
 // ---------------------------------------------------------------- leases
 
 /** `409 lease_held`: another holder holds the lease. */
@@ -220,16 +259,25 @@ export class ResetRefused extends FencegateError {
 
 // ---------------------------------------------------------------- requests
 
-/** `412 version_mismatch`: `If-Match` / `If-None-Match` did not hold. */
+/**
+ * `412 version_mismatch`: `If-Match` / `If-None-Match` did not hold, or a transaction's
+ * `ifMatch` or `check` did not; nothing was applied.
+ */
 export class VersionMismatch extends FencegateError {
   static override readonly code = 'version_mismatch';
   /** The object's current version, `null` if it does not exist. */
   readonly current: number | null;
+  /**
+   * Of a transaction: the index, from 0, of the first operation whose precondition
+   * failed; `undefined` for a single write.
+   */
+  readonly operation: number | undefined;
 
   constructor(message: string, init: ErrorInit = {}) {
     super(message, init);
     const current = this.body['current'];
     this.current = typeof current === 'number' ? current : null;
+    this.operation = int(this.body, 'operation');
   }
 }
 
@@ -293,6 +341,23 @@ export class Forbidden extends FencegateError {
   static override readonly code = 'forbidden';
 }
 
+/**
+ * `400 invalid_idempotency_key`: `Idempotency-Key` empty, over 255 bytes, not printable
+ * ASCII, sent twice, or sent to a fence reset.
+ */
+export class InvalidIdempotencyKey extends FencegateError {
+  static override readonly code = 'invalid_idempotency_key';
+}
+
+/**
+ * `422 idempotency_key_reused`: the key was used before (by this identity) for another
+ * request: another method, path, token, precondition or body. Nothing was applied. A
+ * key names one logical write; never use it for a second one.
+ */
+export class IdempotencyKeyReused extends FencegateError {
+  static override readonly code = 'idempotency_key_reused';
+}
+
 /** `500 internal`: a bug in the gateway; details are in its log. */
 export class Internal extends FencegateError {
   static override readonly code = 'internal';
@@ -343,6 +408,35 @@ export class NotSupportedByBackend extends FencegateError {
   static override readonly code = 'not_supported_by_backend';
 }
 
+// ---------------------------------------------------------------- /v1/txn
+
+/**
+ * `400 invalid_transaction`: not a transaction: no operations, a resource with two
+ * tokens, an object twice, ...
+ */
+export class InvalidTransaction extends FencegateError {
+  static override readonly code = 'invalid_transaction';
+  /** Index, from 0, of the operation at fault, if one is. */
+  readonly operation: number | undefined;
+
+  constructor(message: string, init: ErrorInit = {}) {
+    super(message, init);
+    this.operation = int(this.body, 'operation');
+  }
+}
+
+/** `400 too_many_operations`: more operations than `--txn-max-operations`. */
+export class TooManyOperations extends FencegateError {
+  static override readonly code = 'too_many_operations';
+  /** The gateway's limit. */
+  readonly limit: number | undefined;
+
+  constructor(message: string, init: ErrorInit = {}) {
+    super(message, init);
+    this.limit = int(this.body, 'operation');
+  }
+}
+
 // ---------------------------------------------------------------- lookup
 
 /** A class of this module, as a constructor. */
@@ -356,6 +450,7 @@ const CODED: readonly ErrorClass[] = [
   Overloaded,
   ShuttingDown,
   BodyTimeout,
+  IdempotencyInFlight,
   LeaseHeld,
   LeaseLost,
   TokensExhausted,
@@ -373,6 +468,8 @@ const CODED: readonly ErrorClass[] = [
   MethodNotAllowed,
   Unauthenticated,
   Forbidden,
+  InvalidIdempotencyKey,
+  IdempotencyKeyReused,
   Internal,
   SqlError,
   InvalidParam,
@@ -381,6 +478,8 @@ const CODED: readonly ErrorClass[] = [
   TooManyStatements,
   SqlDisabled,
   NotSupportedByBackend,
+  InvalidTransaction,
+  TooManyOperations,
 ];
 
 /** Every stable error code of the gateway and its class. */
@@ -411,6 +510,11 @@ export function parseFenceDetail(detail: string): Record<string, string> {
 function str(body: ErrorBody, name: string): string | undefined {
   const value = body[name];
   return typeof value === 'string' ? value : undefined;
+}
+
+function int(body: ErrorBody, name: string): number | undefined {
+  const value = body[name];
+  return typeof value === 'number' && Number.isSafeInteger(value) ? value : undefined;
 }
 
 /** A token field: bigint (as parsed from the answer), a safe integer, or decimal text. */

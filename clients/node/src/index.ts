@@ -6,7 +6,9 @@
  * accepted for the resource. This package is the writer's side:
  *
  * - {@link Gateway}: the HTTP API (objects, fences, hosted leases step by step,
- *   `/v1/sql`), with bearer keys and TLS.
+ *   `/v1/sql`, transactions over several resources with {@link Gateway.txn}), with
+ *   bearer keys and TLS. Every write carries an `Idempotency-Key` and is resent with it,
+ *   as the {@link RetryPolicy} says, when it got no decision.
  * - {@link Lease}: one term of a hosted lease, renewed in the background, ended on the
  *   holder's own clock before the lease can pass, with an `AbortSignal` that aborts at
  *   once when the gateway says the term is over.
@@ -21,7 +23,7 @@ export * from './errors.js';
 export { fenceError, fenceErrorFromSqlstate, fencedTransaction, SQLSTATE_STALE, SQLSTATE_TOKEN_NOT_ISSUED } from './fenced.js';
 export type { Queryable } from './fenced.js';
 export { DEFAULT_TIMEOUT_MS, DEFAULT_URL, Gateway } from './gateway.js';
-export type { GatewayOptions } from './gateway.js';
+export type { GatewayOptions, LeaseStepOptions } from './gateway.js';
 export { Lease, leaseTiming } from './lease.js';
 export type { LeaseOptions, LeaseTiming, LostReason } from './lease.js';
 export { MAX_TOKEN, checkToken } from './protocol.js';
@@ -37,8 +39,20 @@ export type {
   StatementLike,
   StoredObject,
   TokenLike,
+  TxnOperation,
+  TxnOutcome,
+  TxnResult,
   WriteOptions,
   WriteResult,
 } from './protocol.js';
+export {
+  DEFAULT_RETRY,
+  MAX_IDEMPOTENCY_KEY_LENGTH,
+  NO_RETRY,
+  checkIdempotencyKey,
+  newIdempotencyKey,
+  retryPolicy,
+} from './retry.js';
+export type { RetryPolicy } from './retry.js';
 export type { TlsFiles } from './transport.js';
 export { VERSION } from './version.js';

@@ -32,16 +32,21 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { FencegateError, LeaseHeld, LeaseLost, StaleToken, TransientError } from './errors.js';
 import { type Queryable, fencedTransaction } from './fenced.js';
 import type { Gateway } from './gateway.js';
+import * as proto from './protocol.js';
 import type {
+  Answer,
   FenceState,
   IfMatch,
   LeaseState,
+  Request,
   SqlOutcome,
   StatementLike,
   StoredObject,
+  TokenLike,
   WriteResult,
 } from './protocol.js';
 import { checkTtl } from './protocol.js';
+import { NO_RETRY, STALE, WRITE } from './retry.js';
 
 /** Why a term ended. */
 export type LostReason =
@@ -191,8 +196,10 @@ export class Lease {
   /**
    * Acquires the lease. Waiting (the default), it tries every `retryEveryMs` until the
    * lease is free, riding out transient errors, or until `timeoutMs` passes or `signal`
-   * aborts; otherwise it tries once. Resolves to whether it was acquired; rejects with
-   * other errors (for example {@link Forbidden}).
+   * aborts; otherwise it tries once: one acquisition, resent with its `Idempotency-Key`
+   * as the gateway's {@link RetryPolicy} says, so that a lost answer cannot mint a
+   * second token. Resolves to whether it was acquired; rejects with other errors (for
+   * example {@link Forbidden}).
    */
   async acquire(options: { wait?: boolean; timeoutMs?: number; signal?: AbortSignal } = {}): Promise<boolean> {
     if (this.#token !== undefined) {
@@ -238,7 +245,7 @@ export class Lease {
     // After a step-down on the deadline the gateway may still count the lease ours.
     if (reason === undefined || reason === 'deadline') {
       try {
-        await this.gateway.releaseLease(this.resource, { token, holder: this.holder, timeoutMs: RELEASE_TIMEOUT_MS });
+        await this.#step('release', token, RELEASE_TIMEOUT_MS);
       } catch (error) {
         if (!(error instanceof FencegateError)) throw error;
       }
@@ -292,6 +299,19 @@ export class Lease {
     this.#renewTimer = setTimeout(() => void this.#renew(), delayMs);
   }
 
+  /**
+   * A renewal or the release, sent once: renewals are retried by `#renew` until the
+   * deadline, each with a key of its own, and a release that fails is no error.
+   */
+  #step(step: 'renew' | 'release', token: TokenLike, timeoutMs: number, ttlMs?: number): Promise<LeaseState> {
+    const request = proto.leaseStep(this.resource, step, {
+      holder: this.holder,
+      token,
+      ...(ttlMs === undefined ? {} : { ttlMs }),
+    });
+    return this.gateway[WRITE](request, proto.leaseState, { retry: NO_RETRY, timeoutMs });
+  }
+
   async #renew(): Promise<void> {
     if (this.#reason !== undefined) return;
     const token = this.token;
@@ -302,12 +322,7 @@ export class Lease {
     }
     const sent = now();
     try {
-      const state = await this.gateway.renewLease(this.resource, {
-        token,
-        ttlMs: this.timing.ttlMs,
-        holder: this.holder,
-        timeoutMs: Math.ceil(left),
-      });
+      const state = await this.#step('renew', token, Math.ceil(left), this.timing.ttlMs);
       if (this.#reason !== undefined) return;
       this.#extend(state, sent);
       this.#scheduleRenewal(this.timing.renewEveryMs);
@@ -337,6 +352,14 @@ export class Lease {
 
   // -- calls under the term
 
+  /** Ends the term: a transaction under it was refused as stale ({@link Gateway.txn}). */
+  [STALE](): void {
+    this.#end('stale_token');
+  }
+
+  /**
+   * Runs a call made with the term's token; a stale or lost answer ends the term.
+   */
   async #under<T>(call: (token: bigint) => Promise<T>): Promise<T> {
     const token = this.check();
     try {
@@ -348,20 +371,26 @@ export class Lease {
     }
   }
 
+  /** Sends the write made with the term's token, and resends it (same key) only while the term lasts. */
+  #write<T>(request: (token: bigint) => Request, parse: (answer: Answer, request: Request) => T): Promise<T> {
+    return this.#under((token) => this.gateway[WRITE](request(token), parse, { live: () => this.check() }));
+  }
+
   /** Writes an object of the lease's resource with the term's token. */
   put(
     key: string,
     value: string | Uint8Array,
     options: { ifMatch?: IfMatch; ifNoneMatch?: boolean; idempotencyKey?: string } = {},
   ): Promise<WriteResult> {
-    return this.#under((token) =>
-      this.gateway.put(this.resource, key, value, { ...options, token, holder: this.holder }),
+    return this.#write(
+      (token) => proto.put(this.resource, key, value, { ...options, token }, this.holder),
+      proto.writeResult,
     );
   }
 
   /** Deletes an object of the lease's resource with the term's token. */
   delete(key: string, options: { ifMatch?: IfMatch; idempotencyKey?: string } = {}): Promise<WriteResult> {
-    return this.#under((token) => this.gateway.delete(this.resource, key, { ...options, token, holder: this.holder }));
+    return this.#write((token) => proto.del(this.resource, key, { ...options, token }, this.holder), proto.writeResult);
   }
 
   /** Reads an object of the lease's resource (no token needed). */
@@ -371,13 +400,14 @@ export class Lease {
 
   /** Raises the resource's fence to the term's token. */
   advance(options: { idempotencyKey?: string } = {}): Promise<FenceState> {
-    return this.#under((token) => this.gateway.advance(this.resource, { ...options, token, holder: this.holder }));
+    return this.#write((token) => proto.advance(this.resource, { ...options, token }, this.holder), proto.fenceState);
   }
 
   /** Runs statements after the fence check of the term's token (`/v1/sql`). */
   sql(statements: readonly StatementLike[], options: { idempotencyKey?: string } = {}): Promise<SqlOutcome> {
-    return this.#under((token) =>
-      this.gateway.sql(this.resource, statements, { ...options, token, holder: this.holder }),
+    return this.#write(
+      (token) => proto.sql(this.resource, statements, { ...options, token }, this.holder),
+      proto.sqlOutcome,
     );
   }
 

@@ -5,6 +5,7 @@
  */
 
 import { type ErrorBody, FencegateError, GatewayUnreachable, TransientError, errorForCode } from './errors.js';
+import { keyFor } from './retry.js';
 
 /** The largest fencing token: tokens are 1 to 2^63 - 1. */
 export const MAX_TOKEN = 2n ** 63n - 1n;
@@ -57,11 +58,12 @@ export interface WriteOptions {
   /** `Fencing-Holder` for this write (default: the gateway's `holder`). */
   holder?: string | undefined;
   /**
-   * Sent as `Idempotency-Key`, so that a gateway that keeps outcomes answers a retry
-   * with the first attempt's outcome. Harmless to a gateway that does not.
+   * The write's `Idempotency-Key` (default: a fresh random one). Pass your own to retry
+   * the same logical write later, even from another process: the gateway applies it
+   * once and answers every attempt with the first one's answer.
    */
   idempotencyKey?: string | undefined;
-  /** Aborts the request. */
+  /** Aborts the request, and its resends. */
   signal?: AbortSignal | undefined;
 }
 
@@ -86,6 +88,12 @@ export interface WriteResult {
   readonly version: number;
   /** `true` when a `PUT` created the object (`201`). */
   readonly created: boolean;
+  /**
+   * `true` when the answer is the one stored for an earlier attempt with the same
+   * `Idempotency-Key` (`Idempotency-Replayed: true`): the write was applied once, by
+   * that attempt.
+   */
+  readonly replayed: boolean;
 }
 
 /** An object read with `GET`. */
@@ -103,6 +111,8 @@ export interface FenceState {
   readonly resource: string;
   /** The highest accepted token, `null` if nothing was ever accepted. */
   readonly highest: bigint | null;
+  /** An advance's stored answer, replayed (see {@link WriteResult.replayed}). */
+  readonly replayed: boolean;
 }
 
 /** A lease hosted by the gateway, as it stands after a request. */
@@ -113,8 +123,10 @@ export interface LeaseState {
   /** The authenticated identity the lease is bound to (with `--auth-file`). */
   readonly identity: string | null;
   readonly token: bigint | null;
-  /** How long the lease still holds, on the gateway's clock. */
+  /** How long the lease still holds, on the gateway's clock (replayed: as first answered). */
   readonly expiresInMs: number;
+  /** A lease step's stored answer, replayed (see {@link WriteResult.replayed}). */
+  readonly replayed: boolean;
 }
 
 /** One statement of `/v1/sql`: SQL text with `$n` parameters. */
@@ -140,6 +152,76 @@ export interface SqlOutcome {
   readonly resource: string;
   readonly token: bigint;
   readonly results: readonly SqlResult[];
+  /** The stored answer of an earlier attempt, replayed (see {@link WriteResult.replayed}). */
+  readonly replayed: boolean;
+}
+
+/**
+ * One operation of {@link Gateway.txn}, with the token of the writer's term on its
+ * resource (all operations on one resource the same):
+ *
+ * - `put`: writes the object (`value` text as such, bytes as base64);
+ * - `delete`: deletes it;
+ * - `advance`: raises the resource's fence to the token;
+ * - `check`: requires, without writing, that the fence is not above the token and, with
+ *   `key`, that the object is at `version` (`0`: it does not exist), until the commit.
+ *
+ * `ifMatch`: a version the object must be at (`0`: it must not exist), or `'*'` (it must
+ * exist).
+ */
+export type TxnOperation =
+  | {
+      readonly op: 'put';
+      readonly resource: string;
+      readonly key: string;
+      readonly value: string | Uint8Array;
+      readonly token: TokenLike;
+      readonly ifMatch?: IfMatch | undefined;
+    }
+  | {
+      readonly op: 'delete';
+      readonly resource: string;
+      readonly key: string;
+      readonly token: TokenLike;
+      readonly ifMatch?: IfMatch | undefined;
+    }
+  | { readonly op: 'advance'; readonly resource: string; readonly token: TokenLike }
+  | {
+      readonly op: 'check';
+      readonly resource: string;
+      readonly token: TokenLike;
+      readonly key?: string | undefined;
+      readonly version?: number | undefined;
+    };
+
+/** What one operation of a committed transaction did. */
+export type TxnResult =
+  | {
+      readonly op: 'put';
+      readonly resource: string;
+      readonly token: bigint;
+      readonly key: string;
+      /** The object's version after the transaction. */
+      readonly version: number;
+      /** `true` when the put created the object. */
+      readonly created: boolean;
+    }
+  | { readonly op: 'delete'; readonly resource: string; readonly token: bigint; readonly key: string; readonly version: number }
+  | { readonly op: 'advance'; readonly resource: string; readonly token: bigint }
+  | {
+      readonly op: 'check';
+      readonly resource: string;
+      readonly token: bigint;
+      /** With a key: the object, and the version it was found at. */
+      readonly key?: string;
+      readonly version?: number;
+    };
+
+/** A committed transaction: one result per operation, in order. */
+export interface TxnOutcome {
+  readonly results: readonly TxnResult[];
+  /** The stored answer of an earlier attempt, replayed (see {@link WriteResult.replayed}). */
+  readonly replayed: boolean;
 }
 
 const encoder = new TextEncoder();
@@ -159,10 +241,13 @@ function writeHeaders(
   options: WriteOptions & { ifMatch?: IfMatch | undefined; ifNoneMatch?: boolean | undefined },
   holder: string | undefined,
 ): Record<string, string> {
-  const headers: Record<string, string> = { 'fencing-token': checkToken(options.token).toString() };
+  // The key is made here, once per logical write: the request is what every attempt resends.
+  const headers: Record<string, string> = {
+    'fencing-token': checkToken(options.token).toString(),
+    'idempotency-key': keyFor(options.idempotencyKey),
+  };
   const who = options.holder ?? holder;
   if (who !== undefined) headers['fencing-holder'] = who;
-  if (options.idempotencyKey !== undefined) headers['idempotency-key'] = options.idempotencyKey;
   if (options.ifMatch !== undefined) {
     headers['if-match'] = options.ifMatch === '*' ? '*' : `"${options.ifMatch}"`;
   }
@@ -239,7 +324,7 @@ export function sql(
 export function leaseStep(
   resource: string,
   step: 'acquire' | 'renew' | 'release',
-  fields: { holder: string; token?: TokenLike; ttlMs?: number },
+  fields: { holder: string; token?: TokenLike; ttlMs?: number; idempotencyKey?: string | undefined },
 ): Request {
   // Written field by field: JSON.stringify cannot write a bigint as a number.
   const members = [`"holder":${JSON.stringify(fields.holder)}`];
@@ -253,7 +338,7 @@ export function leaseStep(
   return {
     method: 'POST',
     path: `/v1/leases/${resourcePath(resource)}/${step}`,
-    headers: JSON_TYPE,
+    headers: { ...JSON_TYPE, 'idempotency-key': keyFor(fields.idempotencyKey) },
     body: encoder.encode(`{${members.join(',')}}`),
     context,
   };
@@ -261,6 +346,59 @@ export function leaseStep(
 
 export function readLease(resource: string): Request {
   return { method: 'GET', path: `/v1/leases/${resourcePath(resource)}`, headers: {}, context: { resource } };
+}
+
+function ifMatchMember(ifMatch: IfMatch | undefined): string[] {
+  if (ifMatch === undefined) return [];
+  if (ifMatch === '*') return ['"if_match":"*"'];
+  if (!Number.isSafeInteger(ifMatch) || ifMatch < 0) throw new RangeError(`ifMatch is a version (0 or more) or '*', not ${ifMatch}`);
+  return [`"if_match":${ifMatch}`];
+}
+
+/** One operation as JSON, written member by member: JSON.stringify cannot write a bigint as a number. */
+function txnOperation(operation: TxnOperation): string {
+  const text = JSON.stringify;
+  const members = [
+    `"op":${text(operation.op)}`,
+    `"resource":${text(operation.resource)}`,
+    `"token":${checkToken(operation.token)}`,
+  ];
+  switch (operation.op) {
+    case 'put':
+      members.push(`"key":${text(operation.key)}`);
+      members.push(
+        typeof operation.value === 'string'
+          ? `"value":${text(operation.value)}`
+          : `"value_base64":${text(Buffer.from(operation.value).toString('base64'))}`,
+      );
+      members.push(...ifMatchMember(operation.ifMatch));
+      break;
+    case 'delete':
+      members.push(`"key":${text(operation.key)}`, ...ifMatchMember(operation.ifMatch));
+      break;
+    case 'advance':
+      break;
+    case 'check':
+      if ((operation.key === undefined) !== (operation.version === undefined)) {
+        throw new TypeError('a check of an object takes both key and version');
+      }
+      if (operation.key !== undefined) members.push(`"key":${text(operation.key)}`, `"version":${operation.version}`);
+      break;
+    default:
+      throw new TypeError(`a transaction's operation is a put, delete, advance or check, not ${text(operation)}`);
+  }
+  return `{${members.join(',')}}`;
+}
+
+export function txn(operations: readonly TxnOperation[], idempotencyKey: string | undefined): Request {
+  const body = `{"operations":[${operations.map(txnOperation).join(',')}]}`;
+  return {
+    method: 'POST',
+    path: '/v1/txn',
+    headers: { ...JSON_TYPE, 'idempotency-key': keyFor(idempotencyKey) },
+    body: encoder.encode(body),
+    context: {},
+  };
 }
 
 // ---------------------------------------------------------------- answers
@@ -288,6 +426,10 @@ function header(answer: Answer, name: string): string | undefined {
   return Array.isArray(value) ? value[0] : value;
 }
 
+function replayed(answer: Answer): boolean {
+  return header(answer, 'idempotency-replayed')?.toLowerCase() === 'true';
+}
+
 function asBigint(value: unknown): bigint {
   if (typeof value === 'bigint') return value;
   if (typeof value === 'number') return BigInt(value);
@@ -307,6 +449,7 @@ export function writeResult(answer: Answer, request: Request): WriteResult {
     token: asBigint(body['token']),
     version: Number(body['version']),
     created: answer.status === 201,
+    replayed: replayed(answer),
   };
 }
 
@@ -325,7 +468,11 @@ export function storedObject(answer: Answer, request: Request): StoredObject | n
 export function fenceState(answer: Answer, request: Request): FenceState {
   check(answer, request);
   const body = parseJson(answer.body);
-  return { resource: String(body['resource']), highest: body['highest'] == null ? null : asBigint(body['highest']) };
+  return {
+    resource: String(body['resource']),
+    highest: body['highest'] == null ? null : asBigint(body['highest']),
+    replayed: replayed(answer),
+  };
 }
 
 export function leaseState(answer: Answer, request: Request): LeaseState {
@@ -338,6 +485,7 @@ export function leaseState(answer: Answer, request: Request): LeaseState {
     identity: typeof body['identity'] === 'string' ? body['identity'] : null,
     token: body['token'] == null ? null : asBigint(body['token']),
     expiresInMs: Number(body['expires_in_ms'] ?? 0),
+    replayed: replayed(answer),
   };
 }
 
@@ -350,7 +498,40 @@ export function sqlOutcome(answer: Answer, request: Request): SqlOutcome {
     rows: (result['rows'] as unknown[][] | undefined) ?? [],
     truncated: result['truncated'] === true,
   }));
-  return { resource: String(body['resource']), token: asBigint(body['token']), results };
+  return { resource: String(body['resource']), token: asBigint(body['token']), results, replayed: replayed(answer) };
+}
+
+function txnResult(result: Record<string, unknown>): TxnResult {
+  const resource = String(result['resource']);
+  const token = asBigint(result['token']);
+  const op = result['op'];
+  switch (op) {
+    case 'put':
+      return {
+        op,
+        resource,
+        token,
+        key: String(result['key']),
+        version: Number(result['version']),
+        created: result['created'] === true,
+      };
+    case 'delete':
+      return { op, resource, token, key: String(result['key']), version: Number(result['version']) };
+    case 'advance':
+      return { op, resource, token };
+    case 'check':
+      return result['key'] === undefined
+        ? { op, resource, token }
+        : { op, resource, token, key: String(result['key']), version: Number(result['version']) };
+    default:
+      throw new FencegateError(`a transaction result of an unknown operation: ${String(op)}`);
+  }
+}
+
+export function txnOutcome(answer: Answer, request: Request): TxnOutcome {
+  check(answer, request);
+  const body = parseJson(answer.body);
+  return { results: (body['results'] as Record<string, unknown>[]).map(txnResult), replayed: replayed(answer) };
 }
 
 export function ready(answer: Answer): boolean {

@@ -4,6 +4,7 @@ hold what a client sends. No fixed ports: everything binds port 0."""
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import os
 import signal
@@ -130,7 +131,9 @@ class Hop:
 
     ``hold()`` keeps every byte sent from then on (on open and new connections) until
     ``release()``: to the client it looks like a network that delays its packets, to
-    the gateway like requests that arrive late.
+    the gateway like requests that arrive late. ``lose_answers(n)`` drops the next
+    ``n`` answers and cuts their connections: the gateway has done the request, the
+    client never hears of it.
     """
 
     def __init__(self, target: str) -> None:
@@ -142,6 +145,9 @@ class Hop:
         self._flowing.set()
         self._lock = threading.Lock()
         self._sent = bytearray()
+        self._losing = 0
+        self.lost = 0
+        """Answers dropped so far."""
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -153,6 +159,19 @@ class Hop:
         """Everything clients sent through the hop so far."""
         with self._lock:
             return bytes(self._sent)
+
+    def lose_answers(self, count: int) -> None:
+        """Drops the next ``count`` answers, cutting the connection each came on."""
+        with self._lock:
+            self._losing = count
+
+    def _lose(self) -> bool:
+        with self._lock:
+            if self._losing == 0:
+                return False
+            self._losing -= 1
+            self.lost += 1
+            return True
 
     def hold(self) -> None:
         self._flowing.clear()
@@ -189,6 +208,8 @@ class Hop:
                     with self._lock:
                         self._sent += chunk
                     self._flowing.wait()
+                elif self._lose():
+                    break  # the answer is dropped; the finally cuts both ends
                 sink.sendall(chunk)
         except OSError:
             pass
@@ -196,3 +217,63 @@ class Hop:
             for end in (source, sink):
                 with contextlib.suppress(OSError):
                     end.shutdown(socket.SHUT_RDWR)
+
+
+CUT = None
+"""A scripted answer of :class:`ScriptedGateway`: read the request, answer nothing,
+close the connection."""
+
+
+class ScriptedGateway:
+    """An HTTP server that answers each request with the next answer of a script: a
+    ``(status, body, headers)`` triple, or :data:`CUT`. It keeps every request's
+    headers, to check what a client sent on each attempt. A request past the end of the
+    script is answered ``500``, and :meth:`assert_done` fails unless the whole script
+    was consumed."""
+
+    def __init__(self, script: Sequence[tuple[int, dict[str, object], dict[str, str]] | None]) -> None:
+        self._script = list(script)
+        self.requests: list[dict[str, str]] = []
+        self._lock = threading.Lock()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _answer(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", "0")))
+                with outer._lock:
+                    outer.requests.append({name.lower(): value for name, value in self.headers.items()})
+                    step = outer._script.pop(0) if outer._script else (500, {"error": "internal"}, {})
+                if step is None:  # CUT
+                    self.close_connection = True
+                    return
+                status, body, headers = step
+                payload = json.dumps({"message": "scripted", **body}).encode()
+                self.send_response(status)
+                for name, value in {"content-type": "application/json", **headers}.items():
+                    self.send_header(name, value)
+                self.send_header("content-length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_PUT = do_POST = do_DELETE = do_GET = _answer
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def keys(self) -> list[str | None]:
+        """The ``Idempotency-Key`` of every request so far."""
+        return [request.get("idempotency-key") for request in self.requests]
+
+    def assert_done(self) -> None:
+        assert self._script == [], f"the script was not consumed: {self._script}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

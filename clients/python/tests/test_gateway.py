@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Callable
-
 import pytest
 
 import fencegate
 
-from harness import GatewayProcess, Hop
+from harness import GatewayProcess
 
 
 def test_seed_timeline_two_writers(gateway: fencegate.Gateway) -> None:
@@ -63,29 +61,6 @@ def test_advance_shuts_out_older_terms(gateway: fencegate.Gateway) -> None:
     with pytest.raises(fencegate.StaleToken):
         gateway.advance("billing", token=9)
     assert gateway.fence("billing").highest == 10
-
-
-def test_idempotency_key_is_sent_on_writes_and_is_harmless(
-    gateway_process: GatewayProcess, make_hop: Callable[[str], Hop]
-) -> None:
-    hop = make_hop(gateway_process.addr)
-    with fencegate.Gateway(hop.url) as gateway:
-        first = gateway.put("orders", "o-7", b"v", token=1, idempotency_key="sweep-1/o-7")
-        assert first.created
-        # The same write again with the same key: accepted either way, whether the
-        # gateway replays the stored outcome or applies it as a new write of this term.
-        again = gateway.put("orders", "o-7", b"v", token=1, idempotency_key="sweep-1/o-7")
-        assert again.token == 1
-        gateway.advance("orders", token=2, idempotency_key="advance-2")
-        gateway.delete("orders", "o-7", token=2, idempotency_key="sweep-2/o-7")
-        gateway.put("orders", "o-8", b"v", token=2)
-    sent = hop.sent().lower()
-    assert sent.count(b"\r\nidempotency-key: sweep-1/o-7\r\n") == 2
-    assert b"\r\nidempotency-key: advance-2\r\n" in sent
-    assert b"\r\nidempotency-key: sweep-2/o-7\r\n" in sent
-    assert sent.count(b"idempotency-key") == 4, "a write without a key sent one"
-    with fencegate.Gateway(gateway_process.url) as direct:
-        assert direct.get("orders", "o-7") is None
 
 
 def test_lease_steps_one_by_one(gateway: fencegate.Gateway) -> None:

@@ -42,6 +42,17 @@ def test_statements_run_after_the_fence_in_one_transaction(
     assert update.rows_affected == 1
     assert [column.name for column in select.columns] == ["id", "note"]
     assert [list(row) for row in select.rows] == [[1, "sweep by node-b"]]
+    assert not outcome.replayed
+    again = sql_gateway.sql(
+        "sweeper",
+        [
+            ("UPDATE sweep_state SET note = $1 WHERE id = 1", ["sweep by node-b"]),
+            Statement("SELECT id, note FROM sweep_state WHERE id = $1", [1]),
+        ],
+        token=2,
+        idempotency_key="sweep-2",
+    )
+    assert again.replayed and again.results == outcome.results, "the stored answer, not a second run"
 
     with pytest.raises(fencegate.StaleToken) as refused:
         sql_gateway.sql("sweeper", [("UPDATE sweep_state SET note = $1 WHERE id = 1", ["late"])], token=1)

@@ -168,6 +168,14 @@ test('/v1/sql: statements after the fence, in one transaction', async (t) => {
   assert.equal(outcome.results[0]?.rowsAffected, 1);
   assert.deepEqual(outcome.results[1]?.columns.map((column) => column.name), ['id', 'note']);
   assert.deepEqual(outcome.results[1]?.rows, [[1, 'sweep by node-b']]);
+  assert.equal(outcome.replayed, false);
+  const again = await gateway.sql(
+    'sweeper',
+    [{ sql: UPDATE, params: ['sweep by node-b'] }, { sql: 'SELECT id, note FROM sweep_state WHERE id = $1', params: [1] }],
+    { token: 2, idempotencyKey: 'sweep-2' },
+  );
+  assert.ok(again.replayed, 'the stored answer, not a second run');
+  assert.deepEqual(again.results, outcome.results);
 
   await assert.rejects(gateway.sql('sweeper', [{ sql: UPDATE, params: ['late'] }], { token: 1 }), (error) => {
     assert.ok(error instanceof fencegate.StaleToken);

@@ -5,6 +5,7 @@
 
 import { type ChildProcess, execFile, spawn } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
+import http from 'node:http';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -298,7 +299,8 @@ export async function gatewayOn(t: TestContext, backend: Backend, ...extra: stri
 /**
  * A TCP hop in front of `target` that records what clients send and can hold it:
  * `hold()` keeps every byte sent from then on until `release()`, as a network that
- * delays packets.
+ * delays packets. `loseAnswers(n)` drops the next `n` answers and cuts their
+ * connections: the gateway has done the request, the client never hears of it.
  */
 export class Hop {
   readonly #target: { host: string; port: number };
@@ -307,6 +309,9 @@ export class Hop {
   #held = false;
   #waiting: (() => void)[] = [];
   #sent: Buffer[] = [];
+  #losing = 0;
+  /** Answers dropped so far. */
+  lost = 0;
   addr = '';
 
   private constructor(target: string) {
@@ -330,6 +335,11 @@ export class Hop {
   /** Everything clients sent through the hop so far. */
   sent(): Buffer {
     return Buffer.concat(this.#sent);
+  }
+
+  /** Drops the next `count` answers, cutting the connection each came on. */
+  loseAnswers(count: number): void {
+    this.#losing = count;
   }
 
   hold(): void {
@@ -360,7 +370,17 @@ export class Hop {
       });
     });
     client.on('end', () => void queue.then(() => upstream.end()));
-    upstream.pipe(client);
+    upstream.on('data', (chunk: Buffer) => {
+      if (this.#losing > 0) {
+        this.#losing -= 1;
+        this.lost += 1;
+        client.destroy();
+        upstream.destroy();
+        return;
+      }
+      client.write(chunk);
+    });
+    upstream.on('end', () => client.end());
     for (const socket of [client, upstream]) socket.on('error', () => socket.destroy());
     client.on('close', () => void queue.then(() => upstream.destroy()));
   }
@@ -373,4 +393,67 @@ export async function closedPort(): Promise<number> {
   const port = (server.address() as net.AddressInfo).port;
   await new Promise((done) => server.close(done));
   return port;
+}
+
+// ---------------------------------------------------------------- a scripted gateway
+
+/** A scripted answer: status, JSON fields, headers. */
+export type ScriptedAnswer = readonly [number, Record<string, unknown>, Record<string, string>?];
+
+/** A scripted answer that reads the request, answers nothing and closes the connection. */
+export const CUT = 'cut';
+
+/**
+ * An HTTP server that answers each request with the next answer of a script, and keeps
+ * every request's headers, to check what a client sent on each attempt. A request past
+ * the end of the script is answered `500`; `assertDone()` fails unless the whole script
+ * was consumed. Closed when the test ends.
+ */
+export class ScriptedGateway {
+  readonly requests: http.IncomingHttpHeaders[] = [];
+  readonly #script: (ScriptedAnswer | typeof CUT)[];
+  readonly #server: http.Server;
+  url = '';
+
+  private constructor(script: (ScriptedAnswer | typeof CUT)[]) {
+    this.#script = script;
+    this.#server = http.createServer((request, response) => {
+      request.resume();
+      request.on('end', () => {
+        this.requests.push(request.headers);
+        const step = this.#script.shift() ?? ([500, { error: 'internal' }] as const);
+        if (step === CUT) {
+          request.socket.destroy();
+          return;
+        }
+        const [status, body, headers = {}] = step;
+        const payload = JSON.stringify({ message: 'scripted', ...body });
+        response.writeHead(status, { 'content-type': 'application/json', ...headers });
+        response.end(payload);
+      });
+    });
+  }
+
+  static async start(t: TestContext, ...script: (ScriptedAnswer | typeof CUT)[]): Promise<ScriptedGateway> {
+    const server = new ScriptedGateway(script);
+    await new Promise<void>((done) => server.#server.listen(0, '127.0.0.1', done));
+    server.url = `http://127.0.0.1:${(server.#server.address() as net.AddressInfo).port}`;
+    defer(t, () => {
+      server.#server.closeAllConnections();
+      return new Promise((done) => server.#server.close(done));
+    });
+    return server;
+  }
+
+  /** The `Idempotency-Key` of every request so far. */
+  keys(): (string | undefined)[] {
+    return this.requests.map((headers) => {
+      const key = headers['idempotency-key'];
+      return Array.isArray(key) ? key[0] : key;
+    });
+  }
+
+  assertDone(): void {
+    if (this.#script.length > 0) throw new Error(`the script was not consumed: ${JSON.stringify(this.#script)}`);
+  }
 }

@@ -5,7 +5,10 @@ or Postgres itself for fenced tables, refuses a token older than the newest one 
 accepted for the resource. This package is the writer's side:
 
 - :class:`Gateway` / :class:`AsyncGateway`: the HTTP API (objects, fences, hosted
-  leases step by step, ``/v1/sql``), with bearer keys and TLS.
+  leases step by step, ``/v1/sql``, transactions over several resources with
+  :meth:`Gateway.txn`), with bearer keys and TLS. Every write carries an
+  ``Idempotency-Key`` and is resent with it, as the :class:`RetryPolicy` says, when it
+  got no decision.
 - :class:`Lease` / :class:`AsyncLease`: one term of a hosted lease, renewed in the
   background, ended on the holder's own clock before the lease can pass, with a
   ``lost`` signal that fires at once when the gateway says the term is over.
@@ -14,7 +17,9 @@ accepted for the resource. This package is the writer's side:
 - :mod:`fencegate.errors`: one exception class per stable error code.
 """
 
+from ._retry import NO_RETRY, RetryPolicy
 from ._version import __version__
+from .async_gateway import AsyncGateway
 from .async_lease import AsyncLease
 from .errors import (
     ERROR_CLASSES,
@@ -25,14 +30,18 @@ from .errors import (
     FencegateError,
     Forbidden,
     GatewayUnreachable,
+    IdempotencyInFlight,
+    IdempotencyKeyReused,
     Internal,
     InvalidBody,
     InvalidHolder,
+    InvalidIdempotencyKey,
     InvalidKey,
     InvalidParam,
     InvalidPrecondition,
     InvalidResource,
     InvalidToken,
+    InvalidTransaction,
     LeaseHeld,
     LeaseLost,
     MethodNotAllowed,
@@ -44,11 +53,13 @@ from .errors import (
     ShuttingDown,
     SqlDisabled,
     SqlError,
+    StaleResource,
     StaleToken,
     StatementNotAllowed,
     TokenHolderMismatch,
     TokenNotIssued,
     TokensExhausted,
+    TooManyOperations,
     TooManyStatements,
     TransientError,
     Unauthenticated,
@@ -56,7 +67,7 @@ from .errors import (
     VersionMismatch,
 )
 from .fenced import fence_error, fenced_transaction
-from .gateway import AsyncGateway, Gateway
+from .gateway import Gateway
 from .lease import Lease, LeaseTiming, LostReason
 from .models import (
     FenceState,
@@ -66,11 +77,19 @@ from .models import (
     SqlResult,
     Statement,
     StoredObject,
+    TxnAdvance,
+    TxnCheck,
+    TxnDelete,
+    TxnOp,
+    TxnOutcome,
+    TxnPut,
+    TxnResult,
     WriteResult,
 )
 
 __all__ = [
     "ERROR_CLASSES",
+    "NO_RETRY",
     "AsyncGateway",
     "AsyncLease",
     "BackendUnavailable",
@@ -82,14 +101,18 @@ __all__ = [
     "Forbidden",
     "Gateway",
     "GatewayUnreachable",
+    "IdempotencyInFlight",
+    "IdempotencyKeyReused",
     "Internal",
     "InvalidBody",
     "InvalidHolder",
+    "InvalidIdempotencyKey",
     "InvalidKey",
     "InvalidParam",
     "InvalidPrecondition",
     "InvalidResource",
     "InvalidToken",
+    "InvalidTransaction",
     "Lease",
     "LeaseHeld",
     "LeaseLost",
@@ -102,12 +125,14 @@ __all__ = [
     "NotSupportedByBackend",
     "Overloaded",
     "ResetRefused",
+    "RetryPolicy",
     "ShuttingDown",
     "SqlColumn",
     "SqlDisabled",
     "SqlError",
     "SqlOutcome",
     "SqlResult",
+    "StaleResource",
     "StaleToken",
     "Statement",
     "StatementNotAllowed",
@@ -115,8 +140,16 @@ __all__ = [
     "TokenHolderMismatch",
     "TokenNotIssued",
     "TokensExhausted",
+    "TooManyOperations",
     "TooManyStatements",
     "TransientError",
+    "TxnAdvance",
+    "TxnCheck",
+    "TxnDelete",
+    "TxnOp",
+    "TxnOutcome",
+    "TxnPut",
+    "TxnResult",
     "Unauthenticated",
     "UnsupportedType",
     "VersionMismatch",

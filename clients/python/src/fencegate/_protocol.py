@@ -6,10 +6,11 @@ everything they make of an answer is here, once.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
@@ -22,6 +23,7 @@ from .errors import (
 )
 from .models import (
     FenceState,
+    IfMatch,
     LeaseState,
     SqlColumn,
     SqlOutcome,
@@ -29,6 +31,13 @@ from .models import (
     Statement,
     StatementLike,
     StoredObject,
+    TxnAdvance,
+    TxnCheck,
+    TxnDelete,
+    TxnOp,
+    TxnOutcome,
+    TxnPut,
+    TxnResult,
     WriteResult,
 )
 
@@ -37,9 +46,6 @@ MAX_TOKEN = 2**63 - 1
 
 MIN_TTL = 0.01
 MAX_TTL = 86_400.0
-
-IfMatch = Optional[Union[int, Literal["*"]]]
-"""``If-Match``: a version (``0``: the object must not exist), or ``"*"`` (it must)."""
 
 
 @dataclass(frozen=True)
@@ -84,15 +90,13 @@ def _key(key: str) -> str:
 def _write_headers(
     token: int,
     holder: str | None,
-    idempotency_key: str | None,
+    idempotency_key: str,
     if_match: IfMatch = None,
     if_none_match: bool = False,
 ) -> dict[str, str]:
-    headers = {"Fencing-Token": str(check_token(token))}
+    headers = {"Fencing-Token": str(check_token(token)), "Idempotency-Key": idempotency_key}
     if holder is not None:
         headers["Fencing-Holder"] = holder
-    if idempotency_key is not None:
-        headers["Idempotency-Key"] = idempotency_key
     if if_match is not None:
         headers["If-Match"] = "*" if if_match == "*" else f'"{int(if_match)}"'
     if if_none_match:
@@ -116,7 +120,7 @@ def put(
     holder: str | None,
     if_match: IfMatch,
     if_none_match: bool,
-    idempotency_key: str | None,
+    idempotency_key: str,
 ) -> Request:
     content = value.encode() if isinstance(value, str) else bytes(value)
     headers = _write_headers(token, holder, idempotency_key, if_match, if_none_match)
@@ -137,7 +141,7 @@ def delete(
     token: int,
     holder: str | None,
     if_match: IfMatch,
-    idempotency_key: str | None,
+    idempotency_key: str,
 ) -> Request:
     headers = _write_headers(token, holder, idempotency_key, if_match)
     return Request(
@@ -157,7 +161,7 @@ def fence(resource: str) -> Request:
     return Request("GET", f"/v1/fences/{_resource(resource)}", context={"resource": resource})
 
 
-def advance(resource: str, *, token: int, holder: str | None, idempotency_key: str | None) -> Request:
+def advance(resource: str, *, token: int, holder: str | None, idempotency_key: str) -> Request:
     return Request(
         "POST",
         f"/v1/fences/{_resource(resource)}/advance",
@@ -182,7 +186,7 @@ def sql(
     *,
     token: int,
     holder: str | None,
-    idempotency_key: str | None,
+    idempotency_key: str,
 ) -> Request:
     if isinstance(statements, (str, Statement)):
         statements = [statements]
@@ -202,6 +206,7 @@ def lease_step(
     step: Literal["acquire", "renew", "release"],
     *,
     holder: str,
+    idempotency_key: str,
     token: int | None = None,
     ttl: float | None = None,
 ) -> Request:
@@ -213,11 +218,47 @@ def lease_step(
     context: dict[str, Any] = {"resource": resource}
     if token is not None:
         context["presented"] = token
-    return Request("POST", f"/v1/leases/{_resource(resource)}/{step}", dict(JSON), _json(body), context)
+    headers = {**JSON, "Idempotency-Key": idempotency_key}
+    return Request("POST", f"/v1/leases/{_resource(resource)}/{step}", headers, _json(body), context)
 
 
 def read_lease(resource: str) -> Request:
     return Request("GET", f"/v1/leases/{_resource(resource)}", context={"resource": resource})
+
+
+def _if_match(if_match: IfMatch) -> dict[str, Any]:
+    if if_match is None:
+        return {}
+    if if_match == "*":
+        return {"if_match": "*"}
+    if isinstance(if_match, bool) or not isinstance(if_match, int) or if_match < 0:
+        raise ValueError(f'if_match is a version (0 or more) or "*", not {if_match!r}')
+    return {"if_match": if_match}
+
+
+def _operation(op: TxnOp) -> dict[str, Any]:
+    if not isinstance(op, (TxnPut, TxnDelete, TxnAdvance, TxnCheck)):
+        raise TypeError(f"a transaction's operation is a TxnPut, TxnDelete, TxnAdvance or TxnCheck, not {op!r}")
+    token = check_token(op.token)
+    if isinstance(op, TxnPut):
+        if isinstance(op.value, str):
+            value: dict[str, str] = {"value": op.value}
+        else:
+            value = {"value_base64": base64.b64encode(bytes(op.value)).decode("ascii")}
+        return {"op": "put", "resource": op.resource, "key": op.key, "token": token, **value, **_if_match(op.if_match)}
+    if isinstance(op, TxnDelete):
+        return {"op": "delete", "resource": op.resource, "key": op.key, "token": token, **_if_match(op.if_match)}
+    if isinstance(op, TxnAdvance):
+        return {"op": "advance", "resource": op.resource, "token": token}
+    if (op.key is None) != (op.version is None):
+        raise ValueError("a check of an object takes both key and version")
+    found = {} if op.key is None else {"key": op.key, "version": op.version}
+    return {"op": "check", "resource": op.resource, "token": token, **found}
+
+
+def txn(operations: Sequence[TxnOp], *, idempotency_key: str) -> Request:
+    body = _json({"operations": [_operation(op) for op in operations]})
+    return Request("POST", "/v1/txn", {**JSON, "Idempotency-Key": idempotency_key}, body)
 
 
 # ---------------------------------------------------------------- answers
@@ -228,6 +269,10 @@ def _body(response: httpx.Response) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise FencegateError(f"an answer that is not a JSON object: {value!r}", status=response.status_code)
     return value
+
+
+def _replayed(response: httpx.Response) -> bool:
+    return str(response.headers.get("idempotency-replayed", "")).lower() == "true"
 
 
 def _etag_version(response: httpx.Response) -> int:
@@ -243,6 +288,7 @@ def write_result(response: httpx.Response, request: Request) -> WriteResult:
         token=int(body["token"]),
         version=int(body["version"]),
         created=response.status_code == 201,
+        replayed=_replayed(response),
     )
 
 
@@ -261,7 +307,11 @@ def fence_state(response: httpx.Response, request: Request) -> FenceState:
     check(response, request)
     body = _body(response)
     highest = body.get("highest")
-    return FenceState(resource=str(body["resource"]), highest=None if highest is None else int(highest))
+    return FenceState(
+        resource=str(body["resource"]),
+        highest=None if highest is None else int(highest),
+        replayed=_replayed(response),
+    )
 
 
 def lease_state(response: httpx.Response, request: Request) -> LeaseState:
@@ -275,6 +325,7 @@ def lease_state(response: httpx.Response, request: Request) -> LeaseState:
         identity=body.get("identity"),
         token=None if token is None else int(token),
         expires_in_ms=int(body.get("expires_in_ms", 0)),
+        replayed=_replayed(response),
     )
 
 
@@ -290,7 +341,34 @@ def sql_outcome(response: httpx.Response, request: Request) -> SqlOutcome:
         )
         for result in body["results"]
     )
-    return SqlOutcome(resource=str(body["resource"]), token=int(body["token"]), results=results)
+    return SqlOutcome(
+        resource=str(body["resource"]), token=int(body["token"]), results=results, replayed=_replayed(response)
+    )
+
+
+_TXN_OPS = ("put", "delete", "advance", "check")
+
+
+def _txn_result(result: Mapping[str, Any]) -> TxnResult:
+    op = result["op"]
+    if op not in _TXN_OPS:
+        raise FencegateError(f"a transaction result of an unknown operation: {op!r}")
+    key = result.get("key")
+    version = result.get("version")
+    return TxnResult(
+        op=op,
+        resource=str(result["resource"]),
+        token=int(result["token"]),
+        key=None if key is None else str(key),
+        version=None if version is None else int(version),
+        created=bool(result.get("created", False)),
+    )
+
+
+def txn_outcome(response: httpx.Response, request: Request) -> TxnOutcome:
+    check(response, request)
+    body = _body(response)
+    return TxnOutcome(results=tuple(_txn_result(r) for r in body["results"]), replayed=_replayed(response))
 
 
 def ready(response: httpx.Response, request: Request) -> bool:

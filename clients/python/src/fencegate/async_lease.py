@@ -11,9 +11,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager, suppress
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar
 
-from ._protocol import IfMatch
+from . import _protocol as proto
+from ._protocol import Request
+from ._retry import NO_RETRY, key_for
 from ._term import (
     RELEASE_TIMEOUT,
     LeaseTiming,
@@ -27,14 +29,15 @@ from ._term import (
 )
 from .errors import FencegateError, LeaseHeld, LeaseLost, StaleToken, TransientError
 from .fenced import fenced_transaction
-from .models import FenceState, SqlOutcome, StatementLike, StoredObject, WriteResult
+from .models import FenceState, IfMatch, LeaseState, SqlOutcome, StatementLike, StoredObject, WriteResult
 
 if TYPE_CHECKING:
     import asyncpg
+    import httpx
     import psycopg
     from asyncpg.pool import PoolConnectionProxy
 
-    from .gateway import AsyncGateway
+    from .async_gateway import AsyncGateway
 
     _Async = TypeVar(
         "_Async", bound="psycopg.AsyncConnection[Any] | asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
@@ -159,9 +162,7 @@ class AsyncLease:
         self._end(LostReason.RELEASED)
         if reason in (None, LostReason.DEADLINE):
             try:
-                await self.gateway.release_lease(
-                    self.resource, token=token, holder=self.holder, timeout=RELEASE_TIMEOUT
-                )
+                await self._step("release", token, timeout=RELEASE_TIMEOUT)
             except FencegateError as error:
                 logger.info("lease %s: not released (it will expire): %s", self.resource, error)
 
@@ -211,6 +212,15 @@ class AsyncLease:
         run_callbacks(callbacks, reason)
         return True
 
+    async def _step(
+        self, step: Literal["renew", "release"], token: int, *, timeout: float | None = None, ttl: float | None = None
+    ) -> LeaseState:
+        """See :meth:`Lease._step <fencegate.Lease._step>`."""
+        request = proto.lease_step(
+            self.resource, step, holder=self.holder, idempotency_key=key_for(None), token=token, ttl=ttl
+        )
+        return await self.gateway._write(request, proto.lease_state, retry=NO_RETRY, timeout=timeout)
+
     async def _renew(self) -> None:
         delay = self.timing.renew_every
         while self._term.reason is None:
@@ -224,10 +234,7 @@ class AsyncLease:
                 return
             sent = time.monotonic()
             try:
-                state = await asyncio.wait_for(
-                    self.gateway.renew_lease(self.resource, token=token, ttl=self.timing.ttl, holder=self.holder),
-                    left,
-                )
+                state = await asyncio.wait_for(self._step("renew", token, ttl=self.timing.ttl), left)
             except LeaseLost:
                 self._end(LostReason.LEASE_LOST)
                 return
@@ -249,10 +256,11 @@ class AsyncLease:
 
     # -- calls under the term
 
-    async def _under(self, call: Callable[[int], Awaitable[_T]]) -> _T:
+    async def _under(self, request: Callable[[int], Request], parse: Callable[[httpx.Response, Request], _T]) -> _T:
+        """See :meth:`Lease._under <fencegate.Lease._under>`."""
         token = self.check()
         try:
-            return await call(token)
+            return await self.gateway._write(request(token), parse, live=self.check)
         except StaleToken:
             self._end(LostReason.STALE_TOKEN)
             raise
@@ -269,9 +277,10 @@ class AsyncLease:
         if_none_match: bool = False,
         idempotency_key: str | None = None,
     ) -> WriteResult:
-        """See :meth:`Lease.put`."""
+        """See :meth:`Lease.put <fencegate.Lease.put>`."""
+        idempotency_key = key_for(idempotency_key)
         return await self._under(
-            lambda token: self.gateway.put(
+            lambda token: proto.put(
                 self.resource,
                 key,
                 value,
@@ -280,35 +289,42 @@ class AsyncLease:
                 if_match=if_match,
                 if_none_match=if_none_match,
                 idempotency_key=idempotency_key,
-            )
+            ),
+            proto.write_result,
         )
 
     async def delete(self, key: str, *, if_match: IfMatch = None, idempotency_key: str | None = None) -> WriteResult:
-        """See :meth:`Lease.delete`."""
+        """See :meth:`Lease.delete <fencegate.Lease.delete>`."""
+        idempotency_key = key_for(idempotency_key)
         return await self._under(
-            lambda token: self.gateway.delete(
+            lambda token: proto.delete(
                 self.resource, key, token=token, holder=self.holder, if_match=if_match, idempotency_key=idempotency_key
-            )
+            ),
+            proto.write_result,
         )
 
     async def get(self, key: str) -> StoredObject | None:
-        """See :meth:`Lease.get`."""
+        """See :meth:`Lease.get <fencegate.Lease.get>`."""
         return await self.gateway.get(self.resource, key)
 
     async def advance(self, *, idempotency_key: str | None = None) -> FenceState:
-        """See :meth:`Lease.advance`."""
+        """See :meth:`Lease.advance <fencegate.Lease.advance>`."""
+        idempotency_key = key_for(idempotency_key)
         return await self._under(
-            lambda token: self.gateway.advance(
+            lambda token: proto.advance(
                 self.resource, token=token, holder=self.holder, idempotency_key=idempotency_key
-            )
+            ),
+            proto.fence_state,
         )
 
     async def sql(self, statements: Sequence[StatementLike], *, idempotency_key: str | None = None) -> SqlOutcome:
-        """See :meth:`Lease.sql`."""
+        """See :meth:`Lease.sql <fencegate.Lease.sql>`."""
+        idempotency_key = key_for(idempotency_key)
         return await self._under(
-            lambda token: self.gateway.sql(
+            lambda token: proto.sql(
                 self.resource, statements, token=token, holder=self.holder, idempotency_key=idempotency_key
-            )
+            ),
+            proto.sql_outcome,
         )
 
     @asynccontextmanager

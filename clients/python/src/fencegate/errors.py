@@ -13,13 +13,16 @@ Two groups matter for what to do next:
   writer's term is over: stop the work of that term, never retry it with the same
   token, and do not fetch a newer token to push the old work through.
 - :class:`TransientError`: the gateway or its database could not answer now. Nothing
-  about the term is known; retry later. ``write_applied`` says whether a write may
-  have been applied (``False``: certainly not; ``None``: unknown).
+  about the term is known; retry later, with the same ``Idempotency-Key``.
+  ``write_applied`` says whether a write may have been applied (``False``: certainly
+  not; ``None``: unknown). The gateways of this package have already resent the write
+  (see :class:`~fencegate.RetryPolicy`) before raising one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 __all__ = [
@@ -31,14 +34,18 @@ __all__ = [
     "FencegateError",
     "Forbidden",
     "GatewayUnreachable",
+    "IdempotencyInFlight",
+    "IdempotencyKeyReused",
     "Internal",
     "InvalidBody",
     "InvalidHolder",
+    "InvalidIdempotencyKey",
     "InvalidKey",
     "InvalidParam",
     "InvalidPrecondition",
     "InvalidResource",
     "InvalidToken",
+    "InvalidTransaction",
     "LeaseHeld",
     "LeaseLost",
     "MethodNotAllowed",
@@ -50,11 +57,13 @@ __all__ = [
     "ShuttingDown",
     "SqlDisabled",
     "SqlError",
+    "StaleResource",
     "StaleToken",
     "StatementNotAllowed",
     "TokenHolderMismatch",
     "TokenNotIssued",
     "TokensExhausted",
+    "TooManyOperations",
     "TooManyStatements",
     "TransientError",
     "Unauthenticated",
@@ -125,8 +134,11 @@ class TransientError(FencegateError):
     Attributes:
         write_applied: For a write: ``False`` if it was certainly not applied, ``None``
             if it may have been (the connection or the database went away after the
-            request was sent). Never ``True``: an applied write is not an error.
+            request was sent, by this attempt or an earlier one). Never ``True``: an
+            applied write is not an error.
         retry_after: Seconds the gateway asked to wait (``Retry-After``), if it did.
+        attempts: How many times the write was sent, all with the same
+            ``Idempotency-Key``, before this error was raised.
     """
 
     def __init__(
@@ -142,6 +154,7 @@ class TransientError(FencegateError):
         super().__init__(message, status=status, body=body, sqlstate=sqlstate)
         self.write_applied = write_applied
         self.retry_after = retry_after
+        self.attempts = 1
 
 
 class GatewayUnreachable(TransientError):
@@ -156,14 +169,26 @@ class GatewayUnreachable(TransientError):
 # ---------------------------------------------------------------- the fence
 
 
+@dataclass(frozen=True)
+class StaleResource:
+    """A resource whose fence is above the token a write presented for it."""
+
+    resource: str
+    presented: int
+    highest: int
+
+
 class StaleToken(FenceError):
     """``409 stale_token`` / SQLSTATE ``ZF001``: the token is below the resource's
     highest accepted token. The writer's term is over: stop its work, do not retry it.
 
     Attributes:
-        resource: The fenced resource.
+        resource: The fenced resource (of a transaction: the first stale one).
         presented: The token the writer presented.
         highest: The resource's highest accepted token.
+        stale: Every stale resource: one for a single write, each one a refused
+            transaction (:meth:`Gateway.txn <fencegate.Gateway.txn>`) found stale, in
+            the gateway's lock order.
     """
 
     code = "stale_token"
@@ -175,6 +200,13 @@ class StaleToken(FenceError):
         # The contract always sends `highest`; a stale token means highest > presented,
         # so presented + 1 is a true lower bound should an old proxy strip it.
         self.highest = _opt_int(self.body, "highest") or self.presented + 1
+        listed = self.body.get("stale")
+        stale = tuple(
+            StaleResource(_str(item, "resource"), _int(item, "presented"), _int(item, "highest"))
+            for item in (listed if isinstance(listed, list) else [])
+            if isinstance(item, Mapping)
+        )
+        self.stale: tuple[StaleResource, ...] = stale or (StaleResource(self.resource, self.presented, self.highest),)
 
 
 class TokenNotIssued(FenceError):
@@ -247,6 +279,19 @@ class BodyTimeout(TransientError):
     code = "body_timeout"
 
 
+class IdempotencyInFlight(TransientError):
+    """``409 idempotency_in_flight``: an earlier attempt with the same
+    ``Idempotency-Key`` is still running (Postgres). This attempt applied nothing; the
+    earlier one may still apply (``write_applied`` is ``None``). Retry with the same key
+    to get its answer."""
+
+    code = "idempotency_in_flight"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        kwargs.setdefault("write_applied", None)
+        super().__init__(message, **kwargs)
+
+
 # ---------------------------------------------------------------- leases
 
 
@@ -291,10 +336,13 @@ class ResetRefused(FencegateError):
 
 
 class VersionMismatch(FencegateError):
-    """``412 version_mismatch``: ``If-Match`` / ``If-None-Match`` did not hold.
+    """``412 version_mismatch``: ``If-Match`` / ``If-None-Match`` did not hold, or a
+    transaction's ``if_match`` or ``check`` did not; nothing was applied.
 
     Attributes:
         current: The object's current version, ``None`` if it does not exist.
+        operation: Of a transaction: the index, from 0, of the first operation whose
+            precondition failed; ``None`` for a single write.
     """
 
     code = "version_mismatch"
@@ -302,6 +350,7 @@ class VersionMismatch(FencegateError):
     def __init__(self, message: str, **kwargs: Any) -> None:
         super().__init__(message, **kwargs)
         self.current = _opt_int(self.body, "current")
+        self.operation = _opt_int(self.body, "operation")
 
 
 class MissingToken(FencegateError):
@@ -378,6 +427,21 @@ class Forbidden(FencegateError):
     code = "forbidden"
 
 
+class InvalidIdempotencyKey(FencegateError):
+    """``400 invalid_idempotency_key``: ``Idempotency-Key`` empty, over 255 bytes, not
+    printable ASCII, sent twice, or sent to a fence reset."""
+
+    code = "invalid_idempotency_key"
+
+
+class IdempotencyKeyReused(FencegateError):
+    """``422 idempotency_key_reused``: the key was used before (by this identity) for
+    another request: another method, path, token, precondition or body. Nothing was
+    applied. A key names one logical write; never use it for a second one."""
+
+    code = "idempotency_key_reused"
+
+
 class Internal(FencegateError):
     """``500 internal``: a bug in the gateway; details are in its log."""
 
@@ -446,6 +510,38 @@ class NotSupportedByBackend(FencegateError):
     """``501 not_supported_by_backend``: ``/v1/sql`` on the embedded store."""
 
     code = "not_supported_by_backend"
+
+
+# ---------------------------------------------------------------- /v1/txn
+
+
+class InvalidTransaction(FencegateError):
+    """``400 invalid_transaction``: not a transaction: no operations, a resource with
+    two tokens, an object twice, a put without exactly one value, ...
+
+    Attributes:
+        operation: Index, from 0, of the operation at fault, if one is.
+    """
+
+    code = "invalid_transaction"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.operation = _opt_int(self.body, "operation")
+
+
+class TooManyOperations(FencegateError):
+    """``400 too_many_operations``: more operations than ``--txn-max-operations``.
+
+    Attributes:
+        limit: The gateway's limit.
+    """
+
+    code = "too_many_operations"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        self.limit = _opt_int(self.body, "operation")
 
 
 # ---------------------------------------------------------------- lookup

@@ -1,11 +1,18 @@
-"""Clients of the gateway's HTTP API: :class:`Gateway` (blocking) and
-:class:`AsyncGateway` (asyncio), on httpx.
+"""The blocking client of the gateway's HTTP API, :class:`Gateway`, on httpx;
+:class:`~fencegate.AsyncGateway` is the same for asyncio.
 
-Both have the same methods with the same arguments; every write takes the fencing
-token of the writer's term (``token=``), and every error answer is raised as the class
-of its code (:mod:`fencegate.errors`). Neither retries anything by itself: a stale
-write must never be retried, and whether to retry a transient one is the writer's
-call (``write_applied`` tells whether it may have been applied).
+Every write takes the fencing token of the writer's term (``token=``), and every error
+answer is raised as the class of its code (:mod:`fencegate.errors`).
+
+Writes and retries
+------------------
+Every write (objects, advances, ``/v1/sql``, lease steps, transactions) is one logical
+write with one ``Idempotency-Key``: the caller's ``idempotency_key=``, or a random one
+made for the call. A write that got no decision (no answer, ``503``, ``409
+idempotency_in_flight``) is sent again with the same key, up to the
+:class:`~fencegate.RetryPolicy`'s attempts, so the gateway applies it at most once; a
+stale token, a failed precondition or any other answer is the write's own and is never
+resent. Reads are sent once.
 """
 
 from __future__ import annotations
@@ -18,22 +25,28 @@ from typing import TYPE_CHECKING, Any, Callable, TypeVar
 import httpx
 
 from . import _protocol as proto
-from ._protocol import IfMatch, Request
+from . import _retry
+from ._protocol import Request
+from ._retry import Live, RetryPolicy, key_for
+from ._term import LostReason
 from ._version import __version__
+from .errors import StaleToken
 from .models import (
     FenceState,
+    IfMatch,
     LeaseState,
     SqlOutcome,
     StatementLike,
     StoredObject,
+    TxnOp,
+    TxnOutcome,
     WriteResult,
 )
 
 if TYPE_CHECKING:
-    from .async_lease import AsyncLease
     from .lease import Lease
 
-__all__ = ["DEFAULT_TIMEOUT", "DEFAULT_URL", "AsyncGateway", "Gateway"]
+__all__ = ["DEFAULT_TIMEOUT", "DEFAULT_URL", "Gateway"]
 
 DEFAULT_URL = "http://127.0.0.1:7070"
 """Where the gateway listens by default."""
@@ -44,8 +57,8 @@ DEFAULT_TIMEOUT = 10.0
 _T = TypeVar("_T")
 
 
-class _Settings:
-    """What both flavours make their httpx client from."""
+class Settings:
+    """What both flavours make their httpx client from, and how they resend."""
 
     def __init__(
         self,
@@ -57,6 +70,7 @@ class _Settings:
         client_key: str | None,
         ssl_context: ssl.SSLContext | None,
         timeout: float,
+        retry: RetryPolicy | None,
     ) -> None:
         self.url = url.rstrip("/")
         self.holder = holder
@@ -72,6 +86,9 @@ class _Settings:
                 context.load_cert_chain(client_cert, client_key)
             self.verify = context
         self.timeout = timeout
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry is a fencegate.RetryPolicy, not {type(retry).__name__}")
+        self.retry = retry if retry is not None else RetryPolicy()
 
     def client_options(self) -> dict[str, Any]:
         return {
@@ -91,12 +108,20 @@ class _Settings:
         return chosen
 
 
+def stale_terms(error: StaleToken, leases: Sequence[Any]) -> None:
+    """Ends the term of every lease whose resource ``error`` names as stale."""
+    stale = {item.resource for item in error.stale}
+    for lease in leases:
+        if lease.resource in stale:
+            lease._end(LostReason.STALE_TOKEN)
+
+
 class Gateway:
     """A blocking client of a fencegate gateway.
 
     >>> gw = Gateway("http://127.0.0.1:7070", holder="node-b")
     >>> gw.put("orders", "o-1", b"from 42", token=42)   # doctest: +SKIP
-    WriteResult(resource='orders', key='o-1', token=42, version=2, created=False)
+    WriteResult(resource='orders', key='o-1', token=42, version=2, created=False, replayed=False)
 
     Thread-safe; use one per process and :meth:`close` it (or use ``with``).
 
@@ -111,6 +136,8 @@ class Gateway:
         client_key: PEM key of ``client_cert``, if not in the same file.
         ssl_context: A complete TLS context instead of the three above.
         timeout: Seconds to wait for each of connecting, sending and receiving.
+        retry: How a write that got no decision is sent again (default:
+            ``RetryPolicy()``, four attempts; :data:`~fencegate.NO_RETRY`: never).
     """
 
     def __init__(
@@ -124,8 +151,9 @@ class Gateway:
         client_key: str | None = None,
         ssl_context: ssl.SSLContext | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        retry: RetryPolicy | None = None,
     ) -> None:
-        self._settings = _Settings(url, key, holder, ca_file, client_cert, client_key, ssl_context, timeout)
+        self._settings = Settings(url, key, holder, ca_file, client_cert, client_key, ssl_context, timeout, retry)
         self._client = httpx.Client(**self._settings.client_options())
 
     @property
@@ -137,6 +165,11 @@ class Gateway:
     def holder(self) -> str | None:
         """The default ``Fencing-Holder`` and lease holder."""
         return self._settings.holder
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """How writes are sent again."""
+        return self._settings.retry
 
     def close(self) -> None:
         """Closes the connections."""
@@ -168,6 +201,19 @@ class Gateway:
             raise proto.unreachable(error, self.url) from error
         return parse(response, request)
 
+    def _write(
+        self,
+        request: Request,
+        parse: Callable[[httpx.Response, Request], _T],
+        *,
+        live: Live = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+    ) -> _T:
+        """Sends a write, and sends it again as the policy says (see the module doc);
+        ``live`` is the writer's term, checked before every resend."""
+        return _retry.send(lambda: self._send(request, parse, timeout), retry or self._settings.retry, live)
+
     # -- objects
 
     def put(
@@ -190,13 +236,17 @@ class Gateway:
             if_match: Compare-and-swap on the object's version (``0``: must not exist;
                 ``"*"``: must exist).
             if_none_match: The object must not exist.
-            idempotency_key: Sent as ``Idempotency-Key``, so that a gateway that keeps
-                outcomes answers a retry with the first attempt's outcome.
+            idempotency_key: The write's ``Idempotency-Key`` (default: a fresh random
+                one). Pass your own to retry the same logical write later, even from
+                another process: the gateway applies it once and answers every
+                attempt with the first one's answer.
 
         Raises:
             StaleToken: A newer term has written; stop this term's work.
             VersionMismatch: The precondition did not hold.
-            TransientError: Nothing decided; see ``write_applied``.
+            IdempotencyKeyReused: ``idempotency_key`` named another write before.
+            TransientError: Still no decision after the policy's attempts; see
+                ``write_applied``, and retry with the same key.
         """
         request = proto.put(
             resource,
@@ -206,9 +256,9 @@ class Gateway:
             holder=self._settings.holder_for(holder),
             if_match=if_match,
             if_none_match=if_none_match,
-            idempotency_key=idempotency_key,
+            idempotency_key=key_for(idempotency_key),
         )
-        return self._send(request, proto.write_result)
+        return self._write(request, proto.write_result)
 
     def delete(
         self,
@@ -228,9 +278,9 @@ class Gateway:
             token=token,
             holder=self._settings.holder_for(holder),
             if_match=if_match,
-            idempotency_key=idempotency_key,
+            idempotency_key=key_for(idempotency_key),
         )
-        return self._send(request, proto.write_result)
+        return self._write(request, proto.write_result)
 
     def get(self, resource: str, key: str) -> StoredObject | None:
         """Reads an object; ``None`` if there is none. Needs no token."""
@@ -253,9 +303,9 @@ class Gateway:
         """Raises the fence to ``token`` without writing, so that writes still in
         flight from older terms are refused from now on."""
         request = proto.advance(
-            resource, token=token, holder=self._settings.holder_for(holder), idempotency_key=idempotency_key
+            resource, token=token, holder=self._settings.holder_for(holder), idempotency_key=key_for(idempotency_key)
         )
-        return self._send(request, proto.fence_state)
+        return self._write(request, proto.fence_state)
 
     def sql(
         self,
@@ -277,18 +327,75 @@ class Gateway:
             statements,
             token=token,
             holder=self._settings.holder_for(holder),
-            idempotency_key=idempotency_key,
+            idempotency_key=key_for(idempotency_key),
         )
-        return self._send(request, proto.sql_outcome)
+        return self._write(request, proto.sql_outcome)
+
+    # -- several resources at once
+
+    def txn(
+        self,
+        operations: Sequence[TxnOp],
+        *,
+        idempotency_key: str | None = None,
+        leases: Sequence[Lease] = (),
+    ) -> TxnOutcome:
+        """Applies ``operations`` all or none, in one transaction (``POST /v1/txn``).
+
+        >>> gw.txn([                                                   # doctest: +SKIP
+        ...     TxnPut("shard-7", "owner", "node-b", token=12, if_match=4),
+        ...     TxnDelete("shard-7", "handoff", token=12),
+        ...     TxnAdvance("queue-7", token=30),
+        ...     TxnCheck("cluster-config", token=5, key="layout", version=9),
+        ... ])
+
+        Each operation carries the token of the writer's term on its resource (all
+        operations on one resource the same). Every resource's fence is held from its
+        check to the commit, so a checked resource cannot move in between.
+
+        Args:
+            idempotency_key: As for :meth:`put`.
+            leases: The terms the tokens belong to: each is checked before every
+                attempt (:class:`~fencegate.LeaseLost` if one is over), and a stale
+                refusal ends the term of every lease whose resource it names.
+
+        Returns:
+            One :class:`~fencegate.TxnResult` per operation, in order.
+
+        Raises:
+            StaleToken: One resource or more is past its token (``stale`` lists them
+                all); nothing was applied.
+            VersionMismatch: The precondition of operation ``operation`` did not hold;
+                nothing was applied.
+            InvalidTransaction: Not a transaction (``operation`` names the culprit).
+            TooManyOperations: More than the gateway's ``--txn-max-operations``.
+        """
+        request = proto.txn(operations, idempotency_key=key_for(idempotency_key))
+        live = all_live(leases)
+        if live is not None:
+            live()
+        try:
+            return self._write(request, proto.txn_outcome, live=live)
+        except StaleToken as stale:
+            stale_terms(stale, leases)
+            raise
 
     # -- hosted leases, step by step
 
-    def acquire_lease(self, resource: str, *, ttl: float, holder: str | None = None) -> LeaseState:
+    def acquire_lease(
+        self, resource: str, *, ttl: float, holder: str | None = None, idempotency_key: str | None = None
+    ) -> LeaseState:
         """Takes the lease if it is free, expired or already ``holder``'s: always a new
         token, with the resource's fence raised to it. Raises
         :class:`~fencegate.LeaseHeld` if another holder holds it."""
-        request = proto.lease_step(resource, "acquire", holder=self._settings.lease_holder(holder), ttl=ttl)
-        return self._send(request, proto.lease_state)
+        request = proto.lease_step(
+            resource,
+            "acquire",
+            holder=self._settings.lease_holder(holder),
+            idempotency_key=key_for(idempotency_key),
+            ttl=ttl,
+        )
+        return self._write(request, proto.lease_state)
 
     def renew_lease(
         self,
@@ -298,18 +405,38 @@ class Gateway:
         ttl: float,
         holder: str | None = None,
         timeout: float | None = None,
+        idempotency_key: str | None = None,
     ) -> LeaseState:
         """Extends the lease held at ``token``. Raises :class:`~fencegate.LeaseLost`
         when the term is over."""
-        request = proto.lease_step(resource, "renew", holder=self._settings.lease_holder(holder), token=token, ttl=ttl)
-        return self._send(request, proto.lease_state, timeout)
+        request = proto.lease_step(
+            resource,
+            "renew",
+            holder=self._settings.lease_holder(holder),
+            idempotency_key=key_for(idempotency_key),
+            token=token,
+            ttl=ttl,
+        )
+        return self._write(request, proto.lease_state, timeout=timeout)
 
     def release_lease(
-        self, resource: str, *, token: int, holder: str | None = None, timeout: float | None = None
+        self,
+        resource: str,
+        *,
+        token: int,
+        holder: str | None = None,
+        timeout: float | None = None,
+        idempotency_key: str | None = None,
     ) -> LeaseState:
         """Gives the lease up, so that a rival may take it at once."""
-        request = proto.lease_step(resource, "release", holder=self._settings.lease_holder(holder), token=token)
-        return self._send(request, proto.lease_state, timeout)
+        request = proto.lease_step(
+            resource,
+            "release",
+            holder=self._settings.lease_holder(holder),
+            idempotency_key=key_for(idempotency_key),
+            token=token,
+        )
+        return self._write(request, proto.lease_state, timeout=timeout)
 
     def read_lease(self, resource: str) -> LeaseState:
         """Reads the lease."""
@@ -346,206 +473,13 @@ class Gateway:
         return self._send(Request("GET", "/readyz"), proto.ready)
 
 
-class AsyncGateway:
-    """An asyncio client of a fencegate gateway: :class:`Gateway`'s methods, awaited.
+def all_live(leases: Sequence[Any]) -> Live:
+    """A check of every lease's term, or ``None`` without leases."""
+    if not leases:
+        return None
 
-    Use one per event loop and ``await gw.aclose()`` it (or ``async with``).
-    """
+    def live() -> None:
+        for lease in leases:
+            lease.check()
 
-    def __init__(
-        self,
-        url: str = DEFAULT_URL,
-        *,
-        key: str | None = None,
-        holder: str | None = None,
-        ca_file: str | None = None,
-        client_cert: str | None = None,
-        client_key: str | None = None,
-        ssl_context: ssl.SSLContext | None = None,
-        timeout: float = DEFAULT_TIMEOUT,
-    ) -> None:
-        self._settings = _Settings(url, key, holder, ca_file, client_cert, client_key, ssl_context, timeout)
-        self._client = httpx.AsyncClient(**self._settings.client_options())
-
-    @property
-    def url(self) -> str:
-        """The gateway's base URL."""
-        return self._settings.url
-
-    @property
-    def holder(self) -> str | None:
-        """The default ``Fencing-Holder`` and lease holder."""
-        return self._settings.holder
-
-    async def aclose(self) -> None:
-        """Closes the connections."""
-        await self._client.aclose()
-
-    async def __aenter__(self) -> AsyncGateway:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
-    async def _send(
-        self, request: Request, parse: Callable[[httpx.Response, Request], _T], timeout: float | None = None
-    ) -> _T:
-        try:
-            response = await self._client.request(
-                request.method,
-                request.path,
-                headers=request.headers,
-                content=request.content,
-                timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
-            )
-        except httpx.TransportError as error:
-            raise proto.unreachable(error, self.url) from error
-        return parse(response, request)
-
-    async def put(
-        self,
-        resource: str,
-        key: str,
-        value: bytes | str,
-        *,
-        token: int,
-        holder: str | None = None,
-        if_match: IfMatch = None,
-        if_none_match: bool = False,
-        idempotency_key: str | None = None,
-    ) -> WriteResult:
-        """See :meth:`Gateway.put`."""
-        request = proto.put(
-            resource,
-            key,
-            value,
-            token=token,
-            holder=self._settings.holder_for(holder),
-            if_match=if_match,
-            if_none_match=if_none_match,
-            idempotency_key=idempotency_key,
-        )
-        return await self._send(request, proto.write_result)
-
-    async def delete(
-        self,
-        resource: str,
-        key: str,
-        *,
-        token: int,
-        holder: str | None = None,
-        if_match: IfMatch = None,
-        idempotency_key: str | None = None,
-    ) -> WriteResult:
-        """See :meth:`Gateway.delete`."""
-        request = proto.delete(
-            resource,
-            key,
-            token=token,
-            holder=self._settings.holder_for(holder),
-            if_match=if_match,
-            idempotency_key=idempotency_key,
-        )
-        return await self._send(request, proto.write_result)
-
-    async def get(self, resource: str, key: str) -> StoredObject | None:
-        """See :meth:`Gateway.get`."""
-        return await self._send(proto.get(resource, key), proto.stored_object)
-
-    async def fence(self, resource: str) -> FenceState:
-        """See :meth:`Gateway.fence`."""
-        return await self._send(proto.fence(resource), proto.fence_state)
-
-    async def advance(
-        self,
-        resource: str,
-        *,
-        token: int,
-        holder: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> FenceState:
-        """See :meth:`Gateway.advance`."""
-        request = proto.advance(
-            resource, token=token, holder=self._settings.holder_for(holder), idempotency_key=idempotency_key
-        )
-        return await self._send(request, proto.fence_state)
-
-    async def sql(
-        self,
-        resource: str,
-        statements: Sequence[StatementLike],
-        *,
-        token: int,
-        holder: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> SqlOutcome:
-        """See :meth:`Gateway.sql`."""
-        request = proto.sql(
-            resource,
-            statements,
-            token=token,
-            holder=self._settings.holder_for(holder),
-            idempotency_key=idempotency_key,
-        )
-        return await self._send(request, proto.sql_outcome)
-
-    async def acquire_lease(self, resource: str, *, ttl: float, holder: str | None = None) -> LeaseState:
-        """See :meth:`Gateway.acquire_lease`."""
-        request = proto.lease_step(resource, "acquire", holder=self._settings.lease_holder(holder), ttl=ttl)
-        return await self._send(request, proto.lease_state)
-
-    async def renew_lease(
-        self,
-        resource: str,
-        *,
-        token: int,
-        ttl: float,
-        holder: str | None = None,
-        timeout: float | None = None,
-    ) -> LeaseState:
-        """See :meth:`Gateway.renew_lease`."""
-        request = proto.lease_step(resource, "renew", holder=self._settings.lease_holder(holder), token=token, ttl=ttl)
-        return await self._send(request, proto.lease_state, timeout)
-
-    async def release_lease(
-        self, resource: str, *, token: int, holder: str | None = None, timeout: float | None = None
-    ) -> LeaseState:
-        """See :meth:`Gateway.release_lease`."""
-        request = proto.lease_step(resource, "release", holder=self._settings.lease_holder(holder), token=token)
-        return await self._send(request, proto.lease_state, timeout)
-
-    async def read_lease(self, resource: str) -> LeaseState:
-        """See :meth:`Gateway.read_lease`."""
-        return await self._send(proto.read_lease(resource), proto.lease_state)
-
-    def lease(
-        self,
-        resource: str,
-        *,
-        holder: str | None = None,
-        ttl: float = 15.0,
-        margin: float | None = None,
-        renew_every: float | None = None,
-        retry_every: float | None = None,
-    ) -> AsyncLease:
-        """An :class:`~fencegate.AsyncLease` on ``resource``; see :meth:`Gateway.lease`."""
-        from .async_lease import AsyncLease
-
-        return AsyncLease(
-            self,
-            resource,
-            holder=self._settings.lease_holder(holder),
-            ttl=ttl,
-            margin=margin,
-            renew_every=renew_every,
-            retry_every=retry_every,
-        )
-
-    async def ready(self) -> bool:
-        """See :meth:`Gateway.ready`."""
-        return await self._send(Request("GET", "/readyz"), proto.ready)
+    return live

@@ -35,9 +35,11 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Literal, TypeVar
 
-from ._protocol import IfMatch
+from . import _protocol as proto
+from ._protocol import Request
+from ._retry import NO_RETRY, key_for
 from ._term import (
     RELEASE_TIMEOUT,
     LeaseTiming,
@@ -51,9 +53,10 @@ from ._term import (
 )
 from .errors import FencegateError, LeaseHeld, LeaseLost, StaleToken, TransientError
 from .fenced import fenced_transaction
-from .models import FenceState, LeaseState, SqlOutcome, StatementLike, StoredObject, WriteResult
+from .models import FenceState, IfMatch, LeaseState, SqlOutcome, StatementLike, StoredObject, WriteResult
 
 if TYPE_CHECKING:
+    import httpx
     import psycopg
 
     from .gateway import Gateway
@@ -167,7 +170,9 @@ class Lease:
 
         Blocking, it waits until the lease is free (trying every ``retry_every``, and
         riding out transient errors) or ``timeout`` seconds pass. Non-blocking, it tries
-        once. Returns whether it was acquired; raises other errors (for example
+        once: one acquisition, resent with its ``Idempotency-Key`` as the gateway's
+        :class:`~fencegate.RetryPolicy` says, so that a lost answer cannot mint a second
+        token. Returns whether it was acquired; raises other errors (for example
         :class:`~fencegate.Forbidden`).
         """
         with self._cond:
@@ -220,7 +225,7 @@ class Lease:
         # After a step-down on the deadline the gateway may still count the lease ours.
         if reason in (None, LostReason.DEADLINE):
             try:
-                self.gateway.release_lease(self.resource, token=token, holder=self.holder, timeout=RELEASE_TIMEOUT)
+                self._step("release", token, timeout=RELEASE_TIMEOUT)
             except FencegateError as error:
                 logger.info("lease %s: not released (it will expire): %s", self.resource, error)
 
@@ -252,6 +257,17 @@ class Lease:
         run_callbacks(callbacks, reason)
         return True
 
+    def _step(
+        self, step: Literal["renew", "release"], token: int, *, timeout: float, ttl: float | None = None
+    ) -> LeaseState:
+        """A renewal or the release, sent once: renewals are retried by :meth:`_renew`
+        until the deadline, each with a key of its own, and a release that fails is
+        no error."""
+        request = proto.lease_step(
+            self.resource, step, holder=self.holder, idempotency_key=key_for(None), token=token, ttl=ttl
+        )
+        return self.gateway._write(request, proto.lease_state, retry=NO_RETRY, timeout=timeout)
+
     def _renew(self) -> None:
         delay = self.timing.renew_every
         while not self.lost.wait(delay):
@@ -263,9 +279,7 @@ class Lease:
                 return
             sent = time.monotonic()
             try:
-                state = self.gateway.renew_lease(
-                    self.resource, token=token, ttl=self.timing.ttl, holder=self.holder, timeout=left
-                )
+                state = self._step("renew", token, ttl=self.timing.ttl, timeout=left)
             except LeaseLost:
                 self._end(LostReason.LEASE_LOST)
                 return
@@ -293,10 +307,12 @@ class Lease:
 
     # -- calls under the term
 
-    def _under(self, call: Callable[[int], _T]) -> _T:
+    def _under(self, request: Callable[[int], Request], parse: Callable[[httpx.Response, Request], _T]) -> _T:
+        """Sends the write made with the term's token, and resends it (same key) only
+        while the term lasts."""
         token = self.check()
         try:
-            return call(token)
+            return self.gateway._write(request(token), parse, live=self.check)
         except StaleToken:
             self._end(LostReason.STALE_TOKEN)
             raise
@@ -315,8 +331,9 @@ class Lease:
     ) -> WriteResult:
         """Writes an object of the lease's resource with the term's token; see
         :meth:`Gateway.put <fencegate.Gateway.put>`."""
+        idempotency_key = key_for(idempotency_key)
         return self._under(
-            lambda token: self.gateway.put(
+            lambda token: proto.put(
                 self.resource,
                 key,
                 value,
@@ -325,15 +342,18 @@ class Lease:
                 if_match=if_match,
                 if_none_match=if_none_match,
                 idempotency_key=idempotency_key,
-            )
+            ),
+            proto.write_result,
         )
 
     def delete(self, key: str, *, if_match: IfMatch = None, idempotency_key: str | None = None) -> WriteResult:
         """Deletes an object of the lease's resource with the term's token."""
+        idempotency_key = key_for(idempotency_key)
         return self._under(
-            lambda token: self.gateway.delete(
+            lambda token: proto.delete(
                 self.resource, key, token=token, holder=self.holder, if_match=if_match, idempotency_key=idempotency_key
-            )
+            ),
+            proto.write_result,
         )
 
     def get(self, key: str) -> StoredObject | None:
@@ -342,18 +362,22 @@ class Lease:
 
     def advance(self, *, idempotency_key: str | None = None) -> FenceState:
         """Raises the resource's fence to the term's token."""
+        idempotency_key = key_for(idempotency_key)
         return self._under(
-            lambda token: self.gateway.advance(
+            lambda token: proto.advance(
                 self.resource, token=token, holder=self.holder, idempotency_key=idempotency_key
-            )
+            ),
+            proto.fence_state,
         )
 
     def sql(self, statements: Sequence[StatementLike], *, idempotency_key: str | None = None) -> SqlOutcome:
         """Runs statements after the fence check of the term's token (``/v1/sql``)."""
+        idempotency_key = key_for(idempotency_key)
         return self._under(
-            lambda token: self.gateway.sql(
+            lambda token: proto.sql(
                 self.resource, statements, token=token, holder=self.holder, idempotency_key=idempotency_key
-            )
+            ),
+            proto.sql_outcome,
         )
 
     @contextmanager
