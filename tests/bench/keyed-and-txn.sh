@@ -11,9 +11,10 @@
 #   ROUNDS=1 DURATION=2 CLIENTS=16 tests/bench/keyed-and-txn.sh
 #
 # Settings (environment): ROUNDS (3), DURATION seconds (5), CLIENTS ("16 64"),
-# WORKLOADS ("plain keyed txn2 txn8"), PGPORT (5432), GATEWAY_ARGS (none), LOG.
-# Every cell gets a fresh database and a fresh gateway (release build, default flags
-# but --pg-listen off and --log warn). CPU per request: utime+stime of the gateway and
+# WORKLOADS ("plain keyed txn2 txn8"), BACKEND (postgres, or embedded: the store in a
+# fresh data directory), PGPORT (5432), GATEWAY_ARGS (none), LOG.
+# Every cell gets a fresh database (or data directory) and a fresh gateway (release
+# build, default flags but --pg-listen off and --log warn). CPU per request: utime+stime of the gateway and
 # of every Postgres process (with the backends its postmaster reaped) over the run.
 # Results: the median of the rounds.
 set -euo pipefail
@@ -24,6 +25,7 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5}
 CLIENTS=${CLIENTS:-16 64}
 WORKLOADS=${WORKLOADS:-plain keyed txn2 txn8}
+BACKEND=${BACKEND:-postgres}
 PGPORT=${PGPORT:-5432}
 read -r -a GATEWAY_ARGS <<<"${GATEWAY_ARGS:-}"
 LOG=${LOG:-${TMPDIR:-/tmp}/keyed-and-txn-$(date +%Y%m%d-%H%M%S).log}
@@ -116,10 +118,21 @@ postgres_ticks() {
 
 run_cell() { # run_cell WORKLOAD CLIENTS -> "req/s p50 p99 gw_us pg_us"
   local workload=$1 clients=$2 port
-  "${PSQL[@]}" -d postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" >/dev/null
+  local store
+  case $BACKEND in
+    postgres)
+      "${PSQL[@]}" -d postgres -c "DROP DATABASE IF EXISTS $DB WITH (FORCE)" -c "CREATE DATABASE $DB" >/dev/null
+      store=(--database-url "postgres://postgres@127.0.0.1:$PGPORT/$DB")
+      ;;
+    embedded)
+      rm -rf "$WORK/data"
+      store=(--data-dir "$WORK/data")
+      ;;
+    *) die "BACKEND must be postgres or embedded" ;;
+  esac
   port=$(free_port)
   setsid "$BIN" --listen "127.0.0.1:$port" --pg-listen off --log warn \
-    --database-url "postgres://postgres@127.0.0.1:$PGPORT/$DB" "${GATEWAY_ARGS[@]}" >>"$LOG" 2>&1 &
+    "${store[@]}" "${GATEWAY_ARGS[@]}" >>"$LOG" 2>&1 &
   GATEWAY_PID=$!
   for _ in $(seq 100); do
     curl -sf "http://127.0.0.1:$port/readyz" >/dev/null && break
@@ -149,7 +162,7 @@ for round in $(seq "$ROUNDS"); do
   for clients in $CLIENTS; do
     for workload in $WORKLOADS; do
       results[$workload,$clients]+="$(run_cell "$workload" "$clients");"
-      echo "round $round: $workload at $clients clients: ${results[$workload,$clients]##*;}" >&2
+      echo "round $round: $workload at $clients clients done" >&2
     done
   done
 done

@@ -5,11 +5,12 @@
 //! A [`Txn`] is a list of operations, each on a resource with the token of the writer's
 //! term there. Every backend applies it all or nothing, in one database transaction:
 //!
-//! 1. the fence of every resource involved is locked, in byte order of the names (the
-//!    order every transaction and every write group takes: no deadlock between them) —
-//!    for update where the transaction writes or advances, for share where it only
-//!    checks; a lock is held until the commit, so no newer term can begin on any of
-//!    them in between (a checked resource is re-validated at commit by construction);
+//! 1. the fence of every resource involved is locked and read, in byte order of the
+//!    names (the order every transaction and every write group takes: no deadlock
+//!    between them) — for update where the transaction writes or advances, for share
+//!    where it only checks; a lock is held until the commit, so no newer term can begin
+//!    on any of them in between (a checked resource is re-validated at commit by
+//!    construction);
 //! 2. every resource whose fence is above its token is stale: the transaction is
 //!    refused, naming them all, and nothing is applied;
 //! 3. every precondition is checked, in operation order: the first that fails refuses

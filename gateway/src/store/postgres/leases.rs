@@ -32,7 +32,7 @@ pub(super) async fn step(
 ) -> Result<Answered<LeaseOutcome>, StoreError> {
     let tx = client.transaction().await.map_err(|e| classify(e, false))?;
     if let Some(keyed) = keyed {
-        if let Some(earlier) = super::txn::claim(&tx, keyed).await? {
+        if let Some(earlier) = super::txn::claim(&tx, keyed, false).await? {
             return Ok(earlier);
         }
     }

@@ -29,7 +29,7 @@ pub(super) async fn run(
 ) -> Result<Answered, StoreError> {
     let tx = client.transaction().await.map_err(|e| classify(e, false))?;
     if let Some(keyed) = keyed {
-        if let Some(earlier) = claim(&tx, keyed).await? {
+        if let Some(earlier) = claim(&tx, keyed, true).await? {
             return Ok(earlier);
         }
     }
@@ -49,7 +49,13 @@ pub(super) async fn run(
             stored: None,
         });
     };
-    // A refusal changed no fence and no object (see `apply`): its answer is stored.
+    // A refusal changed no fence and no object (see `apply`), but may have made missing
+    // fence rows: back to the claim, so that it leaves nothing but its answer.
+    if refused {
+        tx.batch_execute("ROLLBACK TO SAVEPOINT txn")
+            .await
+            .map_err(|e| classify(e, false))?;
+    }
     let answer = record(&tx, keyed, &outcome).await?;
     tx.commit().await.map_err(|e| classify(e, true))?;
     Ok(Answered::Ran {
@@ -59,11 +65,13 @@ pub(super) async fn run(
 }
 
 /// Claims the key for this attempt (`None`), or answers from the record an earlier
-/// attempt left. The claim and the settings around it are pipelined: one round trip,
-/// and one more to read the record of a retry.
+/// attempt left. With `savepoint`, a savepoint follows the claim, for a refusal to roll
+/// back to. The claim and the statements around it are pipelined: one round trip, and
+/// one more to read the record of a retry.
 pub(super) async fn claim<O>(
     tx: &Transaction<'_>,
     keyed: &Keyed<O>,
+    savepoint: bool,
 ) -> Result<Option<Answered<O>>, StoreError> {
     let ttl_ms = i64::try_from(keyed.ttl_ms()).unwrap_or(i64::MAX);
     let claim = tx
@@ -74,10 +82,14 @@ pub(super) async fn claim<O>(
     let fingerprint = keyed.fingerprint.as_slice();
     let claim_params: [&(dyn ToSql + Sync); 4] =
         [&keyed.identity, &keyed.key, &fingerprint, &ttl_ms];
+    let after = match savepoint {
+        true => "SET LOCAL lock_timeout = 0; SAVEPOINT txn",
+        false => "SET LOCAL lock_timeout = 0",
+    };
     let (waiting, claimed, done) = tokio::join!(
         tx.batch_execute(&wait),
         tx.query_opt(&claim, &claim_params),
-        tx.batch_execute("SET LOCAL lock_timeout = 0"),
+        tx.batch_execute(after),
     );
     waiting.map_err(|e| classify(e, false))?;
     let claimed = match claimed {
@@ -142,8 +154,7 @@ pub(super) async fn record<O>(
 
 /// Locks, judges and applies `txn` inside `tx`. Every check comes before the first
 /// change: a refused transaction raised no fence and wrote no object — at most it made
-/// the missing fence rows of its resources, at 1, the lowest token, which refuses
-/// nothing (as a write group does).
+/// the missing fence rows of its resources, at 1, which the caller rolls back.
 async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError> {
     let (lock, ensure, share, fence, version, set) = tokio::try_join!(
         tx.prepare_cached(statements::TXN_FENCE_LOCK),
