@@ -16,6 +16,11 @@ public API against a real gateway:
 - ``write`` with ``hold``, and writes of a ``pause``d actor: prepared with the token the
   actor holds at that step, and sent at their ``release`` / ``resume``: what the fence
   sees is the late arrival. ``duplicate`` sends the held write twice.
+- ``write`` with ``idempotency_key``: the client's own ``idempotency_key=``, so a second
+  step with the same key is a retry of the same write; ``replayed`` is the result's.
+- ``txn``: one :meth:`fencegate.Gateway.txn` of the step's ``ops``, each with its own
+  token, or its ``actor``'s (else the step's) at that step; held, queued and released
+  as a write is. A refusal's ``presented`` / ``highest`` are the first stale resource's.
 - ``restart_gateway`` restarts the gateway process on its address and store; two
   ``replicas`` are two gateways on one Postgres database.
 
@@ -51,6 +56,7 @@ NOT_REPLAYED: dict[str, str] = {
     "11-database-outage": "cuts the gateway's connections to its database: a fault between gateway and store",
     "12-stale-flood": "10,000 held writes over 50 connections: a load test of the gateway, not of a client",
     "13-commit-reply-delayed": "holds the database's answers to the gateway: a fault between gateway and store",
+    "14-keyed-retry": "holds the database's answers before a keyed retry: a fault between gateway and store",
 }
 """Scenario files these tests do not replay, each with why. A test keeps this equal to
 the files that use an action the replayer cannot stage (:data:`NOT_STAGED`)."""
@@ -83,6 +89,8 @@ _STEP_FIELDS = {
     "delay",
     "duration",
     "if_match",
+    "idempotency_key",
+    "ops",
     "via",
     "series",
     "count",
@@ -102,10 +110,16 @@ _EXPECT_FIELDS = {
     "accepted",
     "duplicate",
     "applied",
+    "replayed",
 }
+_OP_FIELDS = {"op", "actor", "resource", "key", "value", "token"}
 
-Facts = dict[str, Union[str, int, float, None]]
+Facts = dict[str, Union[str, bool, int, float, None]]
 """What a step observed, under the names of ``expect``."""
+
+Refusal = Union[fencegate.StaleToken, fencegate.VersionMismatch, fencegate.BackendUnavailable]
+"""The refusals that are a write's or a transaction's outcome; any other error is the
+replayer's and fails the run."""
 
 
 # ---------------------------------------------------------------- the file
@@ -190,6 +204,8 @@ def load(path: Path) -> Scenario:
     for number, raw in enumerate(data.get("step", []), start=1):
         _unknown(f"{path.name}: step {number}", raw, _STEP_FIELDS)
         _unknown(f"{path.name}: step {number}: expect", raw.get("expect", {}), _EXPECT_FIELDS)
+        for index, op in enumerate(raw.get("ops", []), start=1):
+            _unknown(f"{path.name}: step {number}: op {index}", op, _OP_FIELDS)
         steps.append(Step(number, str(raw["action"]), raw))
     if not steps:
         raise ScenarioError(f"{path.name}: a scenario needs at least one [[step]]")
@@ -222,6 +238,23 @@ class Write:
     value: str
     token: int
     if_match: int | None
+    idempotency_key: str | None
+
+
+@dataclass
+class Txn:
+    """A transaction prepared at its step, with the tokens of that moment; sent later if
+    held."""
+
+    label: str
+    actor: str
+    via: int
+    operations: list[fencegate.TxnOp]
+    idempotency_key: str | None
+
+
+Request = Union[Write, Txn]
+"""What a step sends, at once or at its release."""
 
 
 @dataclass
@@ -234,8 +267,8 @@ class Replay:
     _clients: dict[tuple[str, int], fencegate.Gateway] = field(default_factory=dict)
     _tokens: dict[str, int] = field(default_factory=dict)
     _term: tuple[str, int] | None = None
-    _held: dict[str, Write] = field(default_factory=dict)
-    _paused: dict[str, list[Write]] = field(default_factory=dict)
+    _held: dict[str, Request] = field(default_factory=dict)
+    _paused: dict[str, list[Request]] = field(default_factory=dict)
     _answered: dict[str, tuple[Facts, str]] = field(default_factory=dict)
     _baselines: dict[str, float] = field(default_factory=dict)
 
@@ -304,6 +337,7 @@ class Replay:
             "expire": self._expire,
             "wait": self._wait,
             "write": self._write,
+            "txn": self._txn,
             "advance": self._advance,
             "release": self._release,
             "await": self._await,
@@ -318,7 +352,7 @@ class Replay:
         handler = handlers.get(step.action)
         if handler is None:
             raise ScenarioError(f"step {step.number}: no such action {step.action!r}")
-        if step.get("actor") in self._paused and step.action not in ("write", "resume"):
+        if step.get("actor") in self._paused and step.action not in ("write", "txn", "resume"):
             raise ScenarioError(f"step {step.number}: {step.actor} is paused and cannot {step.action}")
         return handler(step)
 
@@ -378,35 +412,89 @@ class Replay:
             value=str(step.get("value")),
             token=self._token(step),
             if_match=None if if_match is None else int(if_match),
+            idempotency_key=self._idempotency_key(step),
         )
-        if write.actor in self._paused:
-            self._paused[write.actor].append(write)
+        return self._dispatch(step, write)
+
+    def _txn(self, step: Step) -> tuple[Facts, str]:
+        ops: list[dict[str, Any]] = step.get("ops", [])
+        if not ops:
+            raise ScenarioError(f"step {step.number} (txn) needs `ops`")
+        txn = Txn(
+            label=str(step.get("label", f"step-{step.number}")),
+            actor=str(step.get("actor", "-")),
+            via=self._via(step),
+            operations=[self._operation(step, index, op) for index, op in enumerate(ops, start=1)],
+            idempotency_key=self._idempotency_key(step),
+        )
+        return self._dispatch(step, txn)
+
+    @staticmethod
+    def _idempotency_key(step: Step) -> str | None:
+        key = step.get("idempotency_key")
+        return None if key is None else str(key)
+
+    def _operation(self, step: Step, index: int, op: dict[str, Any]) -> fencegate.TxnOp:
+        """One of a ``txn`` step's ``ops``, with the token its actor holds now."""
+        resource = str(op.get("resource", self.scenario.resource))
+        key = str(op.get("key", "k"))
+        if "token" in op:
+            token = int(op["token"])
+        else:
+            actor = op.get("actor", step.get("actor"))
+            held = self._tokens.get(actor) if isinstance(actor, str) else None
+            if held is None:
+                raise ScenarioError(f"step {step.number}: op {index} needs `token`, or an actor that holds one")
+            token = held
+        kind = op.get("op")
+        if kind == "put":
+            if "value" not in op:
+                raise ScenarioError(f"step {step.number}: op {index} (put) needs `value`")
+            return fencegate.TxnPut(resource, key, str(op["value"]), token=token)
+        if kind == "delete":
+            return fencegate.TxnDelete(resource, key, token=token)
+        if kind == "advance":
+            return fencegate.TxnAdvance(resource, token=token)
+        if kind == "check":
+            return fencegate.TxnCheck(resource, token=token)
+        raise ScenarioError(f"step {step.number}: op {index} is {kind!r}, not put, delete, advance or check")
+
+    def _dispatch(self, step: Step, request: Request) -> tuple[Facts, str]:
+        """Sends a prepared write or transaction now, or keeps it for its writer's
+        ``resume`` or its ``release``."""
+        if request.actor in self._paused:
+            self._paused[request.actor].append(request)
             return {}, "queued in the paused writer (pending)"
         if step.get("hold", False):
-            self._held[write.label] = write
+            self._held[request.label] = request
             return {}, "held in the network (pending)"
-        return self._send(write)
+        return self._send(request)
 
-    def _send(self, write: Write) -> tuple[Facts, str]:
-        client = self._client(write.actor, write.via)
+    def _send(self, request: Request) -> tuple[Facts, str]:
+        client = self._client(request.actor, request.via)
         try:
-            result = client.put(write.resource, write.key, write.value, token=write.token, if_match=write.if_match)
-        except fencegate.StaleToken as stale:
-            facts: Facts = {
-                "outcome": "rejected",
-                "status": stale.status,
-                "presented": stale.presented,
-                "highest": stale.highest,
-            }
-            return facts, f"rejected {stale.status} presented={stale.presented} highest={stale.highest}"
-        except fencegate.VersionMismatch as mismatch:
-            return {"outcome": "precondition_failed", "status": mismatch.status}, f"412 current={mismatch.current}"
-        except fencegate.BackendUnavailable as down:
-            applied = {False: "no", True: "yes", None: "unknown"}[down.write_applied]
-            return {"outcome": "unavailable", "status": down.status, "applied": applied}, f"unavailable {applied}"
+            if isinstance(request, Txn):
+                return _committed(client.txn(request.operations, idempotency_key=request.idempotency_key))
+            result = client.put(
+                request.resource,
+                request.key,
+                request.value,
+                token=request.token,
+                if_match=request.if_match,
+                idempotency_key=request.idempotency_key,
+            )
+        except (fencegate.StaleToken, fencegate.VersionMismatch, fencegate.BackendUnavailable) as error:
+            return _refusal(error)
         status = 201 if result.created else 200
-        facts = {"outcome": "accepted", "status": status, "token": result.token, "version": result.version}
-        return facts, f"accepted {status} token={result.token} version={result.version}"
+        facts: Facts = {
+            "outcome": "accepted",
+            "status": status,
+            "token": result.token,
+            "version": result.version,
+            "replayed": result.replayed,
+        }
+        text = f"accepted {status} token={result.token} version={result.version}"
+        return facts, text + (" (replayed)" if result.replayed else "")
 
     def _advance(self, step: Step) -> tuple[Facts, str]:
         token = self._token(step)
@@ -427,11 +515,11 @@ class Replay:
         accepted = sum(facts["outcome"] == "accepted" for facts, _ in answers)
         return {"accepted": accepted}, f"{accepted} of {len(writes)} accepted: " + "; ".join(t for _, t in answers)
 
-    def _take_held(self, step: Step, label: str) -> Write:
-        write = self._held.pop(label, None)
-        if write is None:
-            raise ScenarioError(f"step {step.number}: no held write is labelled {label!r}")
-        return write
+    def _take_held(self, step: Step, label: str) -> Request:
+        request = self._held.pop(label, None)
+        if request is None:
+            raise ScenarioError(f"step {step.number}: nothing held is labelled {label!r}")
+        return request
 
     def _duplicate(self, step: Step) -> tuple[Facts, str]:
         write = self._take_held(step, step.label)
@@ -447,8 +535,8 @@ class Replay:
         queued = self._paused.pop(step.actor, None)
         if queued is None:
             raise ScenarioError(f"step {step.number}: {step.actor} is not paused")
-        for write in queued:
-            self._answered[write.label] = self._send(write)
+        for request in queued:
+            self._answered[request.label] = self._send(request)
         return {}, f"running; {len(queued)} queued writes sent"
 
     def _await(self, step: Step) -> tuple[Facts, str]:
@@ -502,8 +590,38 @@ class Replay:
         parts += [str(step.get(name)) for name in ("label", "resource", "key", "value") if name in step.fields]
         if "token" in step.fields:
             parts.append(f"token={step.get('token')}")
+        for op in step.get("ops", []):
+            target = str(op.get("resource", self.scenario.resource))
+            if op.get("op") in ("put", "delete"):
+                target += f"/{op.get('key', 'k')}"
+            parts.append(f"[{op.get('op')} {target}]")
+        if "idempotency_key" in step.fields:
+            parts.append(f"idempotency-key={step.get('idempotency_key')}")
         if step.get("hold"):
             parts.append("(held)")
         if "via" in step.fields:
             parts.append(f"via gateway {step.get('via')}")
         return " ".join(parts)
+
+
+def _committed(outcome: fencegate.TxnOutcome) -> tuple[Facts, str]:
+    facts: Facts = {"outcome": "accepted", "status": 200, "replayed": outcome.replayed}
+    text = f"accepted 200, {len(outcome.results)} operations applied"
+    return facts, text + (" (replayed)" if outcome.replayed else "")
+
+
+def _refusal(error: Refusal) -> tuple[Facts, str]:
+    """A write's or a transaction's refusal as facts (of a transaction: the first stale
+    resource's tokens, as the answer's top-level fields give them)."""
+    if isinstance(error, fencegate.StaleToken):
+        facts: Facts = {
+            "outcome": "rejected",
+            "status": error.status,
+            "presented": error.presented,
+            "highest": error.highest,
+        }
+        return facts, f"rejected {error.status} presented={error.presented} highest={error.highest}"
+    if isinstance(error, fencegate.VersionMismatch):
+        return {"outcome": "precondition_failed", "status": error.status}, f"412 current={error.current}"
+    applied = {False: "no", True: "yes", None: "unknown"}[error.write_applied]
+    return {"outcome": "unavailable", "status": error.status, "applied": applied}, f"unavailable {applied}"

@@ -17,6 +17,11 @@
  * - `write` with `hold`, and writes of a `pause`d actor: prepared with the token the actor
  *   holds at that step, and sent at their `release` / `resume`: what the fence sees is the
  *   late arrival. `duplicate` sends the held write twice.
+ * - `write` with `idempotency_key`: the client's own `idempotencyKey`, so a second step
+ *   with the same key is a retry of the same write; `replayed` is the result's.
+ * - `txn`: one `gateway.txn` of the step's `ops`, each with its own token, or its
+ *   `actor`'s (else the step's) at that step; held, queued and released as a write is. A
+ *   refusal's `presented` / `highest` are the first stale resource's.
  * - `restart_gateway` restarts the gateway process on its address and store; two
  *   `replicas` are two gateways on one Postgres database.
  *
@@ -44,6 +49,7 @@ export const NOT_REPLAYED: Readonly<Record<string, string>> = {
   '11-database-outage': "cuts the gateway's connections to its database: a fault between gateway and store",
   '12-stale-flood': '10,000 held writes over 50 connections: a load test of the gateway, not of a client',
   '13-commit-reply-delayed': "holds the database's answers to the gateway: a fault between gateway and store",
+  '14-keyed-retry': "holds the database's answers before a keyed retry: a fault between gateway and store",
 };
 
 /** Actions that need the Rust harness's network hop or database link. */
@@ -72,6 +78,8 @@ const STEP_FIELDS = new Set([
   'delay',
   'duration',
   'if_match',
+  'idempotency_key',
+  'ops',
   'via',
   'series',
   'count',
@@ -91,10 +99,12 @@ const EXPECT_FIELDS = new Set([
   'accepted',
   'duplicate',
   'applied',
+  'replayed',
 ]);
+const OP_FIELDS = new Set(['op', 'actor', 'resource', 'key', 'value', 'token']);
 
 /** What a step observed, under the names of `expect`. */
-export type Facts = Record<string, string | number | null>;
+export type Facts = Record<string, string | number | boolean | null>;
 
 type Table = Record<string, unknown>;
 
@@ -182,6 +192,9 @@ export function load(path: string): Scenario {
   const steps = ((data['step'] as Table[] | undefined) ?? []).map((raw, index) => {
     refuseUnknown(`${name}: step ${index + 1}`, raw, STEP_FIELDS);
     refuseUnknown(`${name}: step ${index + 1}: expect`, (raw['expect'] as Table | undefined) ?? {}, EXPECT_FIELDS);
+    for (const [op, fields] of ((raw['ops'] as Table[] | undefined) ?? []).entries()) {
+      refuseUnknown(`${name}: step ${index + 1}: op ${op + 1}`, fields, OP_FIELDS);
+    }
     return new Step(index + 1, String(raw['action']), raw);
   });
   if (steps.length === 0) throw new ScenarioError(`${name}: a scenario needs at least one [[step]]`);
@@ -211,6 +224,7 @@ export function stem(path: string): string {
 
 /** A write prepared at its step, with the token of that moment; sent later if held. */
 interface Write {
+  readonly kind: 'write';
   readonly label: string;
   readonly actor: string;
   readonly via: number;
@@ -219,7 +233,21 @@ interface Write {
   readonly value: string;
   readonly token: bigint;
   readonly ifMatch: number | undefined;
+  readonly idempotencyKey: string | undefined;
 }
+
+/** A transaction prepared at its step, with the tokens of that moment; sent later if held. */
+interface Txn {
+  readonly kind: 'txn';
+  readonly label: string;
+  readonly actor: string;
+  readonly via: number;
+  readonly operations: readonly fencegate.TxnOperation[];
+  readonly idempotencyKey: string | undefined;
+}
+
+/** What a step sends, at once or at its release. */
+type Request = Write | Txn;
 
 type Answer = [Facts, string];
 
@@ -229,8 +257,8 @@ export class Replay {
   readonly #clients = new Map<string, fencegate.Gateway>();
   readonly #tokens = new Map<string, bigint>();
   #term: { holder: string; token: bigint } | undefined;
-  readonly #held = new Map<string, Write>();
-  readonly #paused = new Map<string, Write[]>();
+  readonly #held = new Map<string, Request>();
+  readonly #paused = new Map<string, Request[]>();
   readonly #answered = new Map<string, Answer>();
   readonly #baselines = new Map<string, number>();
 
@@ -256,7 +284,8 @@ export class Replay {
       for (const step of scenario.steps) {
         const [facts, text] = await this.#step(step);
         const actor = step.has('actor') ? step.actor : '-';
-        this.timeline.push(`#${String(step.number).padEnd(3)} ${actor.padEnd(8)} ${describeStep(step)} -> ${text}`);
+        const described = describeStep(step, scenario.resource);
+        this.timeline.push(`#${String(step.number).padEnd(3)} ${actor.padEnd(8)} ${described} -> ${text}`);
         this.#check(step, facts);
       }
       const queued = [...this.#paused.values()].flat().map((write) => write.label);
@@ -317,7 +346,7 @@ export class Replay {
   }
 
   #step(step: Step): Promise<Answer> {
-    if (step.has('actor') && this.#paused.has(step.actor) && step.action !== 'write' && step.action !== 'resume') {
+    if (step.has('actor') && this.#paused.has(step.actor) && !['write', 'txn', 'resume'].includes(step.action)) {
       throw new ScenarioError(`step ${step.number}: ${step.actor} is paused and cannot ${step.action}`);
     }
     switch (step.action) {
@@ -331,6 +360,8 @@ export class Replay {
         return this.#wait(step);
       case 'write':
         return this.#write(step);
+      case 'txn':
+        return this.#txn(step);
       case 'advance':
         return this.#advance(step);
       case 'release':
@@ -415,6 +446,7 @@ export class Replay {
     const ifMatch = step.has('if_match') ? Number(step.string('if_match')) : undefined;
     if (ifMatch !== undefined && !Number.isSafeInteger(ifMatch)) throw new ScenarioError(`step ${step.number}: bad if_match`);
     const write: Write = {
+      kind: 'write',
       label: step.string('label', `step-${step.number}`),
       actor: step.string('actor', '-'),
       via: this.#via(step),
@@ -423,30 +455,91 @@ export class Replay {
       value: step.string('value'),
       token: this.#token(step),
       ifMatch,
+      idempotencyKey: idempotencyKey(step),
     };
-    const queue = this.#paused.get(write.actor);
-    if (queue !== undefined) {
-      queue.push(write);
-      return [{}, 'queued in the paused writer (pending)'];
-    }
-    if (step.fields['hold'] === true) {
-      this.#held.set(write.label, write);
-      return [{}, 'held in the network (pending)'];
-    }
-    return this.#send(write);
+    return this.#dispatch(step, write);
   }
 
-  async #send(write: Write): Promise<Answer> {
-    const client = this.#client(write.actor, write.via);
-    let result: fencegate.WriteResult;
+  async #txn(step: Step): Promise<Answer> {
+    const ops = (step.fields['ops'] as Table[] | undefined) ?? [];
+    if (ops.length === 0) throw new ScenarioError(`step ${step.number} (txn) needs \`ops\``);
+    const txn: Txn = {
+      kind: 'txn',
+      label: step.string('label', `step-${step.number}`),
+      actor: step.string('actor', '-'),
+      via: this.#via(step),
+      operations: ops.map((op, index) => this.#operation(step, index + 1, op)),
+      idempotencyKey: idempotencyKey(step),
+    };
+    return this.#dispatch(step, txn);
+  }
+
+  /** One of a `txn` step's `ops`, with the token its actor holds now. */
+  #operation(step: Step, index: number, op: Table): fencegate.TxnOperation {
+    const where = `step ${step.number}: op ${index}`;
+    const resource = String(op['resource'] ?? this.scenario.resource);
+    const key = String(op['key'] ?? 'k');
+    let token: bigint | undefined;
+    if (op['token'] !== undefined) {
+      token = BigInt(op['token'] as number | bigint);
+    } else {
+      const actor = op['actor'] ?? step.fields['actor'];
+      token = typeof actor === 'string' ? this.#tokens.get(actor) : undefined;
+      if (token === undefined) throw new ScenarioError(`${where} needs \`token\`, or an actor that holds one`);
+    }
+    switch (op['op']) {
+      case 'put':
+        if (op['value'] === undefined) throw new ScenarioError(`${where} (put) needs \`value\``);
+        return { op: 'put', resource, key, value: String(op['value']), token };
+      case 'delete':
+        return { op: 'delete', resource, key, token };
+      case 'advance':
+        return { op: 'advance', resource, token };
+      case 'check':
+        return { op: 'check', resource, token };
+      default:
+        throw new ScenarioError(`${where} is ${JSON.stringify(op['op'])}, not put, delete, advance or check`);
+    }
+  }
+
+  /** Sends a prepared write or transaction now, or keeps it for its writer's `resume` or its `release`. */
+  #dispatch(step: Step, request: Request): Promise<Answer> {
+    const queue = this.#paused.get(request.actor);
+    if (queue !== undefined) {
+      queue.push(request);
+      return Promise.resolve([{}, 'queued in the paused writer (pending)']);
+    }
+    if (step.fields['hold'] === true) {
+      this.#held.set(request.label, request);
+      return Promise.resolve([{}, 'held in the network (pending)']);
+    }
+    return this.#send(request);
+  }
+
+  async #send(request: Request): Promise<Answer> {
+    const client = this.#client(request.actor, request.via);
     try {
-      result = await client.put(write.resource, write.key, write.value, { token: write.token, ifMatch: write.ifMatch });
+      if (request.kind === 'txn') {
+        return committed(await client.txn(request.operations, { idempotencyKey: request.idempotencyKey }));
+      }
+      const result = await client.put(request.resource, request.key, request.value, {
+        token: request.token,
+        ifMatch: request.ifMatch,
+        idempotencyKey: request.idempotencyKey,
+      });
+      const status = result.created ? 201 : 200;
+      const facts = {
+        outcome: 'accepted',
+        status,
+        token: Number(result.token),
+        version: result.version,
+        replayed: result.replayed,
+      };
+      const text = `accepted ${status} token=${result.token} version=${result.version}`;
+      return [facts, result.replayed ? `${text} (replayed)` : text];
     } catch (error) {
       return refusal(error);
     }
-    const status = result.created ? 201 : 200;
-    const facts = { outcome: 'accepted', status, token: Number(result.token), version: result.version };
-    return [facts, `accepted ${status} token=${result.token} version=${result.version}`];
   }
 
   async #advance(step: Step): Promise<Answer> {
@@ -472,11 +565,11 @@ export class Replay {
     return [{ accepted }, `${accepted} of ${writes.length} accepted: ${answers.map(([, text]) => text).join('; ')}`];
   }
 
-  #takeHeld(step: Step, label: string): Write {
-    const write = this.#held.get(label);
-    if (write === undefined) throw new ScenarioError(`step ${step.number}: no held write is labelled ${label}`);
+  #takeHeld(step: Step, label: string): Request {
+    const request = this.#held.get(label);
+    if (request === undefined) throw new ScenarioError(`step ${step.number}: nothing held is labelled ${label}`);
     this.#held.delete(label);
-    return write;
+    return request;
   }
 
   async #duplicate(step: Step): Promise<Answer> {
@@ -490,7 +583,7 @@ export class Replay {
     const queued = this.#paused.get(step.actor);
     if (queued === undefined) throw new ScenarioError(`step ${step.number}: ${step.actor} is not paused`);
     this.#paused.delete(step.actor);
-    for (const write of queued) this.#answered.set(write.label, await this.#send(write));
+    for (const request of queued) this.#answered.set(request.label, await this.#send(request));
     return [{}, `running; ${queued.length} queued writes sent`];
   }
 
@@ -551,7 +644,20 @@ export class Replay {
   }
 }
 
-/** A write's or an advance's refusal as facts; any other error is the harness's. */
+function idempotencyKey(step: Step): string | undefined {
+  return step.has('idempotency_key') ? step.string('idempotency_key') : undefined;
+}
+
+function committed(outcome: fencegate.TxnOutcome): Answer {
+  const text = `accepted 200, ${outcome.results.length} operations applied`;
+  return [{ outcome: 'accepted', status: 200, replayed: outcome.replayed }, outcome.replayed ? `${text} (replayed)` : text];
+}
+
+/**
+ * A write's, a transaction's or an advance's refusal as facts (of a transaction: the
+ * first stale resource's tokens, as the answer's top-level fields give them); any other
+ * error is the harness's.
+ */
 function refusal(error: unknown): Answer {
   if (error instanceof fencegate.StaleToken) {
     const facts = {
@@ -572,12 +678,18 @@ function refusal(error: unknown): Answer {
   throw error;
 }
 
-function describeStep(step: Step): string {
+function describeStep(step: Step, resource: string): string {
   const parts = [step.action, ...((step.fields['labels'] as string[] | undefined) ?? [])];
   for (const name of ['label', 'resource', 'key', 'value']) {
     if (step.has(name)) parts.push(String(step.fields[name]));
   }
   if (step.has('token')) parts.push(`token=${String(step.fields['token'])}`);
+  for (const op of (step.fields['ops'] as Table[] | undefined) ?? []) {
+    let target = String(op['resource'] ?? resource);
+    if (op['op'] === 'put' || op['op'] === 'delete') target += `/${String(op['key'] ?? 'k')}`;
+    parts.push(`[${String(op['op'])} ${target}]`);
+  }
+  if (step.has('idempotency_key')) parts.push(`idempotency-key=${String(step.fields['idempotency_key'])}`);
   if (step.fields['hold'] === true) parts.push('(held)');
   if (step.has('via')) parts.push(`via gateway ${String(step.fields['via'])}`);
   return parts.join(' ');
