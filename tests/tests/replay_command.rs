@@ -55,13 +55,15 @@ async fn the_library_runs_against_an_external_gateway() {
         "09-gateway-restart",
         "10-two-replicas",
         "11-database-outage",
+        "13-commit-reply-delayed",
+        "14-keyed-retry",
     ] {
         assert!(
             text.contains(&format!("REFUSED {refused}")),
             "{refused} is refused:\n{text}"
         );
     }
-    assert!(text.contains("9 passed, 0 failed, 4 refused"), "{text}");
+    assert!(text.contains("10 passed, 0 failed, 5 refused"), "{text}");
     assert!(
         text.contains("(control: no fencing, straight to Postgres)"),
         "control runs were made:\n{text}"

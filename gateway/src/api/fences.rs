@@ -8,12 +8,11 @@ use http::{Response, StatusCode};
 
 use crate::api::keyed;
 use crate::api::request::{fencing_of, Req};
-use crate::api::response::{error_response, json_response};
+use crate::api::response::json_response;
 use crate::api::Body;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
-use crate::store::txn::{Txn, TxnOp, TxnOutcome};
-use crate::store::StoreError;
+use crate::store::txn::{OpDone, TxnOp};
 
 pub async fn get(
     coordinator: &Arc<Coordinator>,
@@ -51,31 +50,14 @@ pub async fn advance(
             .await?;
         return Ok(advanced(resource, fencing.token));
     };
-    let txn = Txn::new(vec![TxnOp::Advance {
+    let op = TxnOp::Advance {
         resource: resource.clone(),
         token: fencing.token,
-    }])
-    .map_err(|error| StoreError::Internal(error.to_string()))?;
+    };
     let token = fencing.token;
-    let render = keyed::renderer(move |outcome| match outcome {
-        TxnOutcome::Stale(members) => error_response(&ApiError::Stale {
-            resource: resource.clone(),
-            presented: token,
-            highest: members.first().map_or(token, |member| member.highest),
-        }),
-        // An advance has no precondition: applied.
-        _ => advanced(resource.clone(), token),
-    });
-    let record = keyed::keyed(coordinator, request, idempotency, &[], render.clone());
-    let answered = coordinator
-        .txn(
-            Arc::new(txn),
-            Some(record),
-            fencing.holder.as_deref(),
-            request.identity.as_deref(),
-        )
-        .await?;
-    keyed::answer(answered, &render)
+    let applied = move |_: OpDone| advanced(resource.clone(), token);
+    let holder = fencing.holder.as_deref();
+    keyed::single(coordinator, request, idempotency, op, &[], holder, applied).await
 }
 
 /// The answer to an applied advance.

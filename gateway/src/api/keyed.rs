@@ -19,10 +19,12 @@ use http::{HeaderName, HeaderValue, Response, StatusCode};
 use ring::digest;
 
 use crate::api::request::Req;
+use crate::api::response::error_response;
 use crate::api::Body;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
-use crate::store::txn::{Answered, Keyed, Render, StoredAnswer};
+use crate::store::txn::{Answered, Keyed, OpDone, Render, StoredAnswer, Txn, TxnOp, TxnOutcome};
+use crate::store::StoreError;
 
 /// The request's `Idempotency-Key`, if it has one.
 pub fn key_of(request: &Req) -> Result<Option<String>, ApiError> {
@@ -145,4 +147,44 @@ pub fn answer<O>(answered: Answered<O>, render: &Render<O>) -> Result<Response<B
         Answered::KeyReused => Err(ApiError::IdempotencyKeyReused),
         Answered::InFlight => Err(ApiError::IdempotencyInFlight),
     }
+}
+
+/// A single keyed write — an object's put or delete, or an advance — as a transaction of
+/// one operation that stores its answer. `applied` renders the answer of the applied
+/// write; a refusal is answered as the same write without a key would be.
+pub async fn single(
+    coordinator: &Arc<Coordinator>,
+    request: &Req,
+    idempotency: String,
+    op: TxnOp,
+    body: &[u8],
+    holder: Option<&str>,
+    applied: impl Fn(OpDone) -> Response<Body> + Send + Sync + 'static,
+) -> Result<Response<Body>, ApiError> {
+    let (resource, token) = (op.resource().clone(), op.token());
+    let txn = Txn::new(vec![op]).map_err(|error| StoreError::Internal(error.to_string()))?;
+    let render = renderer(move |outcome: &TxnOutcome| match outcome {
+        TxnOutcome::Applied(done) => applied(done.first().copied().unwrap_or(OpDone {
+            version: None,
+            created: false,
+        })),
+        TxnOutcome::Stale(members) => error_response(&ApiError::Stale {
+            resource: resource.clone(),
+            presented: token,
+            highest: members.first().map_or(token, |member| member.highest),
+        }),
+        TxnOutcome::PreconditionFailed { current, .. } => {
+            error_response(&ApiError::VersionMismatch { current: *current })
+        }
+    });
+    let record = keyed(coordinator, request, idempotency, body, Arc::clone(&render));
+    let answered = coordinator
+        .txn(
+            Arc::new(txn),
+            Some(record),
+            holder,
+            request.identity.as_deref(),
+        )
+        .await?;
+    answer(answered, &render)
 }

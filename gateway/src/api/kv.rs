@@ -10,13 +10,13 @@ use http::{HeaderValue, Response, StatusCode};
 
 use crate::api::keyed;
 use crate::api::request::{fencing_of, read_body, Req};
-use crate::api::response::{error_response, etag_value, json_response, number_value};
+use crate::api::response::{etag_value, json_response, number_value};
 use crate::api::Body;
 use crate::coordinator::Applied;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
-use crate::store::txn::{OpDone, Txn, TxnOp, TxnOutcome};
-use crate::store::{StoreError, Write, WriteOp};
+use crate::store::txn::{OpDone, TxnOp};
+use crate::store::{Write, WriteOp};
 
 /// What a fenced write does to its object.
 pub enum Change {
@@ -149,45 +149,31 @@ async fn write_keyed(
             (op, None)
         }
     };
-    let txn = Txn::new(vec![op]).map_err(|error| StoreError::Internal(error.to_string()))?;
-    let token = fencing.token;
-    let render = keyed::renderer(move |outcome| match outcome {
-        TxnOutcome::Applied(done) => {
-            let done = done.first().copied().unwrap_or(OpDone {
-                version: None,
-                created: false,
-            });
-            accepted(
-                resource.clone(),
-                key.clone(),
-                token,
-                done.version.unwrap_or_default(),
-                done.created,
-            )
-        }
-        TxnOutcome::Stale(members) => error_response(&ApiError::Stale {
-            resource: resource.clone(),
-            presented: token,
-            highest: members.first().map_or(token, |member| member.highest),
-        }),
-        TxnOutcome::PreconditionFailed { current, .. } => {
-            error_response(&ApiError::VersionMismatch { current: *current })
-        }
-    });
     let bytes = body
         .as_ref()
         .map(|body| body.bytes.clone())
         .unwrap_or_default();
-    let record = keyed::keyed(coordinator, request, idempotency, &bytes, render.clone());
-    let answered = coordinator
-        .txn(
-            Arc::new(txn),
-            Some(record),
-            fencing.holder.as_deref(),
-            request.identity.as_deref(),
+    let token = fencing.token;
+    let applied = move |done: OpDone| {
+        accepted(
+            resource.clone(),
+            key.clone(),
+            token,
+            done.version.unwrap_or_default(),
+            done.created,
         )
-        .await?;
-    keyed::answer(answered, &render)
+    };
+    let holder = fencing.holder.as_deref();
+    keyed::single(
+        coordinator,
+        request,
+        idempotency,
+        op,
+        &bytes,
+        holder,
+        applied,
+    )
+    .await
 }
 
 pub async fn get(

@@ -29,6 +29,8 @@
 //! - [`sql`]: `POST /v1/sql/{resource}`
 //! - [`leases`]: `GET /v1/leases/{resource}`, `POST /v1/leases/{resource}/{step}`,
 //!   `POST /v1/fences/{resource}/reset`
+//! - [`txn`]: `POST /v1/txn`
+//! - [`keyed`]: what every write sent with an `Idempotency-Key` goes through
 //! - [`ops`]: `/metrics`, `/healthz`, `/readyz`, `/v1/openapi.json`
 
 pub mod body;
