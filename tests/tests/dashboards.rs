@@ -530,6 +530,27 @@ async fn every_query_runs_against_a_live_gateway_and_every_alert_fires() {
     assert_eq!(client.advance("invoices", 2).await.status, 200);
     assert_eq!(client.delete("invoices", "i-1", 2).await.status, 200);
     assert_eq!(client.fence(RESOURCE).await.status, 200);
+    // A keyed write, sent twice (stored, then replayed), and a transaction.
+    for _ in 0..2 {
+        let keyed = client
+            .request(
+                http::Method::PUT,
+                "/v1/kv/invoices/keyed",
+                &[("fencing-token", "2"), ("idempotency-key", "invoice-keyed")],
+                "x",
+            )
+            .await;
+        assert_eq!(keyed.status, 201, "{:?}", keyed.body);
+    }
+    let txn = client
+        .request(
+            http::Method::POST,
+            "/v1/txn",
+            &[],
+            r#"{"operations": [{"op": "put", "resource": "invoices", "key": "in-txn", "token": 2, "value": "y"}]}"#,
+        )
+        .await;
+    assert_eq!(txn.status, 200, "{:?}", txn.body);
 
     // A slow database: one write held in the network for 600 ms breaks the 250 ms SLO.
     database.hold();
