@@ -67,12 +67,8 @@ pub(super) async fn run(
     let commit_sent = AtomicBool::new(false);
     let outcome = service
         .with_client(async |client| {
-            let fence = client
-                .prepare_cached(FENCE)
-                .await
-                .map_err(|e| classify(e, false))?;
             let transaction = client.transaction().await.map_err(|e| classify(e, false))?;
-            let results = match steps(&transaction, &fence, tx, service).await {
+            let results = match steps(&transaction, tx, service).await {
                 Ok(results) => results,
                 Err(failure) => return Ok(Err(failure)),
             };
@@ -100,10 +96,6 @@ pub(super) async fn run_keyed(
     let commit_sent = AtomicBool::new(false);
     let answered = service
         .with_client(async |client| {
-            let fence = client
-                .prepare_cached(FENCE)
-                .await
-                .map_err(|e| classify(e, false))?;
             let transaction = client.transaction().await.map_err(|e| classify(e, false))?;
             if let Some(earlier) = claim(&transaction, service, keyed).await? {
                 return Ok(earlier);
@@ -112,7 +104,7 @@ pub(super) async fn run_keyed(
                 .batch_execute("SAVEPOINT keyed")
                 .await
                 .map_err(|e| classify(e, false))?;
-            let outcome = steps(&transaction, &fence, tx, service).await;
+            let outcome = steps(&transaction, tx, service).await;
             match &outcome {
                 Err(SqlFailure::Store(_)) => {
                     return Ok(Answered::Ran {
@@ -238,10 +230,14 @@ fn given_up(error: StoreError, commit_sent: &AtomicBool) -> StoreError {
 /// Steps 2–4 of the module doc; the caller commits.
 async fn steps(
     transaction: &Transaction<'_>,
-    fence: &Statement,
     tx: &SqlTransaction,
     service: &SqlService,
 ) -> Result<Vec<SqlResult>, SqlFailure> {
+    // Prepared once per connection, then taken from its cache.
+    let fence = transaction
+        .prepare_cached(FENCE)
+        .await
+        .map_err(|e| classify(e, false))?;
     let policy: &SqlPolicy = service.policy();
     let proof = &service.proof;
     let fence_params: [&(dyn ToSql + Sync); 3] = [
@@ -256,7 +252,7 @@ async fn steps(
     };
     let role = policy.role.as_deref().map(set_role).unwrap_or_default();
     let (fenced, set, prepared) = tokio::join!(
-        transaction.query_one(fence, &fence_params),
+        transaction.query_one(&fence, &fence_params),
         async {
             match role.is_empty() {
                 true => Ok(()),
