@@ -625,6 +625,25 @@ impl Coordinator {
         highest: Token,
         seen: Seen,
     ) -> ApiError {
+        self.count_stale(resource, key, fencing, identity, highest, seen);
+        ApiError::Stale {
+            resource: resource.clone(),
+            presented: fencing.token,
+            highest,
+        }
+    }
+
+    /// Counts and logs a stale rejection as [`Coordinator::stale`] does, for an answer
+    /// built elsewhere (a transaction's, rendered from its outcome).
+    pub fn count_stale(
+        &self,
+        resource: &ResourceName,
+        key: Option<&ObjectKey>,
+        fencing: &Fencing,
+        identity: Option<&str>,
+        highest: Token,
+        seen: Seen,
+    ) {
         let rejections = self.cache.count_rejection(resource, highest, seen);
         let rejected = Rejected {
             resource,
@@ -633,7 +652,7 @@ impl Coordinator {
             identity,
             highest,
         };
-        self.rejected(&rejected, rejections)
+        self.record_stale(&rejected, Door::Http, rejections);
     }
 
     /// Counts and logs `rejected`, the resource's `rejections`-th, and returns the error

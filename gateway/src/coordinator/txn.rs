@@ -68,7 +68,7 @@ impl Coordinator {
                     .find(|op| op.resource() == &member.resource)
                     .and_then(|op| op.object().map(|(key, _)| key));
                 // The answer is rendered from the outcome; this counts and logs.
-                let _ = self.stale(
+                self.count_stale(
                     &member.resource,
                     key,
                     &fencing,
