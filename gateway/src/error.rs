@@ -63,6 +63,8 @@ pub enum ApiError {
     Overloaded(Overload),
     #[error("the gateway is shutting down; nothing was applied, retry on another replica")]
     ShuttingDown,
+    #[error("the fence database has no synchronous standby streaming, and this gateway requires one (--require-synchronous-replication); nothing was applied, retry later")]
+    NotSynchronouslyReplicated,
     #[error("this gateway requires `Authorization: Bearer <key>` with a key it knows, or a client certificate of an identity it knows")]
     Unauthenticated,
     /// A fence reset on a gateway with neither `--auth-file` nor `--admin-key-file`.
@@ -145,6 +147,7 @@ impl ApiError {
             ApiError::BodyTimeout => ErrorCode::BodyTimeout,
             ApiError::Overloaded(_) => ErrorCode::Overloaded,
             ApiError::ShuttingDown => ErrorCode::ShuttingDown,
+            ApiError::NotSynchronouslyReplicated => ErrorCode::NotSynchronouslyReplicated,
             ApiError::Unauthenticated => ErrorCode::Unauthenticated,
             ApiError::NoAdminCredential => ErrorCode::Forbidden,
             ApiError::Forbidden { .. } => ErrorCode::Forbidden,
@@ -202,6 +205,7 @@ impl ApiError {
                 };
                 body.write_applied = Some(*applied);
             }
+            ApiError::NotSynchronouslyReplicated => body.write_applied = Some(Some(false)),
             ApiError::Store(StoreError::Internal(_)) => {
                 body.message =
                     "an internal error occurred; nothing is known to have been applied".to_owned();

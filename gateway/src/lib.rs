@@ -231,6 +231,7 @@ pub async fn run(
         }
         _ => None,
     };
+    Coordinator::audit_new_servers(&coordinator);
     tokio::spawn(Arc::clone(&coordinator).summarise_unlogged_rejections());
     let expire_every = (config.idempotency_ttl / 4).min(std::time::Duration::from_secs(60));
     tokio::spawn(Arc::clone(&coordinator).expire_idempotency(expire_every));
@@ -241,6 +242,8 @@ pub async fn run(
     if let Err(error) = coordinator.writable().await {
         tracing::warn!(%error, "the store could not be probed for writes at start");
     }
+    let replication = coordinator.check_replication().await;
+    tokio::spawn(Arc::clone(&coordinator).watch_replication());
     let addr = listener.local_addr().map_err(StartError::Listener)?;
     let pg_addr = match &door {
         Some((listener, ..)) => Some(listener.local_addr().map_err(StartError::Listener)?),
@@ -258,6 +261,9 @@ pub async fn run(
         pg_require_tls = door.as_ref().map(|_| config.pg_requires_tls()),
         pg_max_connections = door.as_ref().map(|(.., options)| options.max_connections),
         backend = %coordinator.describe_backend(),
+        replication = replication.as_ref().map(|reading| reading.describe()),
+        timeline = replication.as_ref().map(|reading| reading.timeline),
+        require_synchronous_replication = config.require_synchronous_replication,
         auth = coordinator.authenticator().map(|auth| auth.identities().len()),
         max_connections = limits.max_connections,
         threads = tokio::runtime::Handle::current().metrics().num_workers(),

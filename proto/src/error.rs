@@ -103,11 +103,15 @@ pub enum ErrorCode {
     InvalidTransaction,
     /// 400: more operations in one `/v1/txn` than `--txn-max-operations`.
     TooManyOperations,
+    /// 503: the gateway runs with `--require-synchronous-replication` and the fence
+    /// database has no synchronous standby streaming; nothing was applied. Retry after
+    /// `Retry-After`.
+    NotSynchronouslyReplicated,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and for exhaustive tests.
-    pub const ALL: [ErrorCode; 37] = [
+    pub const ALL: [ErrorCode; 38] = [
         ErrorCode::StaleToken,
         ErrorCode::VersionMismatch,
         ErrorCode::MissingToken,
@@ -145,6 +149,7 @@ impl ErrorCode {
         ErrorCode::IdempotencyInFlight,
         ErrorCode::InvalidTransaction,
         ErrorCode::TooManyOperations,
+        ErrorCode::NotSynchronouslyReplicated,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -186,6 +191,7 @@ impl ErrorCode {
             ErrorCode::IdempotencyInFlight => "idempotency_in_flight",
             ErrorCode::InvalidTransaction => "invalid_transaction",
             ErrorCode::TooManyOperations => "too_many_operations",
+            ErrorCode::NotSynchronouslyReplicated => "not_synchronously_replicated",
         }
     }
 
@@ -223,7 +229,10 @@ impl ErrorCode {
             ErrorCode::BodyTooLarge => 413,
             ErrorCode::NotFound => 404,
             ErrorCode::MethodNotAllowed => 405,
-            ErrorCode::BackendUnavailable | ErrorCode::Overloaded | ErrorCode::ShuttingDown => 503,
+            ErrorCode::BackendUnavailable
+            | ErrorCode::Overloaded
+            | ErrorCode::ShuttingDown
+            | ErrorCode::NotSynchronouslyReplicated => 503,
             ErrorCode::BodyTimeout => 408,
             ErrorCode::NotSupportedByBackend => 501,
             ErrorCode::Internal => 500,

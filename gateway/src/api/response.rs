@@ -72,7 +72,10 @@ pub fn error_response(error: &ApiError) -> Response<Body> {
                 .headers_mut()
                 .insert(ALLOW, HeaderValue::from_static(allow));
         }
-        ApiError::Overloaded(_) | ApiError::ShuttingDown | ApiError::IdempotencyInFlight => {
+        ApiError::Overloaded(_)
+        | ApiError::ShuttingDown
+        | ApiError::IdempotencyInFlight
+        | ApiError::NotSynchronouslyReplicated => {
             response
                 .headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from_static("1"));

@@ -308,6 +308,23 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_TERM_TAKEOVER_TIMEOUT", default_value = DEFAULT_TERM_TAKEOVER_TIMEOUT, value_parser = humantime::parse_duration)]
     pub term_takeover_timeout: Duration,
 
+    /// Postgres: refuse writes, fence raises and lease steps (503
+    /// not_synchronously_replicated, nothing applied) while the fence database has no
+    /// synchronous standby streaming — read every second from synchronous_commit,
+    /// synchronous_standby_names and pg_stat_replication, whose standbys the gateway's
+    /// login sees only as a member of pg_monitor (or pg_read_all_stats). Without this
+    /// flag the gateway still reports it (metrics, ready line, a warning when it
+    /// changes). See docs/failover.md.
+    #[arg(long, env = "FENCEGATE_REQUIRE_SYNCHRONOUS_REPLICATION")]
+    pub require_synchronous_replication: bool,
+
+    /// Postgres under Patroni: the REST API of a Patroni node of the fence database's
+    /// cluster (e.g. http://db-1:8008), whose /config the gateway reads for
+    /// synchronous_mode and synchronous_mode_strict, exported as
+    /// fencegate_backend_patroni_synchronous_mode and said in the ready line.
+    #[arg(long, env = "FENCEGATE_PATRONI_URL", value_name = "URL")]
+    pub patroni_url: Option<String>,
+
     /// How long the answer of a write sent with an Idempotency-Key is kept: a retry
     /// with the same key within this time gets the stored answer and applies nothing;
     /// after it, the key is free again. Expired answers are removed in the background.
@@ -560,6 +577,26 @@ impl Config {
         let fail = |msg: &str| Err(ConfigError(msg.to_owned()));
         if self.group_commit_max == 0 {
             return fail("--group-commit-max must be at least 1");
+        }
+        if self.database_url.is_none()
+            && (self.require_synchronous_replication || self.patroni_url.is_some())
+        {
+            return fail(
+                "--require-synchronous-replication and --patroni-url need the Postgres \
+                 backend (--database-url)",
+            );
+        }
+        if let Some(url) = &self.patroni_url {
+            if !(url.starts_with("http://")
+                && url
+                    .parse::<hyper::Uri>()
+                    .is_ok_and(|uri| uri.host().is_some()))
+            {
+                return fail(
+                    "--patroni-url must be an http:// URL of a Patroni REST API, such as \
+                     http://db-1:8008",
+                );
+            }
         }
         if self.pool_size == 0 {
             return fail("--pool-size must be at least 1");

@@ -241,3 +241,29 @@ fn door_allow_pairs_take_wildcards() {
         DEFAULT_PG_MAX_CONNECTIONS
     );
 }
+
+#[test]
+fn replication_flags_need_postgres_and_a_patroni_url_is_http() {
+    let invalid = |args: &[&str]| parse(args).unwrap().validate().unwrap_err().to_string();
+    assert!(invalid(&["--require-synchronous-replication"]).contains("--database-url"));
+    assert!(invalid(&["--patroni-url", "http://db-1:8008"]).contains("--database-url"));
+    for url in ["db-1:8008", "https://db-1:8008", "http://"] {
+        let error = invalid(&["--database-url", "postgres://x", "--patroni-url", url]);
+        assert!(error.contains("--patroni-url"), "{url}: {error}");
+    }
+    let config = parse(&[
+        "--database-url",
+        "postgres://x",
+        "--require-synchronous-replication",
+        "--patroni-url",
+        "http://db-1:8008",
+    ])
+    .unwrap();
+    assert!(config.validate().is_ok());
+    assert!(config.require_synchronous_replication);
+    assert!(
+        !parse(&["--database-url", "x"])
+            .unwrap()
+            .require_synchronous_replication
+    );
+}

@@ -17,6 +17,7 @@
 
 mod audit;
 mod issued;
+mod replication;
 mod shares;
 mod takeover;
 mod txn;
@@ -94,6 +95,13 @@ pub struct Coordinator {
     pub txn_max_operations: usize,
     /// Largest transaction body (`--txn-max-bytes`, at most `--max-body`).
     pub txn_max_bytes: usize,
+    /// `--require-synchronous-replication`.
+    require_synchronous_replication: bool,
+    /// `--patroni-url`.
+    patroni_url: Option<String>,
+    /// The last reading of the fence database's replication was synchronous
+    /// ([`replication`]).
+    synchronously_replicated: AtomicBool,
     /// The latest write probe of the store and when it ran; see [`Coordinator::writable`].
     write_probe: tokio::sync::Mutex<Option<(tokio::time::Instant, Result<(), NotWritable>)>>,
 }
@@ -270,6 +278,9 @@ impl Coordinator {
             idempotency_ttl: config.idempotency_ttl,
             txn_max_operations: config.txn_max_operations,
             txn_max_bytes: config.txn_max_bytes.min(config.max_body),
+            require_synchronous_replication: config.require_synchronous_replication,
+            patroni_url: config.patroni_url.clone(),
+            synchronously_replicated: AtomicBool::new(false),
             write_probe: tokio::sync::Mutex::new(None),
         })
     }
@@ -322,7 +333,10 @@ impl Coordinator {
 
     /// A place for one more write in flight of `client`, held until the permit is
     /// dropped.
-    pub fn write_permit(&self, client: ClientKey) -> Result<WritePermit, Overload> {
+    /// Refused while the fence database is not synchronously replicated, if the gateway
+    /// requires it ([`replication`]).
+    pub fn write_permit(&self, client: ClientKey) -> Result<WritePermit, ApiError> {
+        self.require_replication()?;
         let share = self.shares.write(client)?;
         let global = Arc::clone(&self.writes)
             .try_acquire_owned()

@@ -474,6 +474,26 @@ impl Metrics {
         self.trust.binding_restores.inc();
     }
 
+    /// Records how the fence database replicates (Postgres).
+    pub fn backend_replication(&self, synchronous_standbys: i64, synchronous: bool, timeline: i64) {
+        self.trust.synchronous_standbys.set(synchronous_standbys);
+        self.trust
+            .synchronous_replication
+            .set(i64::from(synchronous));
+        self.trust.timeline.set(timeline);
+    }
+
+    /// Records Patroni's synchronous mode (`None`: unknown).
+    pub fn patroni_synchronous_mode(&self, mode: Option<(bool, bool)>) {
+        let value = match mode {
+            None => -1,
+            Some((false, _)) => 0,
+            Some((true, false)) => 1,
+            Some((true, true)) => 2,
+        };
+        self.trust.patroni_synchronous_mode.set(value);
+    }
+
     /// Counts a fence found behind a committed token, and restored.
     pub fn fence_regressed(&self) {
         self.trust.regressions.inc();

@@ -20,6 +20,10 @@ pub(super) struct TrustMetrics {
     pub(super) takeovers: IntCounter,
     pub(super) bindings_drift: IntGauge,
     pub(super) binding_restores: IntCounter,
+    pub(super) synchronous_standbys: IntGauge,
+    pub(super) synchronous_replication: IntGauge,
+    pub(super) timeline: IntGauge,
+    pub(super) patroni_synchronous_mode: IntGauge,
 }
 
 impl TrustMetrics {
@@ -89,7 +93,34 @@ impl TrustMetrics {
             "Times this gateway found the issuer bindings in the database changed without --replace-issuer-bindings, and restored its own.",
         )
         .unwrap();
+        let synchronous_standbys = IntGauge::new(
+            "fencegate_backend_synchronous_standbys",
+            "Standbys streaming as sync or quorum in the fence database primary's pg_stat_replication (Postgres; -1 until read, and with the embedded store).",
+        )
+        .unwrap();
+        synchronous_standbys.set(-1);
+        let synchronous_replication = IntGauge::new(
+            "fencegate_backend_synchronous_replication",
+            "1 while a commit of the gateway's sessions waits for a synchronous standby that is streaming (synchronous_commit, synchronous_standby_names, pg_stat_replication), 0 while it does not, -1 until read and with the embedded store.",
+        )
+        .unwrap();
+        synchronous_replication.set(-1);
+        let timeline = IntGauge::new(
+            "fencegate_backend_timeline",
+            "The timeline of the fence database's primary: it rises with every promotion, and is the epoch of the lease tokens minted on it (Postgres; 0 until read).",
+        )
+        .unwrap();
+        let patroni_synchronous_mode = IntGauge::new(
+            "fencegate_backend_patroni_synchronous_mode",
+            "Patroni's synchronous mode, read from --patroni-url: 0 off, 1 on, 2 strict; -1 without --patroni-url or when Patroni does not answer.",
+        )
+        .unwrap();
+        patroni_synchronous_mode.set(-1);
         TrustMetrics {
+            synchronous_standbys,
+            synchronous_replication,
+            timeline,
+            patroni_synchronous_mode,
             forged_refusals,
             takeovers,
             bindings_drift,
@@ -113,6 +144,10 @@ impl TrustMetrics {
             Box::new(self.takeovers.clone()),
             Box::new(self.bindings_drift.clone()),
             Box::new(self.binding_restores.clone()),
+            Box::new(self.synchronous_standbys.clone()),
+            Box::new(self.synchronous_replication.clone()),
+            Box::new(self.timeline.clone()),
+            Box::new(self.patroni_synchronous_mode.clone()),
         ]
     }
 }

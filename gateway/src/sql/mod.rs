@@ -42,6 +42,7 @@ pub mod guard;
 mod tx;
 pub mod values;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::RecyclingMethod;
@@ -53,7 +54,7 @@ use crate::dbfence::{ProofKey, Refusal};
 use crate::error::ApiError;
 use crate::pgtls::PgUrlError;
 use crate::store::postgres::session::Pins;
-use crate::store::postgres::{describe, error_text, with_client_until, PgPool, PgStore};
+use crate::store::postgres::{describe, error_text, with_client_until, Admission, PgPool, PgStore};
 use crate::store::StoreError;
 
 pub use guard::SqlPolicy;
@@ -321,11 +322,14 @@ impl SqlService {
         // CLOSE ALL; SET SESSION AUTHORIZATION DEFAULT; RESET ALL; UNLISTEN *; SELECT
         // pg_advisory_unlock_all(); DISCARD TEMP; DISCARD SEQUENCES — on every checkout.
         // Prepared statements are kept: writers cannot create any.
-        let pool = PgPool::new(
+        // A connection to a server the gateway has not audited waits for the audit,
+        // which this login may not run (`ServerWatch`).
+        let pool = PgPool::watched(
             pg_config,
             &tls,
             config.sql_pool_size,
             RecyclingMethod::Clean,
+            (Arc::clone(gateway.watch()), Admission::Waits),
         );
         // Opened now and kept, as the gateway's own pools are: see `PgStore::connect`.
         pool.warm(config.sql_pool_size, "--sql-pool-size")

@@ -202,6 +202,7 @@ async fn commit(
     proof: &ProofKey,
 ) -> Result<(), SqlFailure> {
     commit_sent.store(true, Ordering::Release);
+    crate::store::postgres::committing();
     transaction
         .commit()
         .await

@@ -9,7 +9,8 @@
 //!
 //! - **acquire** takes the lease if it is free, expired, or already held by the same
 //!   holder under the same identity, and mints a new token: one above both the last
-//!   token of the lease and the resource's highest fence. The fence is raised to it in
+//!   token of the lease and the resource's highest fence, and at least the first token
+//!   of the server's [`Epoch`] (below). The fence is raised to it in
 //!   the same transaction, so writes still in flight from every older term are
 //!   rejected from the moment the new holder learns its token.
 //! - **renew** extends the lease if the same holder, under the same identity, still
@@ -23,6 +24,17 @@
 //! the identity that token was issued to, durably: the token stays bound to that
 //! identity ([`crate::issuers`]) on every replica and across restarts, until a new term
 //! replaces both.
+//!
+//! # Epochs
+//!
+//! A token minted on Postgres carries the server's timeline in its high bits
+//! ([`Epoch`]): every promotion of a standby starts a new timeline, and the first
+//! token minted on it is above every token the older timelines could mint, whether
+//! or not the promoted server kept the record of those. So a failover that lost the
+//! last acquisitions (asynchronous replication, a restore) never hands out one of
+//! their tokens again. The low [`EPOCH_BITS`] count terms within an epoch: 2^40, more
+//! than a thousand a second for thirty years. The embedded store has one epoch, 0.
+//! Where this stops is in docs/failover.md.
 //!
 //! # Fence resets
 //!
@@ -134,11 +146,52 @@ pub fn decide(op: &LeaseOp, claimant: &Claimant, current: &LeaseRecord) -> Decis
     }
 }
 
-/// The token a new term gets: above the lease's last token and the fence. `None` when
-/// that would pass the largest token.
-pub fn next_token(lease_token: Option<Token>, highest: Option<Token>) -> Option<Token> {
+/// The low bits of a minted token, which count terms within one [`Epoch`].
+pub const EPOCH_BITS: u32 = 40;
+
+/// The epoch a token is minted in: the timeline of the Postgres server that mints it,
+/// less one, so that tokens minted before any promotion are 1, 2, 3…
+///
+/// The first token of epoch `e` is `e · 2^40 + 1`, above every token of the epochs
+/// before it as long as none of them minted 2^40 terms.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Epoch(u64);
+
+impl Epoch {
+    /// The largest epoch whose tokens fit in `1..=i64::MAX`.
+    pub const MAX: Epoch = Epoch((i64::MAX as u64) >> EPOCH_BITS);
+
+    /// The epoch of a server on `timeline` (Postgres numbers timelines from 1); a
+    /// timeline past [`Epoch::MAX`] stays in the last epoch.
+    pub fn of_timeline(timeline: i64) -> Epoch {
+        let epoch = u64::try_from(timeline.saturating_sub(1)).unwrap_or(0);
+        Epoch(epoch.min(Epoch::MAX.0))
+    }
+
+    /// The epoch a token belongs to.
+    pub fn of_token(token: Token) -> Epoch {
+        Epoch((token.get() >> EPOCH_BITS).min(Epoch::MAX.0))
+    }
+
+    /// The first token of this epoch.
+    pub fn first_token(self) -> u64 {
+        (self.0 << EPOCH_BITS) + 1
+    }
+
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// The token a new term gets: above the lease's last token and the fence, and not
+/// below the first token of `epoch`. `None` when that would pass the largest token.
+pub fn next_token(
+    lease_token: Option<Token>,
+    highest: Option<Token>,
+    epoch: Epoch,
+) -> Option<Token> {
     let above = lease_token.max(highest).map_or(0, Token::get);
-    Token::new(above.checked_add(1)?).ok()
+    Token::new(above.checked_add(1)?.max(epoch.first_token())).ok()
 }
 
 /// An administrator's request to lower a fence.
@@ -279,10 +332,38 @@ mod tests {
 
     #[test]
     fn tokens_rise_above_lease_and_fence() {
-        assert_eq!(next_token(None, None), Some(tok(1)));
-        assert_eq!(next_token(Some(tok(4)), Some(tok(9))), Some(tok(10)));
-        assert_eq!(next_token(Some(tok(9)), Some(tok(4))), Some(tok(10)));
-        assert_eq!(next_token(None, Some(Token::MAX)), None);
+        let first = Epoch::default();
+        assert_eq!(next_token(None, None, first), Some(tok(1)));
+        assert_eq!(next_token(Some(tok(4)), Some(tok(9)), first), Some(tok(10)));
+        assert_eq!(next_token(Some(tok(9)), Some(tok(4)), first), Some(tok(10)));
+        assert_eq!(next_token(None, Some(Token::MAX), first), None);
+        assert_eq!(next_token(None, Some(Token::MAX), Epoch::MAX), None);
+    }
+
+    #[test]
+    fn a_new_epoch_starts_above_every_token_of_the_ones_before() {
+        let second = Epoch::of_timeline(2);
+        assert_eq!(Epoch::of_timeline(1), Epoch::default());
+        assert_eq!(Epoch::of_timeline(0), Epoch::default());
+        assert_eq!(second.first_token(), (1 << EPOCH_BITS) + 1);
+        // Whatever the promoted server kept of the first epoch's tokens:
+        for kept in [None, Some(tok(3)), Some(tok(1 << EPOCH_BITS))] {
+            assert_eq!(
+                next_token(kept, kept, second),
+                Some(tok((1 << EPOCH_BITS) + 1))
+            );
+        }
+        // Within an epoch, terms count on.
+        let minted = tok((1 << EPOCH_BITS) + 7);
+        assert_eq!(
+            next_token(Some(minted), None, second),
+            Some(tok((1 << EPOCH_BITS) + 8))
+        );
+        assert_eq!(Epoch::of_token(minted), second);
+        // The last epoch still has room for 2^40 terms, and no timeline goes past it.
+        assert_eq!(Epoch::of_timeline(i64::MAX), Epoch::MAX);
+        assert!(Token::new(Epoch::MAX.first_token() + (1 << EPOCH_BITS) - 2).is_ok());
+        assert_eq!(Epoch::of_token(Token::MAX), Epoch::MAX);
     }
 
     #[test]

@@ -12,7 +12,8 @@ use crate::store::embedded::{
     IDEMPOTENCY_EXPIRY, LEASES, OBJECTS, RAISES, RAISES_KEPT, RESETS,
 };
 use crate::store::leases::{
-    check_reset, decide, next_token, Claimant, Decision, LeaseOp, LeaseOutcome, Reset, ResetOutcome,
+    check_reset, decide, next_token, Claimant, Decision, Epoch, LeaseOp, LeaseOutcome, Reset,
+    ResetOutcome,
 };
 use crate::store::txn::{
     replay, Answered, Hold, Keyed, OpDone, StaleMember, StoredAnswer, Txn, TxnOp, TxnOutcome,
@@ -356,7 +357,7 @@ fn apply_lease(
                 .fences
                 .get(resource.as_str())?
                 .and_then(|entry| Token::new(entry.value()).ok());
-            let Some(minted) = next_token(current.token, highest) else {
+            let Some(minted) = next_token(current.token, highest, Epoch::default()) else {
                 return Ok(LeaseOutcome::Exhausted);
             };
             tables.set_fence(resource.as_str(), minted.get(), "lease")?;

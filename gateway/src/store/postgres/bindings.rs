@@ -14,7 +14,7 @@
 
 use tokio_postgres::Client;
 
-use super::connection::classify;
+use super::connection::{self, classify};
 use crate::config::Binding;
 use crate::store::StoreError;
 
@@ -127,6 +127,7 @@ pub(super) async fn adopt(
     } else {
         Adopted::Differs { recorded: found }
     };
+    connection::committing();
     tx.commit().await.map_err(|e| classify(e, true))?;
     Ok(adopted)
 }
@@ -163,6 +164,7 @@ pub(super) async fn follow(
         return Ok(Drift::None);
     }
     write(&tx, &ours, generation).await.map_err(failed)?;
+    connection::committing();
     tx.commit().await.map_err(|e| classify(e, true))?;
     Ok(Drift::Restored { found })
 }

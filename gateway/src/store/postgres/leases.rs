@@ -10,12 +10,12 @@ use deadpool_postgres::{Object, Transaction};
 use fencegate_proto::{ResourceName, Token};
 use tokio_postgres::Row;
 
-use super::connection::classify;
+use super::connection::{self, classify};
 use super::statements;
 use super::writes::token_from_db;
 use crate::store::leases::{
-    check_reset, decide, next_token, Claimant, Decision, LeaseOp, LeaseOutcome, LeaseRecord, Reset,
-    ResetOutcome, ResetRecord,
+    check_reset, decide, next_token, Claimant, Decision, Epoch, LeaseOp, LeaseOutcome, LeaseRecord,
+    Reset, ResetOutcome, ResetRecord,
 };
 use crate::store::txn::{Answered, Keyed};
 use crate::store::StoreError;
@@ -41,7 +41,7 @@ pub(super) async fn step(
         Some(keyed) => Some(super::txn::record(&tx, keyed, &outcome).await?),
         None => None,
     };
-    tx.commit().await.map_err(|e| classify(e, true))?;
+    connection::commit(tx).await?;
     Ok(Answered::Ran { outcome, stored })
 }
 
@@ -65,13 +65,14 @@ async fn step_in(
         Decision::RefuseHeld => return Ok(LeaseOutcome::Held(current)),
         Decision::RefuseLost => return Ok(LeaseOutcome::Lost(current)),
         Decision::Mint { ttl } => {
-            let highest: i64 = tx
+            let locked = tx
                 .query_one(statements::FENCE_LOCK, &[&resource])
                 .await
-                .map_err(|e| classify(e, false))?
-                .get(0);
+                .map_err(|e| classify(e, false))?;
+            let (highest, timeline): (i64, i64) = (locked.get(0), locked.get(1));
             let highest = (highest > 0).then(|| token_from_db(highest)).transpose()?;
-            let Some(token) = next_token(current.token, highest) else {
+            let epoch = Epoch::of_timeline(timeline);
+            let Some(token) = next_token(current.token, highest, epoch) else {
                 return Ok(LeaseOutcome::Exhausted);
             };
             tx.execute(statements::FENCE_SET_LEASE, &[&resource, &token.as_i64()])
@@ -168,7 +169,7 @@ pub(super) async fn reset(client: &mut Object, reset: &Reset) -> Result<ResetOut
         .await
         .map_err(|e| classify(e, false))?
         .get(0);
-    tx.commit().await.map_err(|e| classify(e, true))?;
+    connection::commit(tx).await?;
     Ok(ResetOutcome::Applied {
         from,
         generation: generation as u64,

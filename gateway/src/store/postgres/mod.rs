@@ -21,21 +21,24 @@ pub mod bindings;
 mod connection;
 mod group;
 mod leases;
+pub mod replication;
 pub(crate) mod session;
 pub mod statements;
 mod txn;
 mod writes;
 
 pub(crate) use connection::{
-    classify, describe, error_text, server_unavailable, with_client_until,
+    classify, committing, describe, error_text, server_unavailable, with_client_until,
 };
-pub use connection::{migrate, new_pool, PgPool, PgStartError, ServerWatch};
+pub use connection::{
+    migrate, new_pool, Admission, PgPool, PgStartError, ServerAuditor, ServerId, ServerWatch,
+};
 pub(crate) use txn::{stored_answer, IN_FLIGHT_WAIT};
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::Object;
+use deadpool_postgres::{Object, RecyclingMethod};
 use fencegate_proto::headers::Precondition;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
 use tokio::time::Instant;
@@ -85,6 +88,39 @@ pub struct PgOptions {
     pub group_size: prometheus::Histogram,
     /// Counts the writes of locked resources waiting off the write lanes.
     pub off_lanes: prometheus::IntGauge,
+}
+
+/// [`PgStore::restore_fences`] on `client`: for the audit of a new connection's server,
+/// before the connection is used.
+pub async fn restore_fences_on(
+    client: &tokio_postgres::Client,
+    seen: &[(ResourceName, Token)],
+    resets_followed: u64,
+) -> Result<Vec<super::Regression>, StoreError> {
+    let resources: Vec<&str> = seen.iter().map(|(r, _)| r.as_str()).collect();
+    let tokens: Vec<i64> = seen.iter().map(|(_, t)| t.as_i64()).collect();
+    let followed = i64::try_from(resets_followed).unwrap_or(i64::MAX);
+    connection::committing();
+    let rows = client
+        .query(
+            statements::FENCES_RESTORE,
+            &[&resources, &tokens, &followed],
+        )
+        .await
+        .map_err(|e| classify(e, true))?;
+    rows.iter()
+        .map(|row| {
+            let resource: String = row.get(0);
+            let found: Option<i64> = row.get(2);
+            Ok(super::Regression {
+                resource: ResourceName::new(resource).map_err(|_| {
+                    StoreError::Internal("invalid resource in fencegate.fences".into())
+                })?,
+                seen: token_from_db(row.get(1))?,
+                found: found.map(token_from_db).transpose()?,
+            })
+        })
+        .collect()
 }
 
 /// Fences and objects in a Postgres database, schema `fencegate`.
@@ -155,11 +191,18 @@ impl PgStore {
         // Both pools open all their connections now and keep them, so that other
         // clients of the server (the Postgres door's among them) cannot take the slots
         // they need later.
-        let pool = PgPool::watched(pg_config, &tls, pool_size, Arc::clone(&watch));
+        let audits = || (Arc::clone(&watch), Admission::Audits);
+        let pool = PgPool::watched(pg_config, &tls, pool_size, RecyclingMethod::Fast, audits());
         pool.warm(pool_size, "--pool-size")
             .await
             .map_err(PgStartError::Connect)?;
-        let lanes = PgPool::watched(lane_config, &tls, write_lanes, Arc::clone(&watch));
+        let lanes = PgPool::watched(
+            lane_config,
+            &tls,
+            write_lanes,
+            RecyclingMethod::Fast,
+            audits(),
+        );
         lanes
             .warm(write_lanes, "--write-lanes")
             .await
@@ -345,6 +388,7 @@ impl PgStore {
                     .prepare_cached(statements::FENCE_ADVANCE)
                     .await
                     .map_err(|e| classify(e, false))?;
+                connection::committing();
                 let row = client
                     .query_opt(&statement, &[&resource.as_str(), &token.as_i64()])
                     .await
@@ -507,32 +551,23 @@ impl PgStore {
         seen: &[(ResourceName, Token)],
         resets_followed: u64,
     ) -> Result<Vec<super::Regression>, StoreError> {
-        let resources: Vec<&str> = seen.iter().map(|(r, _)| r.as_str()).collect();
-        let tokens: Vec<i64> = seen.iter().map(|(_, t)| t.as_i64()).collect();
-        let followed = i64::try_from(resets_followed).unwrap_or(i64::MAX);
+        self.with_client(async |client| restore_fences_on(client, seen, resets_followed).await)
+            .await
+    }
+
+    /// How the server replicates the commits of the store's sessions, and which server
+    /// it is.
+    pub async fn replication(&self) -> Result<(replication::Replication, ServerId), StoreError> {
         self.with_client(async |client| {
-            let rows = client
-                .query(
-                    statements::FENCES_RESTORE,
-                    &[&resources, &tokens, &followed],
-                )
-                .await
-                .map_err(|e| classify(e, true))?;
-            rows.iter()
-                .map(|row| {
-                    let resource: String = row.get(0);
-                    let found: Option<i64> = row.get(2);
-                    Ok(super::Regression {
-                        resource: ResourceName::new(resource).map_err(|_| {
-                            StoreError::Internal("invalid resource in fencegate.fences".into())
-                        })?,
-                        seen: token_from_db(row.get(1))?,
-                        found: found.map(token_from_db).transpose()?,
-                    })
-                })
-                .collect()
+            let replication = replication::Replication::read(client).await?;
+            Ok((replication, ServerId::read(client).await?))
         })
         .await
+    }
+
+    /// Which server the store's connections reach, and whether it was audited.
+    pub fn watch(&self) -> &Arc<ServerWatch> {
+        &self.watch
     }
 
     /// Whether the database server changed since the last call (failover, restart).
@@ -560,6 +595,7 @@ impl PgStore {
     /// writes (a standby, a read-only transaction) or has no room says so here.
     pub async fn probe_write(&self) -> Result<Result<(), NotWritable>, StoreError> {
         self.with_client(async |client| {
+            connection::committing();
             let error = match client.execute(statements::READINESS_PROBE, &[]).await {
                 Ok(_) => return Ok(Ok(())),
                 Err(error) => error,

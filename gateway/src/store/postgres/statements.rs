@@ -14,6 +14,14 @@
 //! latest committed row version, even under READ COMMITTED), and the object row is
 //! only ever modified by the holder of its resource's fence lock.
 
+/// The timeline a primary writes on: the first eight hex digits of its current WAL
+/// file's name. (Callable by any role; fails on a standby, where nothing is minted.)
+macro_rules! timeline {
+    () => {
+        "('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint"
+    };
+}
+
 /// Schema migrations, in order. Each runs once, in the migration transaction.
 pub const MIGRATIONS: &[(i32, &str)] = &[
     (
@@ -351,9 +359,20 @@ pub const GET_OBJECT: &str =
     "SELECT value, version, token FROM fencegate.objects WHERE resource = $1 AND key = $2 AND value IS NOT NULL";
 pub const GET_FENCE: &str = "SELECT highest FROM fencegate.fences WHERE resource = $1";
 pub const PING: &str = "SELECT 1";
-/// Which server this is: its postmaster's start time and its address.
-pub const SERVER_IDENTITY: &str = "SELECT pg_postmaster_start_time()::text || ' '
-     || coalesce(host(inet_server_addr()), 'local') || ':' || coalesce(inet_server_port(), 0)";
+/// Which server this is: its system identifier, its timeline (the last checkpoint's
+/// on a standby), its postmaster's start time and its address; and whether it is a
+/// standby.
+pub const SERVER_IDENTITY: &str = concat!(
+    "SELECT (SELECT system_identifier FROM pg_control_system())::text,
+            CASE WHEN pg_is_in_recovery()
+                 THEN (SELECT timeline_id FROM pg_control_checkpoint())::bigint
+                 ELSE ",
+    timeline!(),
+    " END,
+            pg_postmaster_start_time()::text || ' '
+            || coalesce(host(inet_server_addr()), 'local') || ':' || coalesce(inet_server_port(), 0),
+            pg_is_in_recovery()"
+);
 
 /// Creates the lease's row if it has none; `$1` resource.
 pub const LEASE_ENSURE: &str =
@@ -381,11 +400,14 @@ pub const LEASE_READ: &str = concat!(
 );
 
 /// Locks the resource's fence row, creating it if missing (the caller raises it in the
-/// same transaction); returns its highest, 0 if the row is new. `$1` resource.
-pub const FENCE_LOCK: &str =
+/// same transaction); returns its highest, 0 if the row is new, and the server's
+/// timeline (the epoch of the token minted). `$1` resource.
+pub const FENCE_LOCK: &str = concat!(
     "INSERT INTO fencegate.fences AS f (resource, highest, raised_by) VALUES ($1, 1, 'lease')
      ON CONFLICT (resource) DO UPDATE SET highest = f.highest
-     RETURNING CASE WHEN xmax = 0 THEN 0 ELSE highest END";
+     RETURNING CASE WHEN xmax = 0 THEN 0 ELSE highest END, ",
+    timeline!()
+);
 
 /// Raises a locked fence row to a token a lease minted. `$1` resource, `$2` highest.
 pub const FENCE_SET_LEASE: &str =

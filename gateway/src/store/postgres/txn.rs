@@ -8,7 +8,7 @@ use deadpool_postgres::{Object, Transaction};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
-use super::connection::classify;
+use super::connection::{self, classify};
 use super::statements;
 use super::writes::{applied, non_negative, token_from_db, Attempt};
 use crate::store::txn::{
@@ -43,7 +43,7 @@ pub(super) async fn run(
                 stored: None,
             });
         }
-        tx.commit().await.map_err(|e| classify(e, true))?;
+        connection::commit(tx).await?;
         return Ok(Answered::Ran {
             outcome,
             stored: None,
@@ -57,7 +57,7 @@ pub(super) async fn run(
             .map_err(|e| classify(e, false))?;
     }
     let answer = record(&tx, keyed, &outcome).await?;
-    tx.commit().await.map_err(|e| classify(e, true))?;
+    connection::commit(tx).await?;
     Ok(Answered::Ran {
         outcome,
         stored: Some(answer),

@@ -6,7 +6,7 @@ use deadpool_postgres::Object;
 use fencegate_proto::{ResourceName, Token};
 use tokio_postgres::types::ToSql;
 
-use super::connection::classify;
+use super::connection::{self, classify};
 use super::statements;
 use crate::store::{precondition_holds, StoreError, Write, WriteOp};
 
@@ -28,6 +28,8 @@ pub(super) async fn write_unconditional(
     let resource = write.resource.as_str();
     let key = write.key.as_str();
     let token = write.token.as_i64();
+    // Autocommit: each statement below commits by itself.
+    connection::committing();
     let row = match &write.op {
         WriteOp::Put(value) => {
             let statement = client
@@ -108,7 +110,7 @@ pub(super) async fn write_conditional(
     }
     .map_err(|e| classify(e, false))?;
     let outcome = applied(&write.op, row.get(0), row.get(1))?;
-    tx.commit().await.map_err(|e| classify(e, true))?;
+    connection::commit(tx).await?;
     Ok(outcome)
 }
 

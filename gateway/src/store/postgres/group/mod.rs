@@ -734,6 +734,8 @@ async fn in_transaction<'a, B>(
     Vec<Result<B, tokio_postgres::Error>>,
     Result<(), tokio_postgres::Error>,
 ) {
+    // COMMIT goes with the rest, at once.
+    crate::store::postgres::connection::committing();
     let (begin, commit) = (
         client.batch_execute("BEGIN"),
         client.batch_execute("COMMIT"),
