@@ -202,6 +202,15 @@ export class ShuttingDown extends TransientError {
   static override readonly code = 'shutting_down';
 }
 
+/**
+ * `503 not_synchronously_replicated`: the gateway requires a synchronous standby of its
+ * database (`--require-synchronous-replication`) and has none streaming; nothing was
+ * applied. Retry after `retryAfter` seconds.
+ */
+export class NotSynchronouslyReplicated extends TransientError {
+  static override readonly code = 'not_synchronously_replicated';
+}
+
 /** `408 body_timeout`: the body did not arrive in time; nothing was applied. */
 export class BodyTimeout extends TransientError {
   static override readonly code = 'body_timeout';
@@ -449,6 +458,7 @@ const CODED: readonly ErrorClass[] = [
   BackendUnavailable,
   Overloaded,
   ShuttingDown,
+  NotSynchronouslyReplicated,
   BodyTimeout,
   IdempotencyInFlight,
   LeaseHeld,

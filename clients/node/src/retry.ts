@@ -34,6 +34,7 @@ import {
   GatewayUnreachable,
   IdempotencyInFlight,
   LeaseLost,
+  NotSynchronouslyReplicated,
   Overloaded,
   ShuttingDown,
   TransientError,
@@ -106,6 +107,7 @@ function resent(error: TransientError): boolean {
     error instanceof BackendUnavailable ||
     error instanceof Overloaded ||
     error instanceof ShuttingDown ||
+    error instanceof NotSynchronouslyReplicated ||
     error instanceof IdempotencyInFlight
   );
 }

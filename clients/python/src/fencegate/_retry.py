@@ -38,6 +38,7 @@ from .errors import (
     GatewayUnreachable,
     IdempotencyInFlight,
     LeaseLost,
+    NotSynchronouslyReplicated,
     Overloaded,
     ShuttingDown,
     TransientError,
@@ -50,7 +51,14 @@ _T = TypeVar("_T")
 MAX_IDEMPOTENCY_KEY_LEN = 255
 """The longest ``Idempotency-Key`` the gateway takes, in bytes."""
 
-_RESENT = (GatewayUnreachable, BackendUnavailable, Overloaded, ShuttingDown, IdempotencyInFlight)
+_RESENT = (
+    GatewayUnreachable,
+    BackendUnavailable,
+    Overloaded,
+    ShuttingDown,
+    IdempotencyInFlight,
+    NotSynchronouslyReplicated,
+)
 """The transient errors after which a write is resent (not ``body_timeout``: the
 client's own request was too slow, and the same request would be again)."""
 

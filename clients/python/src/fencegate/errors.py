@@ -52,6 +52,7 @@ __all__ = [
     "MissingToken",
     "NotFound",
     "NotSupportedByBackend",
+    "NotSynchronouslyReplicated",
     "Overloaded",
     "ResetRefused",
     "ShuttingDown",
@@ -271,6 +272,14 @@ class ShuttingDown(TransientError):
     arriving; nothing was applied."""
 
     code = "shutting_down"
+
+
+class NotSynchronouslyReplicated(TransientError):
+    """``503 not_synchronously_replicated``: the gateway requires a synchronous standby
+    of its database (``--require-synchronous-replication``) and has none streaming;
+    nothing was applied. Retry after ``retry_after`` seconds."""
+
+    code = "not_synchronously_replicated"
 
 
 class BodyTimeout(TransientError):
