@@ -499,6 +499,13 @@ async fn every_query_runs_against_a_live_gateway_and_every_alert_fires() {
         .wait_for_data(&format!("up{{job=\"{JOB}\"}} == 1"))
         .await;
     let mut detections = Vec::new();
+    // The test's database has no standby: nothing is synchronously replicated.
+    let scraped = Instant::now();
+    detections.push(
+        prometheus
+            .wait_for_firing("FencegateNotSynchronouslyReplicated", None, scraped)
+            .await,
+    );
 
     // A writer with token 41 is superseded by 42; its late write is rejected.
     assert_eq!(client.put(RESOURCE, "o-1", 41, "from 41").await.status, 201);
