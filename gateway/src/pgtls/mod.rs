@@ -238,7 +238,25 @@ pub fn parse(url: &str) -> Result<PgUrl, PgUrlError> {
         connector: TlsConnector::from(Arc::new(client)),
     };
     config.ssl_mode(tls.negotiation());
+    if let Some(attrs) = params.target_session_attrs.as_deref() {
+        config.target_session_attrs(session_attrs(attrs)?);
+    }
     Ok(PgUrl { config, tls })
+}
+
+/// `target_session_attrs`: `any`, or a server that takes writes — `read-write`, or
+/// libpq's `primary`, which for a gateway that writes means the same. The others
+/// (`read-only`, `standby`, `prefer-standby`) would send writes to a standby.
+fn session_attrs(value: &str) -> Result<tokio_postgres::config::TargetSessionAttrs, PgUrlError> {
+    use tokio_postgres::config::TargetSessionAttrs;
+    match value {
+        "any" => Ok(TargetSessionAttrs::Any),
+        "read-write" | "primary" => Ok(TargetSessionAttrs::ReadWrite),
+        other => Err(PgUrlError::Parse(format!(
+            "target_session_attrs={other} is not supported: use read-write (or primary) to \
+             reach the primary of several hosts, or any"
+        ))),
+    }
 }
 
 /// The name a server's certificate is checked against for `host`.

@@ -236,3 +236,43 @@ fn system_roots_mean_verify_full() {
         "over TLS (sslmode=verify-full: certificate and host name verified)"
     );
 }
+
+#[test]
+fn target_session_attrs_take_libpqs_primary_and_refuse_standbys() {
+    use tokio_postgres::config::TargetSessionAttrs;
+    for (url, expected) in [
+        ("postgres://u@h1,h2/db", TargetSessionAttrs::Any),
+        (
+            "postgres://u@h1,h2/db?target_session_attrs=any",
+            TargetSessionAttrs::Any,
+        ),
+        (
+            "postgres://u@h1,h2/db?target_session_attrs=read-write",
+            TargetSessionAttrs::ReadWrite,
+        ),
+        (
+            "postgres://u@h1:5432,h2:5433/db?target_session_attrs=primary&sslmode=disable",
+            TargetSessionAttrs::ReadWrite,
+        ),
+        (
+            "host=h1,h2 user=u target_session_attrs=primary",
+            TargetSessionAttrs::ReadWrite,
+        ),
+    ] {
+        let parsed = parse(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        assert_eq!(parsed.config.get_target_session_attrs(), expected, "{url}");
+        assert_eq!(parsed.config.get_hosts().len(), 2, "{url}");
+    }
+    for attrs in ["standby", "read-only", "prefer-standby", "bogus"] {
+        let error = parse(&format!(
+            "postgres://u@h1,h2/db?target_session_attrs={attrs}"
+        ))
+        .err()
+        .unwrap_or_else(|| panic!("{attrs} was taken"))
+        .to_string();
+        assert!(
+            error.contains(attrs) && error.contains("read-write"),
+            "{error}"
+        );
+    }
+}

@@ -5,13 +5,17 @@ use percent_encoding::percent_decode_str;
 
 use super::PgUrlError;
 
-/// The TLS parameters of a URL, as written (decoded); the last of each counts.
+/// The TLS parameters of a URL, and `target_session_attrs`, as written (decoded); the
+/// last of each counts.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(super) struct Params {
     pub(super) sslmode: Option<String>,
     pub(super) sslrootcert: Option<String>,
     pub(super) sslcert: Option<String>,
     pub(super) sslkey: Option<String>,
+    /// Not TLS, but taken here too: tokio-postgres knows `any` and `read-write`, and
+    /// the gateway also takes libpq's `primary` (see `super::parse`).
+    pub(super) target_session_attrs: Option<String>,
 }
 
 impl Params {
@@ -22,6 +26,7 @@ impl Params {
             "sslrootcert" => &mut self.sslrootcert,
             "sslcert" => &mut self.sslcert,
             "sslkey" => &mut self.sslkey,
+            "target_session_attrs" => &mut self.target_session_attrs,
             _ => return false,
         };
         *slot = Some(value);
