@@ -86,6 +86,13 @@ pub enum DoorStartError {
     UnixSocket,
     #[error("--database-url: sslnegotiation=direct needs sslmode=require or stronger")]
     WeakDirect,
+    #[error("--database-url: {0}")]
+    Hosts(String),
+    #[error(
+        "--database-url: the Postgres door relays writers to the primary: \
+         target_session_attrs may be read-write or any"
+    )]
+    SessionAttrs,
     #[error("--pg-tls-cert/--pg-tls-key: {0}")]
     Tls(#[from] TlsConfigError),
 }
@@ -268,7 +275,7 @@ impl Door {
     /// Forwards a cancel request for a key the door issued to its session's backend;
     /// ignores any other (no reply either way, as Postgres).
     async fn cancel(&self, key: &wire::CancelKey, peer: SocketAddr) {
-        let Some(upstream) = self.keys.upstream(key) else {
+        let Some((upstream, host)) = self.keys.upstream(key) else {
             self.metrics().pg_cancel(false);
             if let Some(unlogged) = self.logs.admit(Kind::UnknownCancel) {
                 tracing::info!(
@@ -281,18 +288,36 @@ impl Door {
             return;
         };
         self.metrics().pg_cancel(true);
-        self.cancel_upstream(&upstream).await;
+        self.cancel_upstream(host, &upstream).await;
     }
 
-    /// Sends a cancel request for the upstream backend of `key`.
-    async fn cancel_upstream(&self, key: &wire::CancelKey) {
-        let sent = self.upstream.cancel(key);
+    /// Sends a cancel request for the upstream backend of `key`, on host `host` (an
+    /// index into the URL's hosts): the host of its session.
+    async fn cancel_upstream(&self, host: usize, key: &wire::CancelKey) {
+        let sent = self.upstream.cancel(host, key);
         if let Err(error) = tokio::time::timeout(self.startup_timeout, sent)
             .await
             .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
         {
-            tracing::warn!(%error, "could not send a cancel request to the database");
+            tracing::warn!(
+                %error,
+                host = %self.upstream.host(host),
+                "could not send a cancel request to the database"
+            );
         }
+    }
+
+    /// Ends a session whose server is not, or no longer (`during`: `login` or
+    /// `session`), the primary: counts it, logs it, and forgets the host, so that the
+    /// next session searches for the primary.
+    fn not_primary(&self, host: usize, during: &'static str) {
+        self.metrics().pg_not_primary(during);
+        self.upstream.forget(host);
+        tracing::info!(
+            host = %self.upstream.host(host),
+            during,
+            "Postgres door session ended: its database server is not the primary"
+        );
     }
 }
 

@@ -19,14 +19,23 @@
 //! From the client: message headers only, checked against the protocol's message types
 //! and `--pg-max-message`. From the server: authentication requests (SCRAM channel
 //! binding is withdrawn), BackendKeyData (replaced by the door's own key, [`super::cancel`]),
-//! ErrorResponse (fencegate's stale rejections are counted and logged) and
-//! ReadyForQuery (the transaction status, for a clean shutdown).
+//! ErrorResponse (fencegate's stale rejections are counted and logged),
+//! ParameterStatus (a server that turns read-only, with `target_session_attrs=read-write`)
+//! and ReadyForQuery (the transaction status, for a clean shutdown).
 //!
 //! # Ending
 //!
 //! A client that leaves — Terminate, a closed socket, a protocol error — takes its
 //! upstream connection with it: the server sees the socket close and rolls back any
-//! open transaction, releasing its locks.
+//! open transaction, releasing its locks. A server that goes away ends the session; so
+//! does, with `target_session_attrs=read-write`, a server that reports
+//! `default_transaction_read_only=on` or `in_hot_standby=on` mid-session: the door relays
+//! nothing more from it and tells the client with FATAL `08006`
+//! ([`super::login::NOT_PRIMARY`]) in place of that ParameterStatus. The server sends it
+//! before the ReadyForQuery of the first statement it ran read-only, so no write of the
+//! client goes through after it. A client that itself sets
+//! `default_transaction_read_only = on` is ended the same way (libpq's read-write check
+//! cannot tell either); `BEGIN READ ONLY` is not reported and is fine.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
@@ -37,7 +46,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::admission::{Authenticating, Refusal};
-use super::login::{authenticate, Login};
+use super::login::{authenticate, Login, NOT_PRIMARY, NOT_PRIMARY_SQLSTATE};
 use super::upstream::UpstreamStream;
 use super::wire::{self, backend, frontend, Header, ProtocolError, StartupPacket, WireError};
 use super::Door;
@@ -70,6 +79,8 @@ pub(crate) enum Ending {
     ProtocolError,
     /// The gateway is shutting down; the idle session was told so.
     Shutdown,
+    /// The server was not, or no longer, the primary; the client was told so.
+    NotPrimary,
 }
 
 /// Runs a session from its StartupMessage to its end, on the two halves of the client's
@@ -130,7 +141,7 @@ where
         refuse(client_write, "0A000", &error.to_string()).await?;
         return Err(error.into());
     }
-    let upstream = match tokio::time::timeout_at(deadline, door.upstream.connect()).await {
+    let (host, upstream) = match tokio::time::timeout_at(deadline, door.upstream.connect()).await {
         Ok(Ok(upstream)) => upstream,
         Ok(Err(error)) => {
             tracing::warn!(%error, upstream = %door.upstream, "the Postgres door could not reach the database");
@@ -152,6 +163,7 @@ where
         startup,
         deadline,
         authenticating,
+        host,
     };
     let client = (client_read, client_write);
     match upstream {
@@ -168,11 +180,13 @@ where
 }
 
 /// What a session starts with: the client's StartupMessage, the end of its login time,
-/// and its place among the connections still authenticating.
+/// its place among the connections still authenticating, and the index of the host it
+/// is connected to.
 struct Session {
     startup: StartupPacket,
     deadline: Instant,
     authenticating: Authenticating,
+    host: usize,
 }
 
 /// The session once its upstream connection is made (`upstream_tls`: over TLS):
@@ -186,6 +200,7 @@ async fn attached<CR, CW, UR, UW>(
         startup,
         deadline,
         authenticating,
+        host,
     }: Session,
 ) -> Result<Ending, WireError>
 where
@@ -212,11 +227,13 @@ where
         upstream_read: &mut upstream_read,
         upstream_write: &mut upstream_write,
         upstream_tls,
+        upstream_host: host,
     };
     let login = tokio::time::timeout_at(deadline, authenticate(door, &mut ends)).await;
     let (key, status) = match login {
         Ok(Ok(Login::Ready { key, status })) => (key, status),
         Ok(Ok(Login::Refused { sqlstate })) => return Ok(Ending::LoginRefused(sqlstate)),
+        Ok(Ok(Login::NotPrimary)) => return Ok(Ending::NotPrimary),
         Ok(Err(error)) => return Err(error),
         Err(_) => {
             let timeout = Refusal::AuthTimeout;
@@ -230,7 +247,7 @@ where
     if let (Ok(Ending::ClientLeftRunning), Some((_, upstream))) = (&ending, &key) {
         // Closing the upstream socket ends an idle session at once, but a statement
         // that is running goes on until it next talks to the client: cancel it.
-        door.cancel_upstream(upstream).await;
+        door.cancel_upstream(host, upstream).await;
     }
     drop(key);
     ending
@@ -244,6 +261,8 @@ pub(super) struct Ends<'a, CR, CW, UR, UW> {
     pub(super) upstream_write: &'a mut BufWriter<UW>,
     /// The upstream connection is TLS: the server supports SCRAM channel binding.
     pub(super) upstream_tls: bool,
+    /// The index of the server's host among the URL's.
+    pub(super) upstream_host: usize,
 }
 
 /// Counts a session's requests and replies, so that shutdown can tell an idle session
@@ -304,6 +323,7 @@ where
         ends.client_write,
         &progress,
         failure,
+        ends.upstream_host,
     );
     let ending = tokio::select! {
         ending = from_client => ending,
@@ -394,15 +414,17 @@ where
     }
 }
 
-/// Server to client: everything relayed, errors and ReadyForQuery looked into; a
-/// client's protocol error or the gateway's shutdown of an idle session ends it with a
-/// FATAL error between two messages.
+/// Server to client: everything relayed, errors, ParameterStatus and ReadyForQuery
+/// looked into; a client's protocol error, the gateway's shutdown of an idle session or
+/// a server that turns read-only (on host `host`) ends it with a FATAL error between two
+/// messages.
 async fn to_client<R, W>(
     door: &Door,
     upstream: &mut BufReader<R>,
     client: &mut BufWriter<W>,
     progress: &Progress,
     mut failure: oneshot::Receiver<ProtocolError>,
+    host: usize,
 ) -> Result<Ending, WireError>
 where
     R: AsyncRead + Unpin,
@@ -448,15 +470,28 @@ where
             wire::WholeMessages::new(upstream.buffer(), MAX_SERVER_MESSAGE, "server message");
         let mut passed = 0;
         let mut ready = false;
+        let mut read_only = false;
         while let Some(message) = whole.next() {
             let (header, body) = message?;
-            ready |= look_into(door, progress, header, body);
+            match look_into(door, progress, header, body) {
+                Seen::ReadOnly => {
+                    read_only = true;
+                    break;
+                }
+                Seen::Ready => ready = true,
+                Seen::Other => {}
+            }
             passed = whole.read();
         }
         if passed > 0 {
             client.write_all(&upstream.buffer()[..passed]).await?;
             upstream.consume(passed);
             door.metrics().pg_bytes_to_client(passed);
+        }
+        if read_only {
+            return not_primary(door, client, host).await;
+        }
+        if passed > 0 {
             if ready && closes_now(door, progress, upstream) {
                 refuse(client, "57P01", "fencegate is shutting down").await?;
                 return Ok(Ending::Shutdown);
@@ -469,16 +504,20 @@ where
         else {
             return Ok(Ending::ServerClosed);
         };
-        door.metrics().pg_bytes_to_client(header.body_len + 5);
         if inspected(header) {
             let body = wire::read_body(upstream, header).await?;
-            let ready = look_into(door, progress, header, &body);
+            let seen = look_into(door, progress, header, &body);
+            if seen == Seen::ReadOnly {
+                return not_primary(door, client, host).await;
+            }
+            door.metrics().pg_bytes_to_client(header.body_len + 5);
             forward(client, header, &body).await?;
-            if ready && closes_now(door, progress, upstream) {
+            if seen == Seen::Ready && closes_now(door, progress, upstream) {
                 refuse(client, "57P01", "fencegate is shutting down").await?;
                 return Ok(Ending::Shutdown);
             }
         } else {
+            door.metrics().pg_bytes_to_client(header.body_len + 5);
             client.write_all(&header.encode()).await?;
             if !copy_body(upstream, client, header).await? {
                 return Ok(Ending::ServerClosed);
@@ -487,30 +526,65 @@ where
     }
 }
 
-/// A server message the door reads whole to look into: an ErrorResponse (within
-/// [`wire::MAX_INSPECTED_MESSAGE`]) or a ReadyForQuery.
+/// A server message the door reads whole to look into: an ErrorResponse or a
+/// ParameterStatus (within [`wire::MAX_INSPECTED_MESSAGE`]), or a ReadyForQuery.
 fn inspected(header: Header) -> bool {
     match header.tag {
-        backend::ERROR_RESPONSE => header.body_len <= wire::MAX_INSPECTED_MESSAGE,
+        backend::ERROR_RESPONSE | backend::PARAMETER_STATUS => {
+            header.body_len <= wire::MAX_INSPECTED_MESSAGE
+        }
         backend::READY_FOR_QUERY => header.body_len == 1,
         _ => false,
     }
 }
 
+/// What a server message was, to the door.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// A ReadyForQuery.
+    Ready,
+    /// A ParameterStatus saying the server no longer takes writes, in a session that
+    /// must be on the primary: it ends the session, unrelayed.
+    ReadOnly,
+    Other,
+}
+
 /// Looks into a whole server message before it is relayed: counts fencegate's
-/// rejections, and records a ReadyForQuery's transaction status. True for a
-/// ReadyForQuery.
-fn look_into(door: &Door, progress: &Progress, header: Header, body: &[u8]) -> bool {
+/// rejections, records a ReadyForQuery's transaction status, and notices a server
+/// turning read-only.
+fn look_into(door: &Door, progress: &Progress, header: Header, body: &[u8]) -> Seen {
     if !inspected(header) {
-        return false;
+        return Seen::Other;
     }
-    if header.tag == backend::ERROR_RESPONSE {
-        count_rejection(door, body);
-        return false;
+    match header.tag {
+        backend::ERROR_RESPONSE => {
+            count_rejection(door, body);
+            Seen::Other
+        }
+        backend::PARAMETER_STATUS
+            if door.upstream.primary_only() && wire::reports_read_only(body) =>
+        {
+            Seen::ReadOnly
+        }
+        backend::PARAMETER_STATUS => Seen::Other,
+        _ => {
+            progress.status.store(body[0], Ordering::Relaxed);
+            progress.answered.fetch_add(1, Ordering::Relaxed);
+            Seen::Ready
+        }
     }
-    progress.status.store(body[0], Ordering::Relaxed);
-    progress.answered.fetch_add(1, Ordering::Relaxed);
-    true
+}
+
+/// Ends a session whose server (on host `host`) turned read-only: counted, logged, and
+/// the client told.
+async fn not_primary<W: AsyncWrite + Unpin>(
+    door: &Door,
+    client: &mut BufWriter<W>,
+    host: usize,
+) -> Result<Ending, WireError> {
+    door.not_primary(host, "session");
+    refuse(client, NOT_PRIMARY_SQLSTATE, NOT_PRIMARY).await?;
+    Ok(Ending::NotPrimary)
 }
 
 /// After a ReadyForQuery: the gateway is shutting down, the session is idle and the
