@@ -224,10 +224,11 @@ async fn a_server_that_turns_read_only_ends_its_sessions() {
 
     // Mid-session: the server reports the change with its next answer, which the door
     // replaces with its FATAL error.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
     let error = loop {
-        match tokio::time::timeout(PATIENCE, session.simple_query("SELECT 1"))
+        match tokio::time::timeout_at(deadline, session.simple_query("SELECT 1"))
             .await
-            .expect("the session answers")
+            .expect("the session is ended within the patience")
         {
             Ok(_) => tokio::time::sleep(Duration::from_millis(20)).await,
             Err(error) => break error,
