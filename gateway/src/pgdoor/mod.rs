@@ -1,8 +1,9 @@
 //! The Postgres door: writers keep their Postgres driver and point it at the gateway.
 //!
 //! A session-mode relay. Each client connection gets its own connection to the
-//! Postgres server of `--database-url`, to the database and as the user the client
-//! names; start-up parameters (`options`, `fencegate.token`, any other setting) go to
+//! Postgres server of `--database-url` — with several hosts and
+//! `target_session_attrs=read-write`, to the primary ([`upstream`]) — to the database and
+//! as the user the client names; start-up parameters (`options`, `fencegate.token`, any other setting) go to
 //! the server unchanged, and authentication is the server's own (`pg_hba.conf`), relayed
 //! message by message — the gateway stores no secrets. No SQL is parsed or rewritten:
 //! the fence runs inside Postgres, in the triggers of protected tables and in
@@ -24,8 +25,9 @@
 //! - `startup`: TLS (SSLRequest or direct), GSSENCRequest, CancelRequest.
 //! - `session`: one session, and the two streaming directions.
 //! - `login`: authentication, relayed.
-//! - `cancel`: the door's cancel keys, mapped to the upstream backends'.
-//! - `upstream`: the connection to the server, with TLS as `--database-url` asks.
+//! - `cancel`: the door's cancel keys, mapped to the upstream backends' and their hosts.
+//! - `upstream`: the connection to the server: which host of `--database-url` (the
+//!   primary, when asked), with TLS as the URL asks.
 //! - `wire`: framing, with every length checked before it is allocated.
 
 mod admission;

@@ -398,3 +398,87 @@ impl std::fmt::Display for Upstream {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each host as `host:port via addr`, and its TLS name.
+    fn servers(url: &str) -> Vec<(String, Option<ServerName<'static>>)> {
+        let upstream = Upstream::from_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+        upstream
+            .servers
+            .iter()
+            .map(|s| (format!("{s} via {}", s.addr), s.server_name.clone()))
+            .collect()
+    }
+
+    fn name(host: &str) -> Option<ServerName<'static>> {
+        Some(ServerName::try_from(host.to_owned()).unwrap())
+    }
+
+    #[test]
+    fn every_host_in_order_with_its_port_and_its_own_tls_name() {
+        assert_eq!(
+            servers("postgres://u@db-a:5433,db-b:5434/app?sslmode=require"),
+            [
+                ("db-a:5433 via db-a".to_owned(), name("db-a")),
+                ("db-b:5434 via db-b".to_owned(), name("db-b")),
+            ]
+        );
+        // One port for all; hostaddrs paired with hosts, whose names TLS checks.
+        assert_eq!(
+            servers("host=db-a,db-b hostaddr=10.0.0.1,10.0.0.2 port=6432 sslmode=disable user=u"),
+            [
+                ("db-a:6432 via 10.0.0.1".to_owned(), None),
+                ("db-b:6432 via 10.0.0.2".to_owned(), None),
+            ]
+        );
+        // Without hosts, the addresses are the names.
+        assert_eq!(
+            servers("hostaddr=10.0.0.1 port=6432 sslmode=require user=u"),
+            [("10.0.0.1:6432 via 10.0.0.1".to_owned(), name("10.0.0.1"))]
+        );
+    }
+
+    #[test]
+    fn target_session_attrs_any_or_read_write() {
+        let primary = |url: &str| Upstream::from_url(url).map(|u| u.primary_only());
+        assert!(!primary("postgres://u@db-a,db-b/app").unwrap());
+        assert!(!primary("postgres://u@db-a,db-b/app?target_session_attrs=any").unwrap());
+        assert!(primary("postgres://u@db-a,db-b/app?target_session_attrs=read-write").unwrap());
+        assert!(matches!(
+            primary("postgres://u@db-a,db-b/app?target_session_attrs=read-only"),
+            Err(DoorStartError::SessionAttrs)
+        ));
+        // tokio-postgres does not know libpq's `primary`: read-write is the value.
+        assert!(matches!(
+            primary("postgres://u@db-a,db-b/app?target_session_attrs=primary"),
+            Err(DoorStartError::Url(_))
+        ));
+    }
+
+    #[test]
+    fn hosts_ports_and_addresses_must_pair_up() {
+        for url in [
+            "host=db-a,db-b hostaddr=10.0.0.1 user=u",
+            "host=db-a,db-b,db-c port=1,2 user=u",
+        ] {
+            assert!(
+                matches!(Upstream::from_url(url), Err(DoorStartError::Hosts(_))),
+                "{url}"
+            );
+        }
+    }
+
+    #[test]
+    fn only_the_current_host_is_forgotten() {
+        let upstream = Upstream::from_url("postgres://u@db-a,db-b/app").unwrap();
+        assert_eq!(upstream.current(), None);
+        upstream.found(1);
+        upstream.forget(0);
+        assert_eq!(upstream.current(), Some(1), "an older session's host");
+        upstream.forget(1);
+        assert_eq!(upstream.current(), None);
+    }
+}
