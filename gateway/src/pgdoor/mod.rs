@@ -23,7 +23,8 @@
 //! - `admission`: who is let in, and how the others are turned away.
 //! - `logs`: the door's lines about clients, at most one per kind and window.
 //! - `startup`: TLS (SSLRequest or direct), GSSENCRequest, CancelRequest.
-//! - `session`: one session, and the two streaming directions.
+//! - `session`: one session, and the client-to-server direction.
+//! - `to_client`: the server-to-client direction, and what the door reads in it.
 //! - `login`: authentication, relayed.
 //! - `cancel`: the door's cancel keys, mapped to the upstream backends' and their hosts.
 //! - `upstream`: the connection to the server: which host of `--database-url` (the
@@ -37,6 +38,7 @@ mod login;
 mod logs;
 mod session;
 mod startup;
+mod to_client;
 mod upstream;
 mod wire;
 

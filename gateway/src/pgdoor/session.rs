@@ -31,9 +31,12 @@
 //! does, with `target_session_attrs=read-write`, a server that reports
 //! `default_transaction_read_only=on` or `in_hot_standby=on` mid-session: the door relays
 //! nothing more from it and tells the client with FATAL `08006`
-//! ([`super::login::NOT_PRIMARY`]) in place of that ParameterStatus. The server sends it
-//! before the ReadyForQuery of the first statement it ran read-only, so no write of the
-//! client goes through after it. A client that itself sets
+//! ([`super::login::NOT_PRIMARY`]) in place of that ParameterStatus
+//! ([`super::to_client`]). The server sends it just before the ReadyForQuery of the
+//! first statement it ran after the change: new transactions are read-only from then on,
+//! and one left open is rolled back when the door closes the connection (a COMMIT that
+//! the server completed stays committed; the client sees its CommandComplete before the
+//! error). A client that itself sets
 //! `default_transaction_read_only = on` is ended the same way (libpq's read-write check
 //! cannot tell either); `BEGIN READ ONLY` is not reported and is fine.
 
@@ -46,11 +49,11 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::admission::{Authenticating, Refusal};
-use super::login::{authenticate, Login, NOT_PRIMARY, NOT_PRIMARY_SQLSTATE};
+use super::login::{authenticate, Login};
+use super::to_client::to_client;
 use super::upstream::UpstreamStream;
-use super::wire::{self, backend, frontend, Header, ProtocolError, StartupPacket, WireError};
+use super::wire::{self, frontend, Header, ProtocolError, StartupPacket, WireError};
 use super::Door;
-use crate::dbfence::Reported;
 
 /// Buffer size of each direction's reader and writer: four per session, so 64 KiB a
 /// session. Larger messages pass through them in pieces.
@@ -58,7 +61,7 @@ const BUFFER: usize = 16 << 10;
 
 /// The largest message the server may send: Postgres's own limit is 1 GiB. Server
 /// messages are streamed, never held whole, except the few small ones the door reads.
-const MAX_SERVER_MESSAGE: usize = 1 << 30;
+pub(super) const MAX_SERVER_MESSAGE: usize = 1 << 30;
 
 /// How a session ended, for the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -267,13 +270,13 @@ pub(super) struct Ends<'a, CR, CW, UR, UW> {
 
 /// Counts a session's requests and replies, so that shutdown can tell an idle session
 /// (nothing asked and unanswered, no transaction open) from a busy one.
-struct Progress {
+pub(super) struct Progress {
     /// Messages sent that each get one ReadyForQuery (Query, Sync, FunctionCall).
     asked: AtomicU64,
     /// ReadyForQuery messages relayed.
-    answered: AtomicU64,
+    pub(super) answered: AtomicU64,
     /// The latest transaction status: `I` idle, `T` in a transaction, `E` failed one.
-    status: AtomicU8,
+    pub(super) status: AtomicU8,
 }
 
 impl Progress {
@@ -282,7 +285,7 @@ impl Progress {
         self.asked.load(Ordering::Relaxed) != self.answered.load(Ordering::Relaxed)
     }
 
-    fn idle(&self) -> bool {
+    pub(super) fn idle(&self) -> bool {
         self.status.load(Ordering::Relaxed) == b'I'
             && self.asked.load(Ordering::Relaxed) == self.answered.load(Ordering::Relaxed)
     }
@@ -414,215 +417,6 @@ where
     }
 }
 
-/// Server to client: everything relayed, errors, ParameterStatus and ReadyForQuery
-/// looked into; a client's protocol error, the gateway's shutdown of an idle session or
-/// a server that turns read-only (on host `host`) ends it with a FATAL error between two
-/// messages.
-async fn to_client<R, W>(
-    door: &Door,
-    upstream: &mut BufReader<R>,
-    client: &mut BufWriter<W>,
-    progress: &Progress,
-    mut failure: oneshot::Receiver<ProtocolError>,
-    host: usize,
-) -> Result<Ending, WireError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    // Made once: each new wait on a cancellation token takes a lock to register.
-    let mut shutdown = std::pin::pin!(door.shutdown.cancelled());
-    let mut shutting_down = false;
-    loop {
-        if let Ok(error) = failure.try_recv() {
-            return tell_protocol_error(door, client, &error).await;
-        }
-        if upstream.buffer().is_empty() {
-            client.flush().await?;
-            tokio::select! {
-                biased;
-                error = &mut failure => {
-                    if let Ok(error) = error {
-                        return tell_protocol_error(door, client, &error).await;
-                    }
-                    // The other direction ended; the session is ending.
-                    std::future::pending::<()>().await;
-                }
-                () = &mut shutdown, if !shutting_down && progress.idle() => {
-                    shutting_down = true;
-                    if !progress.idle() {
-                        // A request went out since the guard was checked: close at
-                        // its ReadyForQuery instead.
-                        continue;
-                    }
-                    refuse(client, "57P01", "fencegate is shutting down").await?;
-                    return Ok(Ending::Shutdown);
-                }
-                read = upstream.fill_buf() => {
-                    if read?.is_empty() {
-                        return Ok(Ending::ServerClosed);
-                    }
-                }
-            }
-        }
-        // The messages already read whole: looked into in place, passed on in one write.
-        let mut whole =
-            wire::WholeMessages::new(upstream.buffer(), MAX_SERVER_MESSAGE, "server message");
-        let mut passed = 0;
-        let mut ready = false;
-        let mut read_only = false;
-        while let Some(message) = whole.next() {
-            let (header, body) = message?;
-            match look_into(door, progress, header, body) {
-                Seen::ReadOnly => {
-                    read_only = true;
-                    break;
-                }
-                Seen::Ready => ready = true,
-                Seen::Other => {}
-            }
-            passed = whole.read();
-        }
-        if passed > 0 {
-            client.write_all(&upstream.buffer()[..passed]).await?;
-            upstream.consume(passed);
-            door.metrics().pg_bytes_to_client(passed);
-        }
-        if read_only {
-            return not_primary(door, client, host).await;
-        }
-        if passed > 0 {
-            if ready && closes_now(door, progress, upstream) {
-                refuse(client, "57P01", "fencegate is shutting down").await?;
-                return Ok(Ending::Shutdown);
-            }
-            continue;
-        }
-        // A message the buffer holds only part of.
-        let Some(header) =
-            wire::read_header(upstream, MAX_SERVER_MESSAGE, "server message").await?
-        else {
-            return Ok(Ending::ServerClosed);
-        };
-        if inspected(header) {
-            let body = wire::read_body(upstream, header).await?;
-            let seen = look_into(door, progress, header, &body);
-            if seen == Seen::ReadOnly {
-                return not_primary(door, client, host).await;
-            }
-            door.metrics().pg_bytes_to_client(header.body_len + 5);
-            forward(client, header, &body).await?;
-            if seen == Seen::Ready && closes_now(door, progress, upstream) {
-                refuse(client, "57P01", "fencegate is shutting down").await?;
-                return Ok(Ending::Shutdown);
-            }
-        } else {
-            door.metrics().pg_bytes_to_client(header.body_len + 5);
-            client.write_all(&header.encode()).await?;
-            if !copy_body(upstream, client, header).await? {
-                return Ok(Ending::ServerClosed);
-            }
-        }
-    }
-}
-
-/// A server message the door reads whole to look into: an ErrorResponse or a
-/// ParameterStatus (within [`wire::MAX_INSPECTED_MESSAGE`]), or a ReadyForQuery.
-fn inspected(header: Header) -> bool {
-    match header.tag {
-        backend::ERROR_RESPONSE | backend::PARAMETER_STATUS => {
-            header.body_len <= wire::MAX_INSPECTED_MESSAGE
-        }
-        backend::READY_FOR_QUERY => header.body_len == 1,
-        _ => false,
-    }
-}
-
-/// What a server message was, to the door.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Seen {
-    /// A ReadyForQuery.
-    Ready,
-    /// A ParameterStatus saying the server no longer takes writes, in a session that
-    /// must be on the primary: it ends the session, unrelayed.
-    ReadOnly,
-    Other,
-}
-
-/// Looks into a whole server message before it is relayed: counts fencegate's
-/// rejections, records a ReadyForQuery's transaction status, and notices a server
-/// turning read-only.
-fn look_into(door: &Door, progress: &Progress, header: Header, body: &[u8]) -> Seen {
-    if !inspected(header) {
-        return Seen::Other;
-    }
-    match header.tag {
-        backend::ERROR_RESPONSE => {
-            count_rejection(door, body);
-            Seen::Other
-        }
-        backend::PARAMETER_STATUS
-            if door.upstream.primary_only() && wire::reports_read_only(body) =>
-        {
-            Seen::ReadOnly
-        }
-        backend::PARAMETER_STATUS => Seen::Other,
-        _ => {
-            progress.status.store(body[0], Ordering::Relaxed);
-            progress.answered.fetch_add(1, Ordering::Relaxed);
-            Seen::Ready
-        }
-    }
-}
-
-/// Ends a session whose server (on host `host`) turned read-only: counted, logged, and
-/// the client told.
-async fn not_primary<W: AsyncWrite + Unpin>(
-    door: &Door,
-    client: &mut BufWriter<W>,
-    host: usize,
-) -> Result<Ending, WireError> {
-    door.not_primary(host, "session");
-    refuse(client, NOT_PRIMARY_SQLSTATE, NOT_PRIMARY).await?;
-    Ok(Ending::NotPrimary)
-}
-
-/// After a ReadyForQuery: the gateway is shutting down, the session is idle and the
-/// server has sent nothing more, so the session closes now.
-fn closes_now<R: AsyncRead>(door: &Door, progress: &Progress, upstream: &BufReader<R>) -> bool {
-    door.shutdown.is_cancelled() && progress.idle() && upstream.buffer().is_empty()
-}
-
-/// Tells the client why its session ends, and counts it.
-async fn tell_protocol_error<W: AsyncWrite + Unpin>(
-    door: &Door,
-    client: &mut BufWriter<W>,
-    error: &ProtocolError,
-) -> Result<Ending, WireError> {
-    door.metrics().pg_protocol_error();
-    tracing::info!(%error, "Postgres client broke the protocol; its session is closed");
-    refuse(client, "08P01", &format!("fencegate: {error}")).await?;
-    Ok(Ending::ProtocolError)
-}
-
-/// Counts and logs a fencegate rejection that the server sent (a stale token, or one
-/// its issuer never issued) — if the fence's proof says the fence made it; a `ZF001` or
-/// `ZF005` that the client's own SQL raised is counted apart.
-fn count_rejection(door: &Door, body: &[u8]) {
-    let Some(code) = error_code(body) else {
-        return;
-    };
-    let detail = || {
-        wire::error_fields(body)
-            .find(|(field, _)| *field == b'D')
-            .and_then(|(_, value)| std::str::from_utf8(value).ok())
-    };
-    if let Some(reported) = Reported::read(code, detail(), door.proof_key()) {
-        door.coordinator
-            .db_refusal(&reported, None, crate::coordinator::Door::Postgres);
-    }
-}
-
 /// The SQLSTATE of an ErrorResponse body.
 pub(super) fn error_code(body: &[u8]) -> Option<&[u8]> {
     wire::error_fields(body)
@@ -648,7 +442,11 @@ pub(super) async fn forward<W: AsyncWrite + Unpin>(
 /// reader ended first. Never flushes (unlike `tokio::io::copy_buf`, which flushes at the
 /// end of every body): the writer's buffer batches messages, and each direction
 /// flushes when it has nothing more to read.
-async fn copy_body<R, W>(from: &mut R, to: &mut W, header: Header) -> std::io::Result<bool>
+pub(super) async fn copy_body<R, W>(
+    from: &mut R,
+    to: &mut W,
+    header: Header,
+) -> std::io::Result<bool>
 where
     R: AsyncBufRead + Unpin,
     W: AsyncWrite + Unpin,
