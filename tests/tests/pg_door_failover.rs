@@ -9,12 +9,15 @@
 //! - A server that turns read-only ends its sessions with FATAL `08006`, at login or
 //!   mid-session, counted and logged.
 //! - A cancel request goes to the host of the session it cancels.
+//! - With `sslmode=verify-full`, each host's certificate is checked against its own
+//!   name.
 
 use std::time::Duration;
 
 use fencegate_tests::cluster::{psql, Cluster};
 use fencegate_tests::eventually;
 use fencegate_tests::gateway::Gateway;
+use fencegate_tests::tls::Certs;
 use tokio_postgres::{Client, NoTls};
 
 /// How long anything the door does may take here before the test fails.
@@ -324,4 +327,56 @@ async fn a_cancel_goes_to_the_host_of_its_session() {
         .await,
         1.0
     );
+}
+
+/// Two independent servers, each with a certificate for one name only: `localhost` for
+/// the first, `127.0.0.1` for the second. When the first goes away, the door reaches the
+/// second only if it checks that one's certificate against the second host's name.
+#[tokio::test]
+async fn with_verify_full_each_host_is_checked_against_its_own_name() {
+    let certs = Certs::generate();
+    let by_name = certs.server_for("DNS:localhost");
+    let by_address = certs.server_for("IP:127.0.0.1");
+    let tls = |cert: &fencegate_tests::tls::ClientCert| {
+        Cluster::builder()
+            .tls(&cert.cert, &cert.key, None)
+            .hba("hostssl all all 127.0.0.1/32 scram-sha-256")
+            .hba("hostnossl all all 127.0.0.1/32 reject")
+    };
+    let mut first = tls(&by_name).start().await;
+    let second = tls(&by_address).start().await;
+    // One URL, one password.
+    second
+        .execute(&format!(
+            "ALTER ROLE postgres PASSWORD '{}'",
+            first.password()
+        ))
+        .await;
+    let url = format!(
+        "postgres://postgres:{}@localhost:{},127.0.0.1:{}/postgres\
+         ?sslmode=verify-full&sslrootcert={}&target_session_attrs=read-write&connect_timeout=2",
+        first.password(),
+        first.port(),
+        second.port(),
+        certs.ca.display()
+    );
+    let gateway = gateway(&url).await;
+    let config = through(&gateway, &first);
+    let client = connect(&config).await.expect("a session on the first host");
+    assert_eq!(server_of(&client).await.0, i32::from(first.port()));
+
+    first.kill().await;
+    let client = connect(&config)
+        .await
+        .expect("a session on the second host, its certificate checked against 127.0.0.1");
+    assert_eq!(server_of(&client).await.0, i32::from(second.port()));
+    let encrypted: bool = client
+        .query_one(
+            "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(encrypted);
 }
