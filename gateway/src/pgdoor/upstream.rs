@@ -218,7 +218,14 @@ impl Upstream {
                 }
             }
         }
-        Err(failed.expect("a URL has at least one host"))
+        let failed = failed.expect("a URL has at least one host");
+        if !self.primary_only {
+            return Err(failed);
+        }
+        Err(io::Error::new(
+            failed.kind(),
+            format!("no host is a reachable primary (target_session_attrs=read-write); the last: {failed}"),
+        ))
     }
 
     /// Forgets host `index` as the one sessions go to (a session found it unreachable,
