@@ -21,6 +21,12 @@ keyUsage = critical, digitalSignature
 extendedKeyUsage = serverAuth
 ";
 
+/// The extensions of a server certificate of [`Certs::server_for`], after its name.
+const SERVER_BASICS: &str = "basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = serverAuth
+";
+
 /// The extensions of a client certificate: its name, no CA, for a client.
 const CLIENT_EXTENSIONS: &str = "basicConstraints = critical, CA:FALSE
 keyUsage = critical, digitalSignature
@@ -86,6 +92,24 @@ impl Certs {
         }
     }
 
+    /// Another server certificate, signed by this CA, for the one name `san` (e.g.
+    /// `DNS:localhost` or `IP:127.0.0.1`): for a server that must not pass for another.
+    pub fn server_for(&self, san: &str) -> ClientCert {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let stem = format!("server-{}", NEXT.fetch_add(1, Ordering::Relaxed));
+        let ext = format!("{stem}.ext");
+        std::fs::write(
+            self.dir.join(&ext),
+            format!("subjectAltName = {san}\n{SERVER_BASICS}"),
+        )
+        .expect("the extensions file can be written");
+        self.sign(&stem, "server", &ext);
+        ClientCert {
+            cert: self.dir.join(format!("{stem}.crt")),
+            key: self.dir.join(format!("{stem}.key")),
+        }
+    }
+
     /// Makes `<stem>.key` and `<stem>.crt` for `/CN=<common_name>` with the extensions
     /// of file `ext`, signed by the CA.
     fn sign(&self, stem: &str, common_name: &str, ext: &str) {
@@ -111,8 +135,8 @@ impl Drop for Certs {
     }
 }
 
-/// PEM files of a client certificate and its private key (PKCS#8), in the directory
-/// of the [`Certs`] whose CA signed it (removed with it).
+/// PEM files of a certificate (a client's, or another server's) and its private key
+/// (PKCS#8), in the directory of the [`Certs`] whose CA signed it (removed with it).
 pub struct ClientCert {
     pub cert: PathBuf,
     pub key: PathBuf,

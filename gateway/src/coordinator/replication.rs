@@ -137,6 +137,18 @@ impl Coordinator {
         }
     }
 
+    /// Whether the Postgres door may open a session now: the server the store reaches
+    /// was audited (a session that writes with an older term must find the fences
+    /// restored), and — with `--require-synchronous-replication` — the database is
+    /// synchronously replicated.
+    pub async fn door_admits(&self) -> Result<(), ApiError> {
+        self.require_replication()?;
+        if let Store::Postgres(store) = &self.store {
+            store.audited().await.map_err(ApiError::Store)?;
+        }
+        Ok(())
+    }
+
     /// Refuses a write, raise or lease step while the fence database is not known to be
     /// synchronously replicated, if `--require-synchronous-replication` asks for it.
     pub(super) fn require_replication(&self) -> Result<(), ApiError> {

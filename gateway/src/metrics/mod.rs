@@ -105,6 +105,7 @@ struct DoorMetrics {
     auth_failures: IntCounter,
     protocol_errors: IntCounter,
     refusals: IntCounterVec,
+    not_primary: IntCounterVec,
 }
 
 /// The series of one (route, outcome), resolved once: answering a request then costs
@@ -141,14 +142,20 @@ pub const PG_DIRECTIONS: [&str; 2] = ["from_client", "to_client"];
 pub const PG_CANCEL_OUTCOMES: [&str; 2] = ["forwarded", "unknown_key"];
 
 /// The `reason` label of `fencegate_pg_refusals_total`.
-pub const PG_REFUSAL_REASONS: [&str; 6] = [
+pub const PG_REFUSAL_REASONS: [&str; 8] = [
     "tls_required",
     "not_allowed",
     "auth_pending",
     "auth_pending_peer",
     "auth_timeout",
     "connections",
+    "server_not_audited",
+    "not_synchronously_replicated",
 ];
+
+/// The `during` label of `fencegate_pg_not_primary_total`: the session's login, or the
+/// session itself (its server turned read-only).
+pub const PG_NOT_PRIMARY_DURING: [&str; 2] = ["login", "session"];
 
 impl DoorMetrics {
     fn new() -> DoorMetrics {
@@ -178,6 +185,17 @@ impl DoorMetrics {
         .unwrap();
         for reason in PG_REFUSAL_REASONS {
             refusals.with_label_values(&[reason]);
+        }
+        let not_primary = IntCounterVec::new(
+            Opts::new(
+                "fencegate_pg_not_primary_total",
+                "Postgres door sessions ended because their server was not, or no longer, the primary (target_session_attrs=read-write), by when it showed.",
+            ),
+            &["during"],
+        )
+        .unwrap();
+        for during in PG_NOT_PRIMARY_DURING {
+            not_primary.with_label_values(&[during]);
         }
         let [from_client, to_client] = PG_DIRECTIONS;
         for outcome in PG_CANCEL_OUTCOMES {
@@ -209,10 +227,11 @@ impl DoorMetrics {
             )
             .unwrap(),
             refusals,
+            not_primary,
         }
     }
 
-    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 7] {
+    fn collectors(&self) -> [Box<dyn prometheus::core::Collector>; 8] {
         [
             Box::new(self.connections.clone()),
             Box::new(self.sessions.clone()),
@@ -221,6 +240,7 @@ impl DoorMetrics {
             Box::new(self.auth_failures.clone()),
             Box::new(self.protocol_errors.clone()),
             Box::new(self.refusals.clone()),
+            Box::new(self.not_primary.clone()),
         ]
     }
 }
@@ -552,6 +572,12 @@ impl Metrics {
     /// Counts a client the door refused, by `reason` (one of [`PG_REFUSAL_REASONS`]).
     pub fn pg_refused(&self, reason: &str) {
         self.pg.refusals.with_label_values(&[reason]).inc();
+    }
+
+    /// Counts a session ended because its server is not the primary, `during` (one of
+    /// [`PG_NOT_PRIMARY_DURING`]) its login or later.
+    pub fn pg_not_primary(&self, during: &str) {
+        self.pg.not_primary.with_label_values(&[during]).inc();
     }
 
     /// Records an answered request: `outcome` is its error, `None` if it succeeded.

@@ -38,17 +38,25 @@ pub(crate) enum Refusal {
     AuthTimeout,
     /// `--pg-max-connections` connections were open.
     Connections,
+    /// The database server the gateway reaches has not been audited yet (a failover),
+    /// or cannot be reached to find out.
+    ServerNotAudited,
+    /// `--require-synchronous-replication`, and the fence database has no synchronous
+    /// standby streaming.
+    NotSynchronouslyReplicated,
 }
 
 impl Refusal {
     #[cfg(test)]
-    const ALL: [Refusal; 6] = [
+    const ALL: [Refusal; 8] = [
         Refusal::TlsRequired,
         Refusal::NotAllowed,
         Refusal::AuthPending,
         Refusal::AuthPendingPeer,
         Refusal::AuthTimeout,
         Refusal::Connections,
+        Refusal::ServerNotAudited,
+        Refusal::NotSynchronouslyReplicated,
     ];
 
     pub(crate) fn reason(self) -> &'static str {
@@ -59,6 +67,8 @@ impl Refusal {
             Refusal::AuthPendingPeer => "auth_pending_peer",
             Refusal::AuthTimeout => "auth_timeout",
             Refusal::Connections => "connections",
+            Refusal::ServerNotAudited => "server_not_audited",
+            Refusal::NotSynchronouslyReplicated => "not_synchronously_replicated",
         }
     }
 
@@ -71,6 +81,8 @@ impl Refusal {
             Refusal::AuthPending | Refusal::AuthPendingPeer | Refusal::Connections => "53300",
             // connection_failure, as the door has always said on a timeout.
             Refusal::AuthTimeout => "08006",
+            // cannot_connect_now, as a server that is starting up.
+            Refusal::ServerNotAudited | Refusal::NotSynchronouslyReplicated => "57P03",
         }
     }
 
@@ -91,6 +103,14 @@ impl Refusal {
                 "start-up and authentication took longer than --pg-startup-timeout"
             }
             Refusal::Connections => "sorry, too many clients of the fencegate door already",
+            Refusal::ServerNotAudited => {
+                "the fencegate door is checking the fences of a database server it has not \
+                 seen before (a failover?), or cannot reach it; try again shortly"
+            }
+            Refusal::NotSynchronouslyReplicated => {
+                "the fence database has no synchronous standby streaming, and this gateway \
+                 requires one (--require-synchronous-replication); try again later"
+            }
         }
     }
 }

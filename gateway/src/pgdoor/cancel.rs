@@ -1,9 +1,11 @@
-//! Cancel keys: the door's own key for each session, mapped to its upstream backend's.
+//! Cancel keys: the door's own key for each session, mapped to its upstream backend's
+//! and to the host that backend runs on.
 //!
 //! A client cancels a query by opening a new connection and sending the key it got in
 //! BackendKeyData. The door never hands out the upstream key — which would let a client
 //! cancel any backend of the server that shares it — but a random key of its own, and
-//! forwards a cancel with a matching key to that session's backend. As Postgres does,
+//! forwards a cancel with a matching key to that session's backend, on that session's
+//! host (of the several `--database-url` may name). As Postgres does,
 //! it sends no reply either way.
 
 use std::sync::Arc;
@@ -22,13 +24,16 @@ pub(crate) struct CancelKeys {
 struct Entry {
     secret: Bytes,
     upstream: CancelKey,
+    /// The index of the session's host among `--database-url`'s: where its cancel
+    /// requests go.
+    host: usize,
 }
 
 impl CancelKeys {
-    /// Issues a new key for a session whose backend has `upstream`, with a secret as
+    /// Issues a new key for a session whose backend, on host `host`, has `upstream`, with a secret as
     /// long as the upstream's (so that the client reads it under the protocol version
     /// it negotiated). The key is forgotten when the returned guard is dropped.
-    pub(crate) fn issue(self: &Arc<Self>, upstream: CancelKey) -> (CancelKey, Issued) {
+    pub(crate) fn issue(self: &Arc<Self>, upstream: CancelKey, host: usize) -> (CancelKey, Issued) {
         loop {
             // Positive, like a real process id: some clients print or compare it.
             let pid = rand::random::<i32>() & i32::MAX;
@@ -40,6 +45,7 @@ impl CancelKeys {
                 slot.insert(Entry {
                     secret: secret.clone(),
                     upstream,
+                    host,
                 });
                 let issued = Issued {
                     keys: Arc::clone(self),
@@ -50,11 +56,11 @@ impl CancelKeys {
         }
     }
 
-    /// The upstream key for a cancel request that presents `key`, if it is one the door
-    /// issued to a live session.
-    pub(crate) fn upstream(&self, key: &CancelKey) -> Option<CancelKey> {
+    /// The upstream key, and its host, for a cancel request that presents `key`, if it
+    /// is one the door issued to a live session.
+    pub(crate) fn upstream(&self, key: &CancelKey) -> Option<(CancelKey, usize)> {
         let entry = self.sessions.get(&key.pid)?;
-        constant_time_eq(&entry.secret, &key.secret).then(|| entry.upstream.clone())
+        constant_time_eq(&entry.secret, &key.secret).then(|| (entry.upstream.clone(), entry.host))
     }
 
     #[cfg(test)]
@@ -95,10 +101,10 @@ mod tests {
     fn issued_keys_map_to_their_upstream_until_dropped() {
         let keys = Arc::new(CancelKeys::default());
         let upstream = key(77, &[9, 9, 9, 9]);
-        let (issued, guard) = keys.issue(upstream.clone());
+        let (issued, guard) = keys.issue(upstream.clone(), 2);
         assert_eq!(issued.secret.len(), 4);
         assert!(issued.pid >= 0);
-        assert_eq!(keys.upstream(&issued), Some(upstream));
+        assert_eq!(keys.upstream(&issued), Some((upstream, 2)));
         let mut wrong = issued.clone();
         wrong.secret = Bytes::from(
             wrong
@@ -120,7 +126,7 @@ mod tests {
     #[test]
     fn long_secrets_keep_their_length() {
         let keys = Arc::new(CancelKeys::default());
-        let (issued, _guard) = keys.issue(key(1, &[7; 32]));
+        let (issued, _guard) = keys.issue(key(1, &[7; 32]), 0);
         assert_eq!(issued.secret.len(), 32);
     }
 }

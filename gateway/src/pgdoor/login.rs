@@ -7,6 +7,10 @@
 //! runs TLS — the door's upstream with `sslmode` other than `disable` — then refuses
 //! the login as a downgrade. The door refuses it first, saying what to change
 //! (`channel_binding=disable` in the client).
+//!
+//! With `target_session_attrs=read-write`, the server must be the primary: one that
+//! reports `in_hot_standby=on` or `default_transaction_read_only=on` before its first
+//! ReadyForQuery does not get the session (see [`NOT_PRIMARY`]).
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
@@ -25,7 +29,21 @@ pub(super) enum Login {
     /// The server refused the session with an error, relayed to the client (or the
     /// door did, for what it cannot relay): its SQLSTATE, if there was one.
     Refused { sqlstate: Option<[u8; 5]> },
+    /// The server is not the primary; the client was told so ([`NOT_PRIMARY`]).
+    NotPrimary,
 }
+
+/// The SQLSTATE of the FATAL error that ends a session whose server is not, or no
+/// longer, the primary: `08006` (connection_failure). Class 08 is what drivers and pools
+/// take for "this connection is gone, open another" — which is the remedy, since the
+/// door's next session goes to the primary. `25006` (read_only_sql_transaction) would
+/// name the cause, but it is what the server itself sends for one refused statement on a
+/// connection that stays usable, and pools do not drop a connection for it.
+pub(super) const NOT_PRIMARY_SQLSTATE: &str = "08006";
+
+/// The message of that error.
+pub(super) const NOT_PRIMARY: &str =
+    "the database server is not the primary (a failover may be under way); connect again";
 
 /// Relays authentication between the client and the server until the server's first
 /// ReadyForQuery, or its error.
@@ -95,7 +113,7 @@ where
             backend::BACKEND_KEY_DATA => {
                 let upstream = wire::CancelKey::parse(&body)
                     .ok_or(ProtocolError::Malformed("BackendKeyData from the server"))?;
-                let (ours, issued) = door.keys.issue(upstream.clone());
+                let (ours, issued) = door.keys.issue(upstream.clone(), ends.upstream_host);
                 key = Some((issued, upstream));
                 ends.client_write
                     .write_all(&ours.backend_key_data())
@@ -115,6 +133,13 @@ where
                 ends.client_write.flush().await?;
                 let status = body.first().copied().unwrap_or(b'I');
                 return Ok(Login::Ready { key, status });
+            }
+            backend::PARAMETER_STATUS
+                if door.upstream.primary_only() && wire::reports_read_only(&body) =>
+            {
+                door.not_primary(ends.upstream_host, "login");
+                refuse(ends.client_write, NOT_PRIMARY_SQLSTATE, NOT_PRIMARY).await?;
+                return Ok(Login::NotPrimary);
             }
             // ParameterStatus, NoticeResponse, NegotiateProtocolVersion.
             _ => forward(ends.client_write, header, &body).await?,

@@ -1,8 +1,9 @@
 //! The Postgres door: writers keep their Postgres driver and point it at the gateway.
 //!
 //! A session-mode relay. Each client connection gets its own connection to the
-//! Postgres server of `--database-url`, to the database and as the user the client
-//! names; start-up parameters (`options`, `fencegate.token`, any other setting) go to
+//! Postgres server of `--database-url` — with several hosts and
+//! `target_session_attrs=read-write`, to the primary ([`upstream`]) — to the database and
+//! as the user the client names; start-up parameters (`options`, `fencegate.token`, any other setting) go to
 //! the server unchanged, and authentication is the server's own (`pg_hba.conf`), relayed
 //! message by message — the gateway stores no secrets. No SQL is parsed or rewritten:
 //! the fence runs inside Postgres, in the triggers of protected tables and in
@@ -22,10 +23,12 @@
 //! - `admission`: who is let in, and how the others are turned away.
 //! - `logs`: the door's lines about clients, at most one per kind and window.
 //! - `startup`: TLS (SSLRequest or direct), GSSENCRequest, CancelRequest.
-//! - `session`: one session, and the two streaming directions.
+//! - `session`: one session, and the client-to-server direction.
+//! - `to_client`: the server-to-client direction, and what the door reads in it.
 //! - `login`: authentication, relayed.
-//! - `cancel`: the door's cancel keys, mapped to the upstream backends'.
-//! - `upstream`: the connection to the server, with TLS as `--database-url` asks.
+//! - `cancel`: the door's cancel keys, mapped to the upstream backends' and their hosts.
+//! - `upstream`: the connection to the server: which host of `--database-url` (the
+//!   primary, when asked), with TLS as the URL asks.
 //! - `wire`: framing, with every length checked before it is allocated.
 
 mod admission;
@@ -35,6 +38,7 @@ mod login;
 mod logs;
 mod session;
 mod startup;
+mod to_client;
 mod upstream;
 mod wire;
 
@@ -50,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::DoorGrant;
 use crate::coordinator::Coordinator;
+use crate::error::ApiError;
 use crate::metrics::Metrics;
 use admission::{Admission, Authenticating, Refusal};
 use cancel::CancelKeys;
@@ -86,6 +91,13 @@ pub enum DoorStartError {
     UnixSocket,
     #[error("--database-url: sslnegotiation=direct needs sslmode=require or stronger")]
     WeakDirect,
+    #[error("--database-url: {0}")]
+    Hosts(String),
+    #[error(
+        "--database-url: the Postgres door relays writers to the primary: \
+         target_session_attrs may be read-write or any"
+    )]
+    SessionAttrs,
     #[error("--pg-tls-cert/--pg-tls-key: {0}")]
     Tls(#[from] TlsConfigError),
 }
@@ -217,7 +229,13 @@ impl Door {
         let refusal = match &stream {
             ClientStream::Plain(_) if self.require_tls => Some(Refusal::TlsRequired),
             _ if !admission::allowed(&self.allow, &startup) => Some(Refusal::NotAllowed),
-            _ => None,
+            _ => match self.coordinator.door_admits().await {
+                Ok(()) => None,
+                Err(ApiError::NotSynchronouslyReplicated) => {
+                    Some(Refusal::NotSynchronouslyReplicated)
+                }
+                Err(_) => Some(Refusal::ServerNotAudited),
+            },
         };
         if let Some(refusal) = refusal {
             self.refused(refusal, peer);
@@ -268,7 +286,7 @@ impl Door {
     /// Forwards a cancel request for a key the door issued to its session's backend;
     /// ignores any other (no reply either way, as Postgres).
     async fn cancel(&self, key: &wire::CancelKey, peer: SocketAddr) {
-        let Some(upstream) = self.keys.upstream(key) else {
+        let Some((upstream, host)) = self.keys.upstream(key) else {
             self.metrics().pg_cancel(false);
             if let Some(unlogged) = self.logs.admit(Kind::UnknownCancel) {
                 tracing::info!(
@@ -281,18 +299,36 @@ impl Door {
             return;
         };
         self.metrics().pg_cancel(true);
-        self.cancel_upstream(&upstream).await;
+        self.cancel_upstream(host, &upstream).await;
     }
 
-    /// Sends a cancel request for the upstream backend of `key`.
-    async fn cancel_upstream(&self, key: &wire::CancelKey) {
-        let sent = self.upstream.cancel(key);
+    /// Sends a cancel request for the upstream backend of `key`, on host `host` (an
+    /// index into the URL's hosts): the host of its session.
+    async fn cancel_upstream(&self, host: usize, key: &wire::CancelKey) {
+        let sent = self.upstream.cancel(host, key);
         if let Err(error) = tokio::time::timeout(self.startup_timeout, sent)
             .await
             .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
         {
-            tracing::warn!(%error, "could not send a cancel request to the database");
+            tracing::warn!(
+                %error,
+                host = %self.upstream.host(host),
+                "could not send a cancel request to the database"
+            );
         }
+    }
+
+    /// Ends a session whose server is not, or no longer (`during`: `login` or
+    /// `session`), the primary: counts it, logs it, and forgets the host, so that the
+    /// next session searches for the primary.
+    fn not_primary(&self, host: usize, during: &'static str) {
+        self.metrics().pg_not_primary(during);
+        self.upstream.forget(host);
+        tracing::info!(
+            host = %self.upstream.host(host),
+            during,
+            "Postgres door session ended: its database server is not the primary"
+        );
     }
 }
 

@@ -19,14 +19,26 @@
 //! From the client: message headers only, checked against the protocol's message types
 //! and `--pg-max-message`. From the server: authentication requests (SCRAM channel
 //! binding is withdrawn), BackendKeyData (replaced by the door's own key, [`super::cancel`]),
-//! ErrorResponse (fencegate's stale rejections are counted and logged) and
-//! ReadyForQuery (the transaction status, for a clean shutdown).
+//! ErrorResponse (fencegate's stale rejections are counted and logged),
+//! ParameterStatus (a server that turns read-only, with `target_session_attrs=read-write`)
+//! and ReadyForQuery (the transaction status, for a clean shutdown).
 //!
 //! # Ending
 //!
 //! A client that leaves — Terminate, a closed socket, a protocol error — takes its
 //! upstream connection with it: the server sees the socket close and rolls back any
-//! open transaction, releasing its locks.
+//! open transaction, releasing its locks. A server that goes away ends the session; so
+//! does, with `target_session_attrs=read-write`, a server that reports
+//! `default_transaction_read_only=on` or `in_hot_standby=on` mid-session: the door relays
+//! nothing more from it and tells the client with FATAL `08006`
+//! ([`super::login::NOT_PRIMARY`]) in place of that ParameterStatus
+//! ([`super::to_client`]). The server sends it just before the ReadyForQuery of the
+//! first statement it ran after the change: new transactions are read-only from then on,
+//! and one left open is rolled back when the door closes the connection (a COMMIT that
+//! the server completed stays committed; the client sees its CommandComplete before the
+//! error). A client that itself sets
+//! `default_transaction_read_only = on` is ended the same way (libpq's read-write check
+//! cannot tell either); `BEGIN READ ONLY` is not reported and is fine.
 
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 
@@ -38,10 +50,10 @@ use tokio::time::Instant;
 
 use super::admission::{Authenticating, Refusal};
 use super::login::{authenticate, Login};
+use super::to_client::to_client;
 use super::upstream::UpstreamStream;
-use super::wire::{self, backend, frontend, Header, ProtocolError, StartupPacket, WireError};
+use super::wire::{self, frontend, Header, ProtocolError, StartupPacket, WireError};
 use super::Door;
-use crate::dbfence::Reported;
 
 /// Buffer size of each direction's reader and writer: four per session, so 64 KiB a
 /// session. Larger messages pass through them in pieces.
@@ -49,7 +61,7 @@ const BUFFER: usize = 16 << 10;
 
 /// The largest message the server may send: Postgres's own limit is 1 GiB. Server
 /// messages are streamed, never held whole, except the few small ones the door reads.
-const MAX_SERVER_MESSAGE: usize = 1 << 30;
+pub(super) const MAX_SERVER_MESSAGE: usize = 1 << 30;
 
 /// How a session ended, for the log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,6 +82,8 @@ pub(crate) enum Ending {
     ProtocolError,
     /// The gateway is shutting down; the idle session was told so.
     Shutdown,
+    /// The server was not, or no longer, the primary; the client was told so.
+    NotPrimary,
 }
 
 /// Runs a session from its StartupMessage to its end, on the two halves of the client's
@@ -130,7 +144,7 @@ where
         refuse(client_write, "0A000", &error.to_string()).await?;
         return Err(error.into());
     }
-    let upstream = match tokio::time::timeout_at(deadline, door.upstream.connect()).await {
+    let (host, upstream) = match tokio::time::timeout_at(deadline, door.upstream.connect()).await {
         Ok(Ok(upstream)) => upstream,
         Ok(Err(error)) => {
             tracing::warn!(%error, upstream = %door.upstream, "the Postgres door could not reach the database");
@@ -152,6 +166,7 @@ where
         startup,
         deadline,
         authenticating,
+        host,
     };
     let client = (client_read, client_write);
     match upstream {
@@ -168,11 +183,13 @@ where
 }
 
 /// What a session starts with: the client's StartupMessage, the end of its login time,
-/// and its place among the connections still authenticating.
+/// its place among the connections still authenticating, and the index of the host it
+/// is connected to.
 struct Session {
     startup: StartupPacket,
     deadline: Instant,
     authenticating: Authenticating,
+    host: usize,
 }
 
 /// The session once its upstream connection is made (`upstream_tls`: over TLS):
@@ -186,6 +203,7 @@ async fn attached<CR, CW, UR, UW>(
         startup,
         deadline,
         authenticating,
+        host,
     }: Session,
 ) -> Result<Ending, WireError>
 where
@@ -212,11 +230,13 @@ where
         upstream_read: &mut upstream_read,
         upstream_write: &mut upstream_write,
         upstream_tls,
+        upstream_host: host,
     };
     let login = tokio::time::timeout_at(deadline, authenticate(door, &mut ends)).await;
     let (key, status) = match login {
         Ok(Ok(Login::Ready { key, status })) => (key, status),
         Ok(Ok(Login::Refused { sqlstate })) => return Ok(Ending::LoginRefused(sqlstate)),
+        Ok(Ok(Login::NotPrimary)) => return Ok(Ending::NotPrimary),
         Ok(Err(error)) => return Err(error),
         Err(_) => {
             let timeout = Refusal::AuthTimeout;
@@ -230,7 +250,7 @@ where
     if let (Ok(Ending::ClientLeftRunning), Some((_, upstream))) = (&ending, &key) {
         // Closing the upstream socket ends an idle session at once, but a statement
         // that is running goes on until it next talks to the client: cancel it.
-        door.cancel_upstream(upstream).await;
+        door.cancel_upstream(host, upstream).await;
     }
     drop(key);
     ending
@@ -244,17 +264,19 @@ pub(super) struct Ends<'a, CR, CW, UR, UW> {
     pub(super) upstream_write: &'a mut BufWriter<UW>,
     /// The upstream connection is TLS: the server supports SCRAM channel binding.
     pub(super) upstream_tls: bool,
+    /// The index of the server's host among the URL's.
+    pub(super) upstream_host: usize,
 }
 
 /// Counts a session's requests and replies, so that shutdown can tell an idle session
 /// (nothing asked and unanswered, no transaction open) from a busy one.
-struct Progress {
+pub(super) struct Progress {
     /// Messages sent that each get one ReadyForQuery (Query, Sync, FunctionCall).
     asked: AtomicU64,
     /// ReadyForQuery messages relayed.
-    answered: AtomicU64,
+    pub(super) answered: AtomicU64,
     /// The latest transaction status: `I` idle, `T` in a transaction, `E` failed one.
-    status: AtomicU8,
+    pub(super) status: AtomicU8,
 }
 
 impl Progress {
@@ -263,7 +285,7 @@ impl Progress {
         self.asked.load(Ordering::Relaxed) != self.answered.load(Ordering::Relaxed)
     }
 
-    fn idle(&self) -> bool {
+    pub(super) fn idle(&self) -> bool {
         self.status.load(Ordering::Relaxed) == b'I'
             && self.asked.load(Ordering::Relaxed) == self.answered.load(Ordering::Relaxed)
     }
@@ -304,6 +326,7 @@ where
         ends.client_write,
         &progress,
         failure,
+        ends.upstream_host,
     );
     let ending = tokio::select! {
         ending = from_client => ending,
@@ -394,161 +417,6 @@ where
     }
 }
 
-/// Server to client: everything relayed, errors and ReadyForQuery looked into; a
-/// client's protocol error or the gateway's shutdown of an idle session ends it with a
-/// FATAL error between two messages.
-async fn to_client<R, W>(
-    door: &Door,
-    upstream: &mut BufReader<R>,
-    client: &mut BufWriter<W>,
-    progress: &Progress,
-    mut failure: oneshot::Receiver<ProtocolError>,
-) -> Result<Ending, WireError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    // Made once: each new wait on a cancellation token takes a lock to register.
-    let mut shutdown = std::pin::pin!(door.shutdown.cancelled());
-    let mut shutting_down = false;
-    loop {
-        if let Ok(error) = failure.try_recv() {
-            return tell_protocol_error(door, client, &error).await;
-        }
-        if upstream.buffer().is_empty() {
-            client.flush().await?;
-            tokio::select! {
-                biased;
-                error = &mut failure => {
-                    if let Ok(error) = error {
-                        return tell_protocol_error(door, client, &error).await;
-                    }
-                    // The other direction ended; the session is ending.
-                    std::future::pending::<()>().await;
-                }
-                () = &mut shutdown, if !shutting_down && progress.idle() => {
-                    shutting_down = true;
-                    if !progress.idle() {
-                        // A request went out since the guard was checked: close at
-                        // its ReadyForQuery instead.
-                        continue;
-                    }
-                    refuse(client, "57P01", "fencegate is shutting down").await?;
-                    return Ok(Ending::Shutdown);
-                }
-                read = upstream.fill_buf() => {
-                    if read?.is_empty() {
-                        return Ok(Ending::ServerClosed);
-                    }
-                }
-            }
-        }
-        // The messages already read whole: looked into in place, passed on in one write.
-        let mut whole =
-            wire::WholeMessages::new(upstream.buffer(), MAX_SERVER_MESSAGE, "server message");
-        let mut passed = 0;
-        let mut ready = false;
-        while let Some(message) = whole.next() {
-            let (header, body) = message?;
-            ready |= look_into(door, progress, header, body);
-            passed = whole.read();
-        }
-        if passed > 0 {
-            client.write_all(&upstream.buffer()[..passed]).await?;
-            upstream.consume(passed);
-            door.metrics().pg_bytes_to_client(passed);
-            if ready && closes_now(door, progress, upstream) {
-                refuse(client, "57P01", "fencegate is shutting down").await?;
-                return Ok(Ending::Shutdown);
-            }
-            continue;
-        }
-        // A message the buffer holds only part of.
-        let Some(header) =
-            wire::read_header(upstream, MAX_SERVER_MESSAGE, "server message").await?
-        else {
-            return Ok(Ending::ServerClosed);
-        };
-        door.metrics().pg_bytes_to_client(header.body_len + 5);
-        if inspected(header) {
-            let body = wire::read_body(upstream, header).await?;
-            let ready = look_into(door, progress, header, &body);
-            forward(client, header, &body).await?;
-            if ready && closes_now(door, progress, upstream) {
-                refuse(client, "57P01", "fencegate is shutting down").await?;
-                return Ok(Ending::Shutdown);
-            }
-        } else {
-            client.write_all(&header.encode()).await?;
-            if !copy_body(upstream, client, header).await? {
-                return Ok(Ending::ServerClosed);
-            }
-        }
-    }
-}
-
-/// A server message the door reads whole to look into: an ErrorResponse (within
-/// [`wire::MAX_INSPECTED_MESSAGE`]) or a ReadyForQuery.
-fn inspected(header: Header) -> bool {
-    match header.tag {
-        backend::ERROR_RESPONSE => header.body_len <= wire::MAX_INSPECTED_MESSAGE,
-        backend::READY_FOR_QUERY => header.body_len == 1,
-        _ => false,
-    }
-}
-
-/// Looks into a whole server message before it is relayed: counts fencegate's
-/// rejections, and records a ReadyForQuery's transaction status. True for a
-/// ReadyForQuery.
-fn look_into(door: &Door, progress: &Progress, header: Header, body: &[u8]) -> bool {
-    if !inspected(header) {
-        return false;
-    }
-    if header.tag == backend::ERROR_RESPONSE {
-        count_rejection(door, body);
-        return false;
-    }
-    progress.status.store(body[0], Ordering::Relaxed);
-    progress.answered.fetch_add(1, Ordering::Relaxed);
-    true
-}
-
-/// After a ReadyForQuery: the gateway is shutting down, the session is idle and the
-/// server has sent nothing more, so the session closes now.
-fn closes_now<R: AsyncRead>(door: &Door, progress: &Progress, upstream: &BufReader<R>) -> bool {
-    door.shutdown.is_cancelled() && progress.idle() && upstream.buffer().is_empty()
-}
-
-/// Tells the client why its session ends, and counts it.
-async fn tell_protocol_error<W: AsyncWrite + Unpin>(
-    door: &Door,
-    client: &mut BufWriter<W>,
-    error: &ProtocolError,
-) -> Result<Ending, WireError> {
-    door.metrics().pg_protocol_error();
-    tracing::info!(%error, "Postgres client broke the protocol; its session is closed");
-    refuse(client, "08P01", &format!("fencegate: {error}")).await?;
-    Ok(Ending::ProtocolError)
-}
-
-/// Counts and logs a fencegate rejection that the server sent (a stale token, or one
-/// its issuer never issued) — if the fence's proof says the fence made it; a `ZF001` or
-/// `ZF005` that the client's own SQL raised is counted apart.
-fn count_rejection(door: &Door, body: &[u8]) {
-    let Some(code) = error_code(body) else {
-        return;
-    };
-    let detail = || {
-        wire::error_fields(body)
-            .find(|(field, _)| *field == b'D')
-            .and_then(|(_, value)| std::str::from_utf8(value).ok())
-    };
-    if let Some(reported) = Reported::read(code, detail(), door.proof_key()) {
-        door.coordinator
-            .db_refusal(&reported, None, crate::coordinator::Door::Postgres);
-    }
-}
-
 /// The SQLSTATE of an ErrorResponse body.
 pub(super) fn error_code(body: &[u8]) -> Option<&[u8]> {
     wire::error_fields(body)
@@ -574,7 +442,11 @@ pub(super) async fn forward<W: AsyncWrite + Unpin>(
 /// reader ended first. Never flushes (unlike `tokio::io::copy_buf`, which flushes at the
 /// end of every body): the writer's buffer batches messages, and each direction
 /// flushes when it has nothing more to read.
-async fn copy_body<R, W>(from: &mut R, to: &mut W, header: Header) -> std::io::Result<bool>
+pub(super) async fn copy_body<R, W>(
+    from: &mut R,
+    to: &mut W,
+    header: Header,
+) -> std::io::Result<bool>
 where
     R: AsyncBufRead + Unpin,
     W: AsyncWrite + Unpin,

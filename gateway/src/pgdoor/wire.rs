@@ -81,6 +81,7 @@ pub(crate) mod backend {
     pub(crate) const AUTHENTICATION: u8 = b'R';
     pub(crate) const BACKEND_KEY_DATA: u8 = b'K';
     pub(crate) const ERROR_RESPONSE: u8 = b'E';
+    pub(crate) const PARAMETER_STATUS: u8 = b'S';
     pub(crate) const READY_FOR_QUERY: u8 = b'Z';
 }
 
@@ -372,6 +373,18 @@ pub(crate) fn error_fields(body: &[u8]) -> impl Iterator<Item = (u8, &[u8])> {
         .map(|field| (field[0], &field[1..]))
 }
 
+/// Whether a ParameterStatus body says the server does not take writes:
+/// `in_hot_standby=on` (a standby) or `default_transaction_read_only=on`, the two
+/// settings by which libpq's `target_session_attrs=read-write` judges a server of
+/// Postgres 14 or later.
+pub(crate) fn reports_read_only(body: &[u8]) -> bool {
+    let mut fields = body.split(|b| *b == 0);
+    let (Some(name), Some(value)) = (fields.next(), fields.next()) else {
+        return false;
+    };
+    matches!(name, b"in_hot_standby" | b"default_transaction_read_only") && value == b"on"
+}
+
 /// The authentication request code of an `R` body.
 pub(crate) fn auth_code(body: &[u8]) -> Option<i32> {
     Some(i32::from_be_bytes(body.get(..4)?.try_into().ok()?))
@@ -445,6 +458,16 @@ impl CancelKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_standby_or_a_read_only_default_reports_read_only() {
+        assert!(reports_read_only(b"in_hot_standby\0on\0"));
+        assert!(reports_read_only(b"default_transaction_read_only\0on\0"));
+        assert!(!reports_read_only(b"in_hot_standby\0off\0"));
+        assert!(!reports_read_only(b"default_transaction_read_only\0off\0"));
+        assert!(!reports_read_only(b"application_name\0on\0"));
+        assert!(!reports_read_only(b"in_hot_standby"));
+    }
 
     #[tokio::test]
     async fn startup_lengths_are_checked_before_reading() {

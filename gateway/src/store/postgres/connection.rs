@@ -298,7 +298,8 @@ impl ServerWatch {
         self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn audited(&self, server: &ServerId) -> bool {
+    /// Whether the fences of `server` were audited.
+    pub fn audited(&self, server: &ServerId) -> bool {
         self.audited
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -50,7 +50,8 @@ use super::leases::{
     Claimant, LeaseOp, LeaseOutcome, LeaseRecord, Reset, ResetOutcome, ResetRecord,
 };
 use super::{
-    AdvanceOutcome, NotWritable, NotWritableReason, StoreError, StoredObject, Write, WriteOutcome,
+    AdvanceOutcome, NotWritable, NotWritableReason, StoreError, StoredObject, UnavailableReason,
+    Write, WriteOutcome,
 };
 use tokio_postgres::error::SqlState;
 
@@ -563,6 +564,22 @@ impl PgStore {
             Ok((replication, ServerId::read(client).await?))
         })
         .await
+    }
+
+    /// Succeeds once the server the store's connections reach was audited: a
+    /// connection is taken (the first to a new server runs its audit), and the server
+    /// it reached must be audited or a standby.
+    pub async fn audited(&self) -> Result<(), StoreError> {
+        self.ping().await?;
+        match self.watch.current() {
+            Some(server) if !server.standby && !self.watch.audited(&server) => {
+                Err(StoreError::Unavailable {
+                    reason: UnavailableReason::Connect,
+                    applied: Some(false),
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Which server the store's connections reach, and whether it was audited.

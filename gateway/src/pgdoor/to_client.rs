@@ -1,0 +1,227 @@
+//! The server-to-client direction of a session: everything relayed, and the few
+//! messages the door looks into read whole where they lie — ErrorResponse (fencegate's
+//! stale rejections are counted), ParameterStatus (a server turning read-only, with
+//! `target_session_attrs=read-write`), ReadyForQuery (the transaction status, for a
+//! clean shutdown). See [`super::session`] for the buffering and the endings.
+
+use std::sync::atomic::Ordering;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::sync::oneshot;
+
+use super::login::{NOT_PRIMARY, NOT_PRIMARY_SQLSTATE};
+use super::session::{
+    copy_body, error_code, forward, refuse, Ending, Progress, MAX_SERVER_MESSAGE,
+};
+use super::wire::{self, backend, Header, ProtocolError, WireError};
+use super::Door;
+use crate::dbfence::Reported;
+
+/// Server to client: everything relayed, errors, ParameterStatus and ReadyForQuery
+/// looked into; a client's protocol error, the gateway's shutdown of an idle session or
+/// a server that turns read-only (on host `host`) ends it with a FATAL error between two
+/// messages.
+pub(super) async fn to_client<R, W>(
+    door: &Door,
+    upstream: &mut BufReader<R>,
+    client: &mut BufWriter<W>,
+    progress: &Progress,
+    mut failure: oneshot::Receiver<ProtocolError>,
+    host: usize,
+) -> Result<Ending, WireError>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    // Made once: each new wait on a cancellation token takes a lock to register.
+    let mut shutdown = std::pin::pin!(door.shutdown.cancelled());
+    let mut shutting_down = false;
+    loop {
+        if let Ok(error) = failure.try_recv() {
+            return tell_protocol_error(door, client, &error).await;
+        }
+        if upstream.buffer().is_empty() {
+            client.flush().await?;
+            tokio::select! {
+                biased;
+                error = &mut failure => {
+                    if let Ok(error) = error {
+                        return tell_protocol_error(door, client, &error).await;
+                    }
+                    // The other direction ended; the session is ending.
+                    std::future::pending::<()>().await;
+                }
+                () = &mut shutdown, if !shutting_down && progress.idle() => {
+                    shutting_down = true;
+                    if !progress.idle() {
+                        // A request went out since the guard was checked: close at
+                        // its ReadyForQuery instead.
+                        continue;
+                    }
+                    refuse(client, "57P01", "fencegate is shutting down").await?;
+                    return Ok(Ending::Shutdown);
+                }
+                read = upstream.fill_buf() => {
+                    if read?.is_empty() {
+                        return Ok(Ending::ServerClosed);
+                    }
+                }
+            }
+        }
+        // The messages already read whole: looked into in place, passed on in one write.
+        let mut whole =
+            wire::WholeMessages::new(upstream.buffer(), MAX_SERVER_MESSAGE, "server message");
+        let mut passed = 0;
+        let mut ready = false;
+        let mut read_only = false;
+        while let Some(message) = whole.next() {
+            let (header, body) = message?;
+            match look_into(door, progress, header, body) {
+                Seen::ReadOnly => {
+                    read_only = true;
+                    break;
+                }
+                Seen::Ready => ready = true,
+                Seen::Other => {}
+            }
+            passed = whole.read();
+        }
+        if passed > 0 {
+            client.write_all(&upstream.buffer()[..passed]).await?;
+            upstream.consume(passed);
+            door.metrics().pg_bytes_to_client(passed);
+        }
+        if read_only {
+            return not_primary(door, client, host).await;
+        }
+        if passed > 0 {
+            if ready && closes_now(door, progress, upstream) {
+                refuse(client, "57P01", "fencegate is shutting down").await?;
+                return Ok(Ending::Shutdown);
+            }
+            continue;
+        }
+        // A message the buffer holds only part of.
+        let Some(header) =
+            wire::read_header(upstream, MAX_SERVER_MESSAGE, "server message").await?
+        else {
+            return Ok(Ending::ServerClosed);
+        };
+        if inspected(header) {
+            let body = wire::read_body(upstream, header).await?;
+            let seen = look_into(door, progress, header, &body);
+            if seen == Seen::ReadOnly {
+                return not_primary(door, client, host).await;
+            }
+            door.metrics().pg_bytes_to_client(header.body_len + 5);
+            forward(client, header, &body).await?;
+            if seen == Seen::Ready && closes_now(door, progress, upstream) {
+                refuse(client, "57P01", "fencegate is shutting down").await?;
+                return Ok(Ending::Shutdown);
+            }
+        } else {
+            door.metrics().pg_bytes_to_client(header.body_len + 5);
+            client.write_all(&header.encode()).await?;
+            if !copy_body(upstream, client, header).await? {
+                return Ok(Ending::ServerClosed);
+            }
+        }
+    }
+}
+
+/// A server message the door reads whole to look into: an ErrorResponse or a
+/// ParameterStatus (within [`wire::MAX_INSPECTED_MESSAGE`]), or a ReadyForQuery.
+fn inspected(header: Header) -> bool {
+    match header.tag {
+        backend::ERROR_RESPONSE | backend::PARAMETER_STATUS => {
+            header.body_len <= wire::MAX_INSPECTED_MESSAGE
+        }
+        backend::READY_FOR_QUERY => header.body_len == 1,
+        _ => false,
+    }
+}
+
+/// What a server message was, to the door.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// A ReadyForQuery.
+    Ready,
+    /// A ParameterStatus saying the server no longer takes writes, in a session that
+    /// must be on the primary: it ends the session, unrelayed.
+    ReadOnly,
+    Other,
+}
+
+/// Looks into a whole server message before it is relayed: counts fencegate's
+/// rejections, records a ReadyForQuery's transaction status, and notices a server
+/// turning read-only.
+fn look_into(door: &Door, progress: &Progress, header: Header, body: &[u8]) -> Seen {
+    if !inspected(header) {
+        return Seen::Other;
+    }
+    match header.tag {
+        backend::ERROR_RESPONSE => {
+            count_rejection(door, body);
+            Seen::Other
+        }
+        backend::PARAMETER_STATUS
+            if door.upstream.primary_only() && wire::reports_read_only(body) =>
+        {
+            Seen::ReadOnly
+        }
+        backend::PARAMETER_STATUS => Seen::Other,
+        _ => {
+            progress.status.store(body[0], Ordering::Relaxed);
+            progress.answered.fetch_add(1, Ordering::Relaxed);
+            Seen::Ready
+        }
+    }
+}
+
+/// Ends a session whose server (on host `host`) turned read-only: counted, logged, and
+/// the client told.
+async fn not_primary<W: AsyncWrite + Unpin>(
+    door: &Door,
+    client: &mut BufWriter<W>,
+    host: usize,
+) -> Result<Ending, WireError> {
+    door.not_primary(host, "session");
+    refuse(client, NOT_PRIMARY_SQLSTATE, NOT_PRIMARY).await?;
+    Ok(Ending::NotPrimary)
+}
+
+/// After a ReadyForQuery: the gateway is shutting down, the session is idle and the
+/// server has sent nothing more, so the session closes now.
+fn closes_now<R: AsyncRead>(door: &Door, progress: &Progress, upstream: &BufReader<R>) -> bool {
+    door.shutdown.is_cancelled() && progress.idle() && upstream.buffer().is_empty()
+}
+
+/// Tells the client why its session ends, and counts it.
+async fn tell_protocol_error<W: AsyncWrite + Unpin>(
+    door: &Door,
+    client: &mut BufWriter<W>,
+    error: &ProtocolError,
+) -> Result<Ending, WireError> {
+    door.metrics().pg_protocol_error();
+    tracing::info!(%error, "Postgres client broke the protocol; its session is closed");
+    refuse(client, "08P01", &format!("fencegate: {error}")).await?;
+    Ok(Ending::ProtocolError)
+}
+
+/// Counts and logs a fencegate rejection that the server sent (a stale token, or one
+/// its issuer never issued) — if the fence's proof says the fence made it; a `ZF001` or
+/// `ZF005` that the client's own SQL raised is counted apart.
+fn count_rejection(door: &Door, body: &[u8]) {
+    let Some(code) = error_code(body) else {
+        return;
+    };
+    let detail = || {
+        wire::error_fields(body)
+            .find(|(field, _)| *field == b'D')
+            .and_then(|(_, value)| std::str::from_utf8(value).ok())
+    };
+    if let Some(reported) = Reported::read(code, detail(), door.proof_key()) {
+        door.coordinator
+            .db_refusal(&reported, None, crate::coordinator::Door::Postgres);
+    }
+}
