@@ -142,6 +142,16 @@ async fn after_an_asynchronous_failover_the_lost_fence_is_restored() {
     // The leases of `jobs` go through another gateway, which goes down with the
     // primary: no gateway left saw what it minted.
     let zone = gateway_on(&primary, &standby).await;
+    // A third gateway, with its Postgres door, sees `billing` only.
+    let doors = Gateway::builder()
+        .database(&url(&primary, &standby))
+        .args(&["--backend-timeout", "2s"])
+        .spawn()
+        .await;
+    assert_eq!(
+        doors.client().put("billing", "b", 3, "term 3").await.status,
+        201
+    );
     assert_eq!(client.put("orders", "o-1", 5, "term 5").await.status, 201);
     assert_eq!(acquire(&zone.client(), "jobs", "a").await, 1);
     // The seed's lease table, through the lease client, on the same servers.
@@ -156,6 +166,10 @@ async fn after_an_asynchronous_failover_the_lost_fence_is_restored() {
     // lease of `jobs` passes to b with token 2, also on the primary alone.
     replication.cut();
     assert_eq!(client.put("orders", "o-1", 7, "term 7").await.status, 200);
+    assert_eq!(
+        doors.client().put("billing", "b", 4, "term 4").await.status,
+        200
+    );
     let released = lease_step(
         &zone.client(),
         "jobs",
@@ -177,6 +191,41 @@ async fn after_an_asynchronous_failover_the_lost_fence_is_restored() {
         Some(5),
         "the promoted standby lost the fence of term 7"
     );
+
+    // The first session the door opens on the new primary opens after the audit of
+    // that server: the fence its gateway saw committed is already restored, and
+    // counted.
+    let door_url = format!(
+        "postgres://postgres:{}@{}/postgres",
+        primary.password(),
+        doors.pg_addr()
+    );
+    let started = Instant::now();
+    loop {
+        match tokio_postgres::connect(&door_url, tokio_postgres::NoTls).await {
+            Ok((session, connection)) => {
+                tokio::spawn(connection);
+                session.simple_query("SELECT 1").await.unwrap();
+                break;
+            }
+            Err(error) => {
+                assert!(
+                    started.elapsed() < WAIT,
+                    "the door never opened a session on the new primary: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    assert_eq!(
+        doors
+            .client()
+            .metric("fencegate_fence_regressions_total")
+            .await,
+        Some(1.0),
+        "a door session opened on the new primary before its fences were audited"
+    );
+    assert_eq!(fence_on(&standby, "billing").await, Some(4));
 
     // The first write the gateway answers on the new primary comes after the audit of
     // that server: the fence it saw committed is already restored, and counted.
@@ -367,8 +416,6 @@ async fn without_a_synchronous_standby_a_gateway_that_requires_one_refuses_write
     let gateway = Gateway::builder()
         .database(&url(&primary, &standby))
         .args(&[
-            "--pg-listen",
-            "off",
             "--backend-timeout",
             "2s",
             "--require-synchronous-replication",
@@ -442,6 +489,21 @@ async fn without_a_synchronous_standby_a_gateway_that_requires_one_refuses_write
         None,
         "the refused raise moved a fence"
     );
+    // The door opens no session meanwhile.
+    let door_url = format!(
+        "postgres://postgres:{}@{}/postgres",
+        primary.password(),
+        gateway.pg_addr()
+    );
+    let error = tokio_postgres::connect(&door_url, tokio_postgres::NoTls)
+        .await
+        .err()
+        .expect("the door refuses a session");
+    assert_eq!(
+        error.code().map(|code| code.code()),
+        Some("57P03"),
+        "{error}"
+    );
 
     // The standby streams again: writes are taken again.
     let _replication = replication.restore().await;
@@ -459,4 +521,9 @@ async fn without_a_synchronous_standby_a_gateway_that_requires_one_refuses_write
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let (session, connection) = tokio_postgres::connect(&door_url, tokio_postgres::NoTls)
+        .await
+        .expect("the door opens sessions again");
+    tokio::spawn(connection);
+    session.simple_query("SELECT 1").await.unwrap();
 }
