@@ -179,7 +179,10 @@ pub struct Member {
 #[derive(Debug, Clone)]
 pub struct Stopped {
     pub node: String,
-    groups: Vec<u32>,
+    /// Patroni's process group.
+    patroni: Option<u32>,
+    /// The postmaster and its children.
+    postgres: Vec<u32>,
 }
 
 /// etcd, three Patroni nodes and HAProxy; everything is killed when dropped.
@@ -441,25 +444,41 @@ impl HaCluster {
         (name, pid)
     }
 
-    /// SIGSTOP of the primary's Patroni and of its whole Postgres (the postmaster's
-    /// group: every backend): the node freezes, holding its sessions, until
-    /// [`HaCluster::cont`].
+    /// SIGSTOP of the primary's Patroni and of all its Postgres processes — the
+    /// postmaster, then each of its children (every backend leads a process group of
+    /// its own) — as when a VM is paused: the node holds its sessions and its leader key
+    /// until that expires, until [`HaCluster::cont`].
     pub async fn stop_primary(&self) -> Stopped {
         let (name, _) = self.wait_for_primary(Duration::from_secs(30)).await;
         let node = self.node(&name);
-        let mut groups = Vec::new();
-        groups.extend(node.patroni.group());
-        groups.extend(node.postmaster_pid().and_then(process_group));
-        for group in &groups {
-            signal_group(*group, "STOP");
+        let patroni = node.patroni.group();
+        if let Some(group) = patroni {
+            signal_group(group, "STOP");
         }
-        Stopped { node: name, groups }
+        let mut postgres = Vec::new();
+        if let Some(postmaster) = node.postmaster_pid() {
+            // The postmaster first, so that it forks no child after the others stop.
+            signal_process(postmaster, "STOP");
+            postgres.push(postmaster);
+            for child in children(postmaster) {
+                signal_process(child, "STOP");
+                postgres.push(child);
+            }
+        }
+        Stopped {
+            node: name,
+            patroni,
+            postgres,
+        }
     }
 
-    /// SIGCONT of what [`HaCluster::stop_primary`] stopped.
+    /// SIGCONT of what [`HaCluster::stop_primary`] stopped, Postgres first.
     pub fn cont(&self, stopped: &Stopped) {
-        for group in &stopped.groups {
-            signal_group(*group, "CONT");
+        for pid in &stopped.postgres {
+            signal_process(*pid, "CONT");
+        }
+        if let Some(group) = stopped.patroni {
+            signal_group(group, "CONT");
         }
     }
 
@@ -638,10 +657,17 @@ impl Drop for HaCluster {
             node.patroni.signal("CONT");
             node.patroni.signal("KILL");
         }
+        // Each backend leads a process group of its own, and may be stopped: SIGKILL
+        // reaches stopped processes.
         for node in &self.nodes {
-            if let Some(group) = node.postmaster_pid().and_then(process_group) {
-                signal_group(group, "CONT");
-                signal_group(group, "KILL");
+            if let Some(postmaster) = node.postmaster_pid() {
+                let children = children(postmaster);
+                if let Some(group) = process_group(postmaster) {
+                    signal_group(group, "KILL");
+                }
+                for child in children {
+                    signal_process(child, "KILL");
+                }
             }
         }
         if let Some(etcd) = &self.etcd {
@@ -663,6 +689,14 @@ fn signal_group(group: u32, signal: &str) {
         .status();
 }
 
+/// Sends `signal` to process `pid`, if it still runs.
+fn signal_process(pid: u32, signal: &str) {
+    let _ = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .stderr(Stdio::null())
+        .status();
+}
+
 /// The process group of `pid`, from `/proc/<pid>/stat`.
 fn process_group(pid: u32) -> Option<u32> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
@@ -672,6 +706,25 @@ fn process_group(pid: u32) -> Option<u32> {
         .nth(2)?
         .parse()
         .ok()
+}
+
+/// The processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let parent = |child: u32| -> Option<u32> {
+        let text = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
+        text[text.rfind(')')? + 1..]
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|child| parent(*child) == Some(pid))
+        .collect()
 }
 
 /// Whether `url` connects to a server that takes writes.
