@@ -49,6 +49,10 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// never answers.
 const REST_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long a `/primary` probe may take: a stopped node never answers, and the
+/// harness should see a new primary soon after it is promoted.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
 /// How long a switchover may take: Patroni answers once the new primary runs.
 const SWITCHOVER_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -196,6 +200,8 @@ pub struct HaCluster {
     nodes: Vec<Node>,
     haproxy_port: u16,
     haproxy: Option<Process>,
+    /// Whether commits wait for a synchronous standby (`synchronous_mode`).
+    synchronous: bool,
 }
 
 impl HaCluster {
@@ -220,6 +226,7 @@ impl HaCluster {
             nodes: Vec::new(),
             haproxy_port: crate::free_port(),
             haproxy: None,
+            synchronous,
         };
         cluster.start_etcd().await;
         let (uid, gid) = postgres_ids().await;
@@ -296,17 +303,24 @@ impl HaCluster {
     }
 
     /// The node whose Patroni answers `GET /primary` with 200 — what HAProxy routes to —
-    /// if any.
+    /// and whose Postgres runs as a primary (Patroni 3.0.2 answers 200 on the node that
+    /// holds the leader key, also while its Postgres restarts in recovery), if any.
     pub async fn primary(&self) -> Option<String> {
         let probes = self
             .nodes
             .iter()
-            .map(|node| node.call(Method::GET, "/primary", None));
+            .map(|node| node.call_within(PROBE_TIMEOUT, Method::GET, "/primary", None));
         let answers = futures_util::future::join_all(probes).await;
         self.nodes
             .iter()
             .zip(answers)
-            .find(|(_, answer)| matches!(answer, Some((200, _))))
+            .find(|(_, answer)| match answer {
+                Some((200, status)) => {
+                    matches!(status["role"].as_str(), Some("master" | "primary"))
+                        && status["state"] == "running"
+                }
+                _ => false,
+            })
             .map(|(node, _)| node.name.clone())
     }
 
@@ -401,7 +415,15 @@ impl HaCluster {
                     .filter(|m| matches!(m.state.as_str(), "running" | "streaming"))
                     .filter(|m| m.lag == Some(0))
                     .count();
-                if members.len() == NODES.len() && leader == 1 && replicas == NODES.len() - 1 {
+                // Patroni's synchronous mode (not strict) runs without a synchronous
+                // standby while none is streaming, e.g. just after a switchover:
+                // commits are then acknowledged by the primary alone.
+                let synchronous = members.iter().any(|m| m.role == "sync_standby");
+                if members.len() == NODES.len()
+                    && leader == 1
+                    && replicas == NODES.len() - 1
+                    && (synchronous || !self.synchronous)
+                {
                     return;
                 }
             }

@@ -182,42 +182,43 @@ impl Summary {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn synchronous_mode_keeps_every_acknowledged_write_through_faults() {
     let _serial = SERIAL.lock().await;
-    let summaries = run(true).await;
-    for summary in &summaries {
+    run(true, |summary| {
+        let fault = summary.fault.name();
         assert!(
             summary.violations.is_empty() && summary.lost.is_empty(),
-            "{}: {:#?}\nlost: {:#?}",
-            summary.fault.name(),
+            "{fault}: {:#?}\nlost: {:#?}",
             summary.violations,
             summary.lost
         );
-        assert_eq!(summary.late_applied, 0, "{}", summary.fault.name());
-        assert_eq!(summary.internal, 0, "{}", summary.fault.name());
-        assert!(summary.counts.applied > 0, "{}", summary.fault.name());
-    }
+        assert_eq!(summary.late_applied, 0, "{fault}");
+        assert_eq!(summary.internal, 0, "{fault}");
+        assert!(summary.counts.applied > 0, "{fault}");
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn asynchronous_mode_lets_no_older_term_in_through_faults() {
     let _serial = SERIAL.lock().await;
-    let summaries = run(false).await;
-    for summary in &summaries {
+    run(false, |summary| {
+        let fault = summary.fault.name();
         for violation in &summary.violations {
-            println!("asynchronous {}: {violation}", summary.fault.name());
+            println!("asynchronous {fault}: {violation}");
         }
         for write in &summary.lost {
-            println!("asynchronous {}: lost {write}", summary.fault.name());
+            println!("asynchronous {fault}: lost {write}");
         }
-    }
-    for summary in &summaries {
-        assert_eq!(summary.late_applied, 0, "{}", summary.fault.name());
-        assert_eq!(summary.internal, 0, "{}", summary.fault.name());
-        assert!(summary.counts.applied > 0, "{}", summary.fault.name());
-    }
+        assert_eq!(summary.late_applied, 0, "{fault}");
+        assert_eq!(summary.internal, 0, "{fault}");
+        assert!(summary.counts.applied > 0, "{fault}");
+    })
+    .await;
 }
 
-/// Starts a cluster, checks that both gateways serve, and runs every fault in turn.
-async fn run(synchronous: bool) -> Vec<Summary> {
+/// Starts a cluster, checks that both gateways serve, and runs every fault in turn,
+/// each one's summary checked by `check` while the cluster still runs (a failure keeps
+/// its files, logs included).
+async fn run(synchronous: bool, check: impl Fn(&Summary)) {
     let mode = if synchronous {
         "synchronous"
     } else {
@@ -232,20 +233,21 @@ async fn run(synchronous: bool) -> Vec<Summary> {
         serves(&gateway.client(), &format!("smoke-{name}")).await;
     }
     let clients = vec![via_haproxy.client(), via_hosts.client()];
-    let mut summaries = Vec::new();
+    let mut logged = BTreeSet::new();
     for fault in Fault::ALL {
         let summary = run_fault(&mut cluster, &clients, fault).await;
         println!("{}", summary.line(mode));
-        summaries.push(summary);
+        for (name, gateway) in [("haproxy", &via_haproxy), ("multi-host", &via_hosts)] {
+            for error in logged_errors(gateway) {
+                if logged.insert((name, error.clone())) {
+                    println!("{mode} {}: the {name} gateway logged {error}", fault.name());
+                }
+            }
+        }
+        check(&summary);
         cluster.wait_until_streaming(RECOVERY_TIMEOUT).await;
     }
-    for (name, gateway) in [("haproxy", &via_haproxy), ("multi-host", &via_hosts)] {
-        for error in logged_errors(gateway) {
-            println!("{mode}: the {name} gateway logged {error}");
-        }
-    }
     println!("{mode}: done in {:.1?}", started.elapsed());
-    summaries
 }
 
 /// The distinct messages (and errors) of a gateway's error events.
@@ -310,6 +312,7 @@ async fn run_fault(cluster: &mut HaCluster, clients: &[Client], fault: Fault) ->
         .collect();
     tokio::time::sleep(STEADY).await;
 
+    let before = roles(cluster).await;
     let fault_at = history::now();
     let what = fault.inject(cluster).await;
     let recovered_at = history::now();
@@ -330,7 +333,7 @@ async fn run_fault(cluster: &mut HaCluster, clients: &[Client], fault: Fault) ->
     for writer in writers {
         writer.await.expect("a writer finished without panicking");
     }
-    println!("{}: {what}", fault.name());
+    println!("{}: {before}; {what}", fault.name());
 
     let mut entries = recorder.entries();
     for (client, key) in KEYS.iter().enumerate() {
@@ -349,6 +352,16 @@ async fn run_fault(cluster: &mut HaCluster, clients: &[Client], fault: Fault) ->
         fault_to_write: outage.then(|| seconds_between(fault_at, resumed)),
         recovery_to_write: outage.then(|| seconds_between(recovered_at, resumed)),
     }
+}
+
+/// The members' roles, e.g. `node1 leader, node2 sync_standby, node3 replica`.
+async fn roles(cluster: &HaCluster) -> String {
+    let members = cluster.members().await.unwrap_or_default();
+    let roles: Vec<String> = members
+        .iter()
+        .map(|m| format!("{} {} ({})", m.name, m.role, m.state))
+        .collect();
+    roles.join(", ")
 }
 
 /// A writer: takes the resource's lease when it is free, writes a few times with its
