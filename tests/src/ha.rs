@@ -574,6 +574,8 @@ impl HaCluster {
             .args(["--initial-advertise-peer-urls", &peer])
             .args(["--initial-cluster", &format!("etcd0={peer}")])
             .args(["--initial-cluster-state", "new"])
+            // Patroni 3.0.2 talks the v2 API (deploy/patroni/patroni.yml says why).
+            .arg("--enable-v2")
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default());
         self.etcd = Some(Process::spawn(
@@ -623,7 +625,7 @@ impl HaCluster {
             .env("PATRONI_POSTGRESQL_PGPASS", dir.join("pgpass"))
             .env("PATRONI_POSTGRESQL_BIN_DIR", BIN)
             .env(
-                "PATRONI_ETCD3_HOSTS",
+                "PATRONI_ETCD_HOSTS",
                 format!("127.0.0.1:{}", self.etcd_client_port),
             )
             .env("PATRONI_SUPERUSER_PASSWORD", &self.password)
