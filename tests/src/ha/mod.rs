@@ -12,10 +12,12 @@
 //! Each process runs in a process group of its own: etcd, HAProxy, and per node
 //! `runuser -u postgres -- patroni` (tests run as root, which Postgres refuses). Patroni
 //! starts each postmaster in a session of its own (the postmaster's pid is the first
-//! line of `postmaster.pid`, its group is in `/proc`). [`Drop`] sends SIGKILL to every
-//! group —
-//! Patroni's before the postmasters', so none restarts them — and removes the temp dir.
-//! A test process killed outright leaves them running.
+//! line of `postmaster.pid`, its group is in `/proc`), and Postgres starts each backend
+//! in a session of its own too. [`Drop`] sends SIGKILL to HAProxy's and Patroni's
+//! groups — Patroni's before the postmasters', so none restarts them — then to each
+//! postmaster's group and each of its children, then to etcd, and removes the temp dir
+//! (kept, and named, if the test is panicking). A test process killed outright leaves
+//! them running.
 //!
 //! # Settings for tests
 //!
@@ -24,17 +26,20 @@
 //! rest is as `patroni.yml` says. Every log goes to `logs/<process>.log`, and a
 //! component that does not start panics with the tails of all of them.
 
+mod faults;
+mod process;
+
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::Method;
 use serde_json::{json, Value};
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 use crate::cluster::BIN;
 use crate::http::Client;
+use process::{children, postgres_ids, process_group, signal_group, signal_process, Process};
 
 /// The reference deployment: `patroni.yml` and `haproxy.cfg`.
 pub const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/patroni");
@@ -55,62 +60,6 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
 
 /// How long a switchover may take: Patroni answers once the new primary runs.
 const SWITCHOVER_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Lines of each log a failure shows.
-const TAIL_LINES: usize = 40;
-
-/// A process of the cluster, in a process group of its own, logging to a file.
-struct Process {
-    name: String,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Process {
-    /// Spawns `command` in a new process group, its output appended to `log`.
-    fn spawn(name: &str, mut command: Command, log: PathBuf) -> Process {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .unwrap_or_else(|e| panic!("{}: {e}", log.display()));
-        let err = file.try_clone().expect("a log file can be duplicated");
-        let child = command
-            .process_group(0)
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(err)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        Process {
-            name: name.to_owned(),
-            child,
-            log,
-        }
-    }
-
-    /// The process group: the pid of the process spawned, unless it has exited.
-    fn group(&self) -> Option<u32> {
-        self.child.id()
-    }
-
-    /// Sends `signal` (`STOP`, `CONT`, `TERM`, `KILL`) to the whole group.
-    fn signal(&self, signal: &str) {
-        if let Some(group) = self.group() {
-            signal_group(group, signal);
-        }
-    }
-
-    fn tail(&self) -> String {
-        format!(
-            "--- {} ({}):\n{}",
-            self.name,
-            self.log.display(),
-            tail(&self.log)
-        )
-    }
-}
 
 /// One Patroni node and its Postgres.
 pub struct Node {
@@ -177,16 +126,6 @@ pub struct Member {
     /// Bytes behind the leader; `None` for the leader and when unknown.
     pub lag: Option<u64>,
     pub timeline: Option<u64>,
-}
-
-/// A node stopped with SIGSTOP by [`HaCluster::stop_primary`].
-#[derive(Debug, Clone)]
-pub struct Stopped {
-    pub node: String,
-    /// Patroni's process group.
-    patroni: Option<u32>,
-    /// The postmaster and its children.
-    postgres: Vec<u32>,
 }
 
 /// etcd, three Patroni nodes and HAProxy; everything is killed when dropped.
@@ -454,94 +393,6 @@ impl HaCluster {
         ));
     }
 
-    /// kill -9 of the primary's postmaster alone (its backends notice and exit; Patroni
-    /// starts it again). The node and the pid killed.
-    pub async fn kill_primary_postmaster(&self) -> (String, u32) {
-        let (name, _) = self.wait_for_primary(Duration::from_secs(30)).await;
-        let pid = self
-            .node(&name)
-            .postmaster_pid()
-            .unwrap_or_else(|| self.fail(&format!("{name} is primary without a postmaster.pid")));
-        crate::gateway::signal(pid, "KILL");
-        (name, pid)
-    }
-
-    /// SIGSTOP of the primary's Patroni and of all its Postgres processes — the
-    /// postmaster, then each of its children (every backend leads a process group of
-    /// its own) — as when a VM is paused: the node holds its sessions and its leader key
-    /// until that expires, until [`HaCluster::cont`].
-    pub async fn stop_primary(&self) -> Stopped {
-        let (name, _) = self.wait_for_primary(Duration::from_secs(30)).await;
-        let node = self.node(&name);
-        let patroni = node.patroni.group();
-        if let Some(group) = patroni {
-            signal_group(group, "STOP");
-        }
-        let mut postgres = Vec::new();
-        if let Some(postmaster) = node.postmaster_pid() {
-            // The postmaster first, so that it forks no child after the others stop.
-            signal_process(postmaster, "STOP");
-            postgres.push(postmaster);
-            for child in children(postmaster) {
-                signal_process(child, "STOP");
-                postgres.push(child);
-            }
-        }
-        Stopped {
-            node: name,
-            patroni,
-            postgres,
-        }
-    }
-
-    /// SIGCONT of what [`HaCluster::stop_primary`] stopped, Postgres first.
-    pub fn cont(&self, stopped: &Stopped) {
-        for pid in &stopped.postgres {
-            signal_process(*pid, "CONT");
-        }
-        if let Some(group) = stopped.patroni {
-            signal_group(group, "CONT");
-        }
-    }
-
-    /// A switchover (`POST /switchover` to the primary's Patroni, which answers once it
-    /// is done): the old primary, the new one, and how long the call took.
-    pub async fn switchover(&self) -> (String, String, Duration) {
-        let (old, _) = self.wait_for_primary(Duration::from_secs(30)).await;
-        let started = Instant::now();
-        let answer = self
-            .node(&old)
-            .call_within(
-                SWITCHOVER_TIMEOUT,
-                Method::POST,
-                "/switchover",
-                Some(json!({"leader": old})),
-            )
-            .await;
-        if !matches!(answer, Some((200, _))) {
-            self.fail(&format!("POST /switchover answered {answer:?}"));
-        }
-        let (new, _) = self
-            .wait_for_new_primary(&old, Duration::from_secs(60))
-            .await;
-        (old, new, started.elapsed())
-    }
-
-    /// Stops etcd (SIGTERM, waiting until it exits) and starts it again on its data.
-    pub async fn restart_etcd(&mut self) {
-        if let Some(mut etcd) = self.etcd.take() {
-            etcd.signal("TERM");
-            if tokio::time::timeout(Duration::from_secs(30), etcd.child.wait())
-                .await
-                .is_err()
-            {
-                self.etcd = Some(etcd);
-                self.fail("etcd did not exit within 30 s of SIGTERM");
-            }
-        }
-        self.start_etcd().await;
-    }
-
     /// The tails of every process's log.
     pub fn logs(&self) -> String {
         let mut processes: Vec<&Process> = Vec::new();
@@ -705,52 +556,6 @@ impl Drop for HaCluster {
     }
 }
 
-/// Sends `signal` to every process of group `group` (`kill -SIG -- -group`).
-fn signal_group(group: u32, signal: &str) {
-    let _ = std::process::Command::new("kill")
-        .args([&format!("-{signal}"), "--", &format!("-{group}")])
-        .stderr(Stdio::null())
-        .status();
-}
-
-/// Sends `signal` to process `pid`, if it still runs.
-fn signal_process(pid: u32, signal: &str) {
-    let _ = std::process::Command::new("kill")
-        .args([&format!("-{signal}"), &pid.to_string()])
-        .stderr(Stdio::null())
-        .status();
-}
-
-/// The process group of `pid`, from `/proc/<pid>/stat`.
-fn process_group(pid: u32) -> Option<u32> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // pid (comm) state ppid pgrp ...; comm may hold spaces, so read after its ')'.
-    text[text.rfind(')')? + 1..]
-        .split_whitespace()
-        .nth(2)?
-        .parse()
-        .ok()
-}
-
-/// The processes whose parent is `pid`.
-fn children(pid: u32) -> Vec<u32> {
-    let parent = |child: u32| -> Option<u32> {
-        let text = std::fs::read_to_string(format!("/proc/{child}/stat")).ok()?;
-        text[text.rfind(')')? + 1..]
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()
-    };
-    std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|child| parent(*child) == Some(pid))
-        .collect()
-}
-
 /// Whether `url` connects to a server that takes writes.
 async fn writable(url: &str) -> Result<bool, String> {
     let connect = tokio_postgres::connect(url, tokio_postgres::NoTls);
@@ -764,31 +569,4 @@ async fn writable(url: &str) -> Result<bool, String> {
         .await
         .map_err(|e| e.to_string())?;
     Ok(!row.get::<_, bool>(0))
-}
-
-/// The uid and gid of the `postgres` OS user.
-async fn postgres_ids() -> (u32, u32) {
-    let id = |flag: &'static str| async move {
-        let output = Command::new("id")
-            .args([flag, "postgres"])
-            .output()
-            .await
-            .expect("the id command runs");
-        assert!(
-            output.status.success(),
-            "there is no `postgres` OS user (PostgreSQL 15's server package makes it)"
-        );
-        String::from_utf8_lossy(&output.stdout)
-            .trim()
-            .parse::<u32>()
-            .expect("id prints a number")
-    };
-    (id("-u").await, id("-g").await)
-}
-
-/// The last [`TAIL_LINES`] lines of `path`.
-fn tail(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n")
 }
