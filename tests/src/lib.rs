@@ -17,6 +17,8 @@
 //! - [`faults`]: fault runs — lease-holding writer processes, and the faults injected
 //!   under them (pauses, kill -9 of gateways and of Postgres, partitions, clock skew)
 //!   — each run's history checked.
+//! - [`ha`]: a Postgres HA cluster — etcd, three Patroni nodes, HAProxy — from the
+//!   reference deployment in `deploy/patroni/`, and its faults.
 //! - [`history`]: histories of runs, and the linearizability checker that judges them
 //!   against a model of a fenced register.
 //! - [`http`]: a small client for the gateway's API.
@@ -42,6 +44,7 @@ pub mod door;
 pub mod faults;
 pub mod fenced;
 pub mod gateway;
+pub mod ha;
 pub mod history;
 pub mod http;
 pub mod https;

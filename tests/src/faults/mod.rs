@@ -491,7 +491,7 @@ async fn final_read(
 
 /// Applied writes sent after a write of a higher token of the same resource had been
 /// acknowledged.
-fn late_applied(entries: &[Entry]) -> usize {
+pub fn late_applied(entries: &[Entry]) -> usize {
     let applied_write = |entry: &&Entry| {
         matches!(entry.op, Op::Write { .. }) && matches!(entry.outcome, Outcome::Applied { .. })
     };

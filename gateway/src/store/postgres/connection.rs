@@ -53,11 +53,15 @@ const SERVER_UNAVAILABLE: &[SqlState] = &[
 ];
 
 /// The server ended a gateway statement without applying it, for reasons of the moment
-/// (cancelled, a serialization failure, a deadlock): the writer may try again.
+/// (cancelled, a serialization failure, a deadlock, or a write sent to a server in
+/// recovery — a failover under way, or a proxy that routed to a node not yet promoted,
+/// as HAProxy in front of Patroni does while a crashed primary restarts): the writer
+/// may try again.
 const STATEMENT_ABORTED: &[SqlState] = &[
     SqlState::QUERY_CANCELED,
     SqlState::T_R_SERIALIZATION_FAILURE,
     SqlState::T_R_DEADLOCK_DETECTED,
+    SqlState::READ_ONLY_SQL_TRANSACTION,
 ];
 
 /// Whether `code` says the server is going away or refusing connections.

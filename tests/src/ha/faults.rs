@@ -1,0 +1,110 @@
+//! The faults a test injects into the cluster: kill -9 of the primary's postmaster, the
+//! primary frozen whole, a switchover, etcd restarted.
+
+use std::time::{Duration, Instant};
+
+use http::Method;
+use serde_json::json;
+
+use super::process::{children, signal_group, signal_process};
+use super::{HaCluster, SWITCHOVER_TIMEOUT};
+
+/// A node stopped with SIGSTOP by [`HaCluster::stop_primary`].
+#[derive(Debug, Clone)]
+pub struct Stopped {
+    pub node: String,
+    /// Patroni's process group.
+    patroni: Option<u32>,
+    /// The postmaster and its children.
+    postgres: Vec<u32>,
+}
+
+impl HaCluster {
+    /// kill -9 of the primary's postmaster alone (its backends notice and exit; Patroni
+    /// starts it again). The node and the pid killed.
+    pub async fn kill_primary_postmaster(&self) -> (String, u32) {
+        let (name, _) = self.wait_for_primary(Duration::from_secs(30)).await;
+        let pid = self
+            .node(&name)
+            .postmaster_pid()
+            .unwrap_or_else(|| self.fail(&format!("{name} is primary without a postmaster.pid")));
+        crate::gateway::signal(pid, "KILL");
+        (name, pid)
+    }
+
+    /// SIGSTOP of the primary's Patroni and of all its Postgres processes — the
+    /// postmaster, then each of its children (every backend leads a process group of
+    /// its own) — as when a VM is paused: the node holds its sessions and its leader key
+    /// until that expires, until [`HaCluster::cont`].
+    pub async fn stop_primary(&self) -> Stopped {
+        let (name, _) = self.wait_for_primary(Duration::from_secs(30)).await;
+        let node = self.node(&name);
+        let patroni = node.patroni.group();
+        if let Some(group) = patroni {
+            signal_group(group, "STOP");
+        }
+        let mut postgres = Vec::new();
+        if let Some(postmaster) = node.postmaster_pid() {
+            // The postmaster first, so that it forks no child after the others stop.
+            signal_process(postmaster, "STOP");
+            postgres.push(postmaster);
+            for child in children(postmaster) {
+                signal_process(child, "STOP");
+                postgres.push(child);
+            }
+        }
+        Stopped {
+            node: name,
+            patroni,
+            postgres,
+        }
+    }
+
+    /// SIGCONT of what [`HaCluster::stop_primary`] stopped, Postgres first.
+    pub fn cont(&self, stopped: &Stopped) {
+        for pid in &stopped.postgres {
+            signal_process(*pid, "CONT");
+        }
+        if let Some(group) = stopped.patroni {
+            signal_group(group, "CONT");
+        }
+    }
+
+    /// A switchover (`POST /switchover` to the primary's Patroni, which answers once it
+    /// is done): the old primary, the new one, and how long the call took.
+    pub async fn switchover(&self) -> (String, String, Duration) {
+        let (old, _) = self.wait_for_primary(Duration::from_secs(30)).await;
+        let started = Instant::now();
+        let answer = self
+            .node(&old)
+            .call_within(
+                SWITCHOVER_TIMEOUT,
+                Method::POST,
+                "/switchover",
+                Some(json!({"leader": old})),
+            )
+            .await;
+        if !matches!(answer, Some((200, _))) {
+            self.fail(&format!("POST /switchover answered {answer:?}"));
+        }
+        let (new, _) = self
+            .wait_for_new_primary(&old, Duration::from_secs(60))
+            .await;
+        (old, new, started.elapsed())
+    }
+
+    /// Stops etcd (SIGTERM, waiting until it exits) and starts it again on its data.
+    pub async fn restart_etcd(&mut self) {
+        if let Some(mut etcd) = self.etcd.take() {
+            etcd.signal("TERM");
+            if tokio::time::timeout(Duration::from_secs(30), etcd.child.wait())
+                .await
+                .is_err()
+            {
+                self.etcd = Some(etcd);
+                self.fail("etcd did not exit within 30 s of SIGTERM");
+            }
+        }
+        self.start_etcd().await;
+    }
+}

@@ -1,0 +1,572 @@
+//! A real Postgres HA cluster: one etcd, three Patroni nodes (PostgreSQL 15) and
+//! HAProxy, started from the reference deployment in `deploy/patroni/` and stopped when
+//! the value is dropped.
+//!
+//! Patroni and HAProxy run the very files of `deploy/patroni/` ([`DEPLOY`]), with the
+//! per-node values (names, ports, directories, etcd's address, passwords) in the
+//! environment variables those files document. Everything listens on free loopback
+//! ports and keeps its data and logs in a fresh temp dir.
+//!
+//! # Processes
+//!
+//! Each process runs in a process group of its own: etcd, HAProxy, and per node
+//! `runuser -u postgres -- patroni` (tests run as root, which Postgres refuses). Patroni
+//! starts each postmaster in a session of its own (the postmaster's pid is the first
+//! line of `postmaster.pid`, its group is in `/proc`), and Postgres starts each backend
+//! in a session of its own too. [`Drop`] sends SIGKILL to HAProxy's and Patroni's
+//! groups — Patroni's before the postmasters', so none restarts them — then to each
+//! postmaster's group and each of its children, then to etcd, and removes the temp dir
+//! (kept, and named, if the test is panicking). A test process killed outright leaves
+//! them running.
+//!
+//! # Settings for tests
+//!
+//! After bootstrap the cluster's dynamic configuration (`PATCH /config`) turns `fsync`
+//! off, for speed on a machine of two cores, and `synchronous_mode` off if asked; the
+//! rest is as `patroni.yml` says. Every log goes to `logs/<process>.log`, and a
+//! component that does not start panics with the tails of all of them.
+
+mod faults;
+mod process;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Method;
+use serde_json::{json, Value};
+use tokio::process::Command;
+
+use crate::cluster::BIN;
+use crate::http::Client;
+use process::{children, postgres_ids, process_group, signal_group, signal_process, Process};
+
+/// The reference deployment: `patroni.yml` and `haproxy.cfg`.
+pub const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/patroni");
+
+/// The node names, as `haproxy.cfg` names its servers.
+const NODES: [&str; 3] = ["node1", "node2", "node3"];
+
+/// How long the cluster may take to bootstrap (initdb, base backups) and to settle.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long one REST call to Patroni, or an etcd health check, may take: a stopped node
+/// never answers.
+const REST_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long a `/primary` probe may take: a stopped node never answers, and the
+/// harness should see a new primary soon after it is promoted.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// How long a switchover may take: Patroni answers once the new primary runs.
+const SWITCHOVER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One Patroni node and its Postgres.
+pub struct Node {
+    pub name: String,
+    pub pg_port: u16,
+    pub rest_port: u16,
+    /// The node's directory, owned by `postgres`: `data/`, `pgpass`.
+    dir: PathBuf,
+    patroni: Process,
+}
+
+impl Node {
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    /// The running postmaster's pid: the first line of `postmaster.pid`.
+    pub fn postmaster_pid(&self) -> Option<u32> {
+        let text = std::fs::read_to_string(self.data_dir().join("postmaster.pid")).ok()?;
+        text.lines().next()?.trim().parse().ok()
+    }
+
+    fn rest(&self) -> Client {
+        Client::new(format!("http://127.0.0.1:{}", self.rest_port))
+    }
+
+    /// `method path` on this node's REST API: status and body, or `None` if it did not
+    /// answer within [`REST_TIMEOUT`].
+    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Option<(u16, Value)> {
+        self.call_within(REST_TIMEOUT, method, path, body).await
+    }
+
+    /// As [`Node::call`], waiting up to `timeout`.
+    async fn call_within(
+        &self,
+        timeout: Duration,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Option<(u16, Value)> {
+        let body = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
+        let headers = [("content-type", "application/json")];
+        let reply = tokio::time::timeout(
+            timeout,
+            self.rest().try_request(method, path, &headers, body),
+        )
+        .await
+        .ok()?
+        .ok()?;
+        let json = serde_json::from_slice(&reply.body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&reply.body).into_owned()));
+        Some((reply.status, json))
+    }
+}
+
+/// A member of the cluster as Patroni's `GET /cluster` lists it.
+#[derive(Debug, Clone)]
+pub struct Member {
+    pub name: String,
+    /// `leader`, `sync_standby` or `replica`.
+    pub role: String,
+    /// `running`, `starting`, `stopped`, `crashed`, ...
+    pub state: String,
+    /// Bytes behind the leader; `None` for the leader and when unknown.
+    pub lag: Option<u64>,
+    pub timeline: Option<u64>,
+}
+
+/// etcd, three Patroni nodes and HAProxy; everything is killed when dropped.
+pub struct HaCluster {
+    /// The temp dir: `logs/`, `etcd/`, one directory per node.
+    dir: PathBuf,
+    password: String,
+    etcd_client_port: u16,
+    etcd_peer_port: u16,
+    etcd: Option<Process>,
+    nodes: Vec<Node>,
+    haproxy_port: u16,
+    haproxy: Option<Process>,
+    /// Whether commits wait for a synchronous standby (`synchronous_mode`).
+    synchronous: bool,
+}
+
+impl HaCluster {
+    /// Starts etcd, three Patroni nodes and HAProxy, and waits until a primary serves
+    /// through HAProxy and both replicas stream from it. With `synchronous`, commits wait
+    /// for a synchronous standby (`synchronous_mode`, as `patroni.yml` bootstraps);
+    /// without, replication is asynchronous. Panics with the logs if anything does not
+    /// start.
+    pub async fn start(synchronous: bool) -> HaCluster {
+        let dir = std::env::temp_dir().join(format!(
+            "fencegate-ha-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(dir.join("logs")).expect("the temp dir can be created");
+        let mut cluster = HaCluster {
+            dir,
+            password: format!("pw{:016x}", rand::random::<u64>()),
+            etcd_client_port: crate::free_port(),
+            etcd_peer_port: crate::free_port(),
+            etcd: None,
+            nodes: Vec::new(),
+            haproxy_port: crate::free_port(),
+            haproxy: None,
+            synchronous,
+        };
+        cluster.start_etcd().await;
+        let (uid, gid) = postgres_ids().await;
+        for name in NODES {
+            let node_dir = cluster.dir.join(name);
+            std::fs::create_dir(&node_dir).expect("a node's directory can be created");
+            std::os::unix::fs::chown(&node_dir, Some(uid), Some(gid))
+                .expect("a node's directory can be given to postgres");
+            std::fs::set_permissions(
+                &node_dir,
+                std::os::unix::fs::PermissionsExt::from_mode(0o700),
+            )
+            .expect("chmod 0700 of a node's directory");
+            let node = cluster.start_node(name, node_dir);
+            cluster.nodes.push(node);
+        }
+        let (leader, _) = cluster.wait_for_primary(START_TIMEOUT).await;
+        let settings = json!({
+            "synchronous_mode": synchronous,
+            "postgresql": {"parameters": {"fsync": "off"}},
+        });
+        let patched = cluster
+            .node(&leader)
+            .call(Method::PATCH, "/config", Some(settings))
+            .await;
+        if !matches!(patched, Some((200, _))) {
+            cluster.fail(&format!("PATCH /config answered {patched:?}"));
+        }
+        cluster.start_haproxy();
+        cluster.wait_until_streaming(START_TIMEOUT).await;
+        cluster
+            .wait_for_writes(&cluster.haproxy_url(), START_TIMEOUT)
+            .await;
+        cluster
+    }
+
+    /// The superuser's URL of database `postgres` through HAProxy's primary frontend.
+    pub fn haproxy_url(&self) -> String {
+        format!(
+            "postgres://postgres:{}@127.0.0.1:{}/postgres",
+            self.password, self.haproxy_port
+        )
+    }
+
+    /// The superuser's URL naming all three nodes, the writable one chosen
+    /// (`target_session_attrs=read-write`).
+    pub fn multi_host_url(&self) -> String {
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|node| format!("127.0.0.1:{}", node.pg_port))
+            .collect();
+        format!(
+            "postgres://postgres:{}@{}/postgres?target_session_attrs=read-write",
+            self.password,
+            hosts.join(",")
+        )
+    }
+
+    /// The superuser's URL of one node, whatever its role.
+    pub fn node_url(&self, name: &str) -> String {
+        format!(
+            "postgres://postgres:{}@127.0.0.1:{}/postgres",
+            self.password,
+            self.node(name).pg_port
+        )
+    }
+
+    pub fn node(&self, name: &str) -> &Node {
+        self.nodes
+            .iter()
+            .find(|node| node.name == name)
+            .unwrap_or_else(|| panic!("no node {name}"))
+    }
+
+    /// The node whose Patroni answers `GET /primary` with 200 — what HAProxy routes to —
+    /// and whose Postgres runs as a primary (Patroni 3.0.2 answers 200 on the node that
+    /// holds the leader key, also while its Postgres restarts in recovery), if any.
+    pub async fn primary(&self) -> Option<String> {
+        let probes = self
+            .nodes
+            .iter()
+            .map(|node| node.call_within(PROBE_TIMEOUT, Method::GET, "/primary", None));
+        let answers = futures_util::future::join_all(probes).await;
+        self.nodes
+            .iter()
+            .zip(answers)
+            .find(|(_, answer)| match answer {
+                Some((200, status)) => {
+                    matches!(status["role"].as_str(), Some("master" | "primary"))
+                        && status["state"] == "running"
+                }
+                _ => false,
+            })
+            .map(|(node, _)| node.name.clone())
+    }
+
+    /// Waits until some node is the primary; its name and how long that took.
+    pub async fn wait_for_primary(&self, timeout: Duration) -> (String, Duration) {
+        self.wait_for_primary_where(timeout, "a primary", |_| true)
+            .await
+    }
+
+    /// Waits until a node other than `old` is the primary; its name and how long that
+    /// took.
+    pub async fn wait_for_new_primary(&self, old: &str, timeout: Duration) -> (String, Duration) {
+        self.wait_for_primary_where(timeout, &format!("a primary other than {old}"), |name| {
+            name != old
+        })
+        .await
+    }
+
+    /// Waits until a primary runs a postmaster other than `pid` of `node` (killed): the
+    /// same node after Patroni restarted it, or another; its name and how long that
+    /// took.
+    pub async fn wait_for_primary_after_kill(
+        &self,
+        node: &str,
+        pid: u32,
+        timeout: Duration,
+    ) -> (String, Duration) {
+        self.wait_for_primary_where(
+            timeout,
+            &format!("a primary after {node}'s postmaster {pid} was killed"),
+            |name| name != node || self.node(node).postmaster_pid().is_some_and(|p| p != pid),
+        )
+        .await
+    }
+
+    async fn wait_for_primary_where(
+        &self,
+        timeout: Duration,
+        what: &str,
+        accept: impl Fn(&str) -> bool,
+    ) -> (String, Duration) {
+        let started = Instant::now();
+        loop {
+            if let Some(name) = self.primary().await {
+                if accept(&name) {
+                    return (name, started.elapsed());
+                }
+            }
+            if started.elapsed() > timeout {
+                self.fail(&format!("no {what} within {timeout:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The members as `GET /cluster` of the first node that answers lists them.
+    pub async fn members(&self) -> Option<Vec<Member>> {
+        for node in &self.nodes {
+            if let Some((200, cluster)) = node.call(Method::GET, "/cluster", None).await {
+                let members = cluster["members"].as_array()?;
+                return Some(
+                    members
+                        .iter()
+                        .map(|m| Member {
+                            name: m["name"].as_str().unwrap_or_default().to_owned(),
+                            role: m["role"].as_str().unwrap_or_default().to_owned(),
+                            state: m["state"].as_str().unwrap_or_default().to_owned(),
+                            lag: m["lag"].as_u64(),
+                            timeline: m["timeline"].as_u64(),
+                        })
+                        .collect(),
+                );
+            }
+        }
+        None
+    }
+
+    /// Waits until there is a leader and both other nodes run as replicas with no lag
+    /// (and, in synchronous mode, one of them is the synchronous standby).
+    pub async fn wait_until_streaming(&self, timeout: Duration) {
+        let started = Instant::now();
+        loop {
+            let members = self.members().await;
+            if let Some(members) = &members {
+                let leader = members
+                    .iter()
+                    .filter(|m| m.role == "leader" && m.state == "running")
+                    .count();
+                let replicas = members
+                    .iter()
+                    .filter(|m| m.role != "leader")
+                    .filter(|m| matches!(m.state.as_str(), "running" | "streaming"))
+                    .filter(|m| m.lag == Some(0))
+                    .count();
+                // Patroni's synchronous mode (not strict) runs without a synchronous
+                // standby while none is streaming, e.g. just after a switchover:
+                // commits are then acknowledged by the primary alone.
+                let synchronous = members.iter().any(|m| m.role == "sync_standby");
+                if members.len() == NODES.len()
+                    && leader == 1
+                    && replicas == NODES.len() - 1
+                    && (synchronous || !self.synchronous)
+                {
+                    return;
+                }
+            }
+            if started.elapsed() > timeout {
+                self.fail(&format!(
+                    "the replicas are not streaming after {timeout:?}: {members:#?}"
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits until `url` takes a write: a connection that is not in recovery.
+    async fn wait_for_writes(&self, url: &str, timeout: Duration) {
+        let started = Instant::now();
+        let mut last = String::new();
+        while started.elapsed() < timeout {
+            match writable(url).await {
+                Ok(true) => return,
+                Ok(false) => last = "in recovery".to_owned(),
+                Err(error) => last = error,
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        self.fail(&format!(
+            "{} takes no writes after {timeout:?}: {last}",
+            url.replace(&self.password, "***")
+        ));
+    }
+
+    /// The tails of every process's log.
+    pub fn logs(&self) -> String {
+        let mut processes: Vec<&Process> = Vec::new();
+        processes.extend(&self.etcd);
+        processes.extend(self.nodes.iter().map(|node| &node.patroni));
+        processes.extend(&self.haproxy);
+        let mut text = String::new();
+        for process in processes {
+            text.push_str(&process.tail());
+            text.push('\n');
+        }
+        text
+    }
+
+    /// Panics with `message` and the tails of every log.
+    pub fn fail(&self, message: &str) -> ! {
+        panic!("{message}\n{}", self.logs())
+    }
+
+    async fn start_etcd(&mut self) {
+        let client = format!("http://127.0.0.1:{}", self.etcd_client_port);
+        let peer = format!("http://127.0.0.1:{}", self.etcd_peer_port);
+        let mut command = Command::new("etcd");
+        command
+            .args(["--name", "etcd0", "--logger", "zap", "--data-dir"])
+            .arg(self.dir.join("etcd"))
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &format!("etcd0={peer}")])
+            .args(["--initial-cluster-state", "new"])
+            // Patroni 3.0.2 talks the v2 API (deploy/patroni/patroni.yml says why).
+            .arg("--enable-v2")
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default());
+        self.etcd = Some(Process::spawn(
+            "etcd",
+            command,
+            self.dir.join("logs/etcd.log"),
+        ));
+        let health = Client::new(client);
+        let started = Instant::now();
+        loop {
+            let answer = tokio::time::timeout(
+                REST_TIMEOUT,
+                health.try_request(Method::GET, "/health", &[], ""),
+            )
+            .await;
+            if let Ok(Ok(reply)) = answer {
+                if reply.status == 200 && reply.json()["health"] == "true" {
+                    return;
+                }
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                self.fail("etcd is not healthy after 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn start_node(&self, name: &str, dir: PathBuf) -> Node {
+        let pg_port = crate::free_port();
+        let rest_port = crate::free_port();
+        let pg = format!("127.0.0.1:{pg_port}");
+        let rest = format!("127.0.0.1:{rest_port}");
+        let mut command = Command::new("runuser");
+        command
+            .args(["-u", "postgres", "--", "patroni"])
+            .arg(Path::new(DEPLOY).join("patroni.yml"))
+            .current_dir(&dir)
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("LANG", "C.UTF-8")
+            .env("PATRONI_NAME", name)
+            .env("PATRONI_RESTAPI_LISTEN", &rest)
+            .env("PATRONI_RESTAPI_CONNECT_ADDRESS", &rest)
+            .env("PATRONI_POSTGRESQL_LISTEN", &pg)
+            .env("PATRONI_POSTGRESQL_CONNECT_ADDRESS", &pg)
+            .env("PATRONI_POSTGRESQL_DATA_DIR", dir.join("data"))
+            .env("PATRONI_POSTGRESQL_PGPASS", dir.join("pgpass"))
+            .env("PATRONI_POSTGRESQL_BIN_DIR", BIN)
+            .env(
+                "PATRONI_ETCD_HOSTS",
+                format!("127.0.0.1:{}", self.etcd_client_port),
+            )
+            .env("PATRONI_SUPERUSER_PASSWORD", &self.password)
+            .env("PATRONI_REPLICATION_PASSWORD", &self.password);
+        let log = self.dir.join(format!("logs/{name}.log"));
+        Node {
+            name: name.to_owned(),
+            pg_port,
+            rest_port,
+            dir,
+            patroni: Process::spawn(&format!("patroni {name}"), command, log),
+        }
+    }
+
+    fn start_haproxy(&mut self) {
+        let mut command = Command::new("haproxy");
+        command
+            .arg("-db")
+            .arg("-f")
+            .arg(Path::new(DEPLOY).join("haproxy.cfg"))
+            .env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env(
+                "HAPROXY_PRIMARY_BIND",
+                format!("127.0.0.1:{}", self.haproxy_port),
+            );
+        for (i, node) in self.nodes.iter().enumerate() {
+            command
+                .env(
+                    format!("NODE{}_POSTGRES", i + 1),
+                    format!("127.0.0.1:{}", node.pg_port),
+                )
+                .env(
+                    format!("NODE{}_REST_PORT", i + 1),
+                    node.rest_port.to_string(),
+                );
+        }
+        self.haproxy = Some(Process::spawn(
+            "haproxy",
+            command,
+            self.dir.join("logs/haproxy.log"),
+        ));
+    }
+}
+
+impl Drop for HaCluster {
+    fn drop(&mut self) {
+        // HAProxy and Patroni first, so that no Patroni restarts a postmaster.
+        if let Some(haproxy) = &self.haproxy {
+            haproxy.signal("KILL");
+        }
+        for node in &self.nodes {
+            node.patroni.signal("CONT");
+            node.patroni.signal("KILL");
+        }
+        // Each backend leads a process group of its own, and may be stopped: SIGKILL
+        // reaches stopped processes.
+        for node in &self.nodes {
+            if let Some(postmaster) = node.postmaster_pid() {
+                let children = children(postmaster);
+                if let Some(group) = process_group(postmaster) {
+                    signal_group(group, "KILL");
+                }
+                for child in children {
+                    signal_process(child, "KILL");
+                }
+            }
+        }
+        if let Some(etcd) = &self.etcd {
+            etcd.signal("KILL");
+        }
+        if std::thread::panicking() {
+            eprintln!("the HA cluster's files are kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// Whether `url` connects to a server that takes writes.
+async fn writable(url: &str) -> Result<bool, String> {
+    let connect = tokio_postgres::connect(url, tokio_postgres::NoTls);
+    let (client, connection) = tokio::time::timeout(REST_TIMEOUT, connect)
+        .await
+        .map_err(|_| "connecting timed out".to_owned())?
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let row = client
+        .query_one("SELECT pg_is_in_recovery()", &[])
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(!row.get::<_, bool>(0))
+}
