@@ -9,6 +9,12 @@
 //! linearizability against a fenced register ([`history::check`]): every acknowledged
 //! write is there, and no write of an older term got in after a newer term's.
 //!
+//! Writers of a second resource write through the gateways' Postgres doors instead, to
+//! a fenced table (`fencegate.protect`): one with tokio-postgres, one with `psql`, each
+//! in a transaction that presents its term's token with `fencegate.fence()` first. Their
+//! histories are checked the same way, with the table's `version` column as the
+//! object's version.
+//!
 //! Acquires are sent with an `Idempotency-Key` and retried with it until answered, so
 //! every term's token is known (an acquire raises the fence). Writes are not retried:
 //! an answer that does not say whether a write was applied (`503` with
@@ -45,6 +51,10 @@ const WRITES_PER_TERM: usize = 6;
 
 /// The keys of each resource.
 const KEYS: [&str; 2] = ["k0", "k1"];
+/// The keys of the door writers' resource: rows of its fenced table.
+const DOOR_KEYS: [&str; 2] = ["d0", "d1"];
+/// How long a `psql` write may take, connection included.
+const PSQL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The hosted lease's time to live: a writer that lost its gateway mid-term holds it up
 /// for this long at most.
@@ -144,6 +154,8 @@ struct Summary {
     internal: usize,
     /// Acknowledged writes whose key's final version is below theirs.
     lost: Vec<String>,
+    /// Lease grants whose token an earlier grant of the same resource had too.
+    tokens_twice: usize,
     /// The longest time without an acknowledged write, from the fault on.
     unavailable: Duration,
     /// From the fault, and from the moment the harness saw a primary again (negative:
@@ -161,7 +173,7 @@ impl Summary {
     fn line(&self, mode: &str) -> String {
         format!(
             "{mode:<12} {:<16} {:>5} operations {:>5} acknowledged {:>4} stale {:>4} indeterminate \
-             ({:>3} of them 500) {:>2} violations {:>2} late applied {:>2} lost  \
+             ({:>3} of them 500) {:>2} violations {:>2} late applied {:>2} lost {:>2} tokens twice  \
              unavailable {:>5.2} s (fault -> write {}, primary seen -> write {})",
             self.fault.name(),
             self.counts.operations,
@@ -172,6 +184,7 @@ impl Summary {
             self.violations.len(),
             self.late_applied,
             self.lost.len(),
+            self.tokens_twice,
             self.unavailable.as_secs_f64(),
             seconds(self.fault_to_write),
             seconds(self.recovery_to_write),
@@ -192,6 +205,7 @@ async fn synchronous_mode_keeps_every_acknowledged_write_through_faults() {
         );
         assert_eq!(summary.late_applied, 0, "{fault}");
         assert_eq!(summary.internal, 0, "{fault}");
+        assert_eq!(summary.tokens_twice, 0, "{fault}");
         assert!(summary.counts.applied > 0, "{fault}");
     })
     .await;
@@ -210,6 +224,7 @@ async fn asynchronous_mode_lets_no_older_term_in_through_faults() {
         }
         assert_eq!(summary.late_applied, 0, "{fault}");
         assert_eq!(summary.internal, 0, "{fault}");
+        assert_eq!(summary.tokens_twice, 0, "{fault}");
         assert!(summary.counts.applied > 0, "{fault}");
     })
     .await;
@@ -227,15 +242,22 @@ async fn run(synchronous: bool, check: impl Fn(&Summary)) {
     let started = Instant::now();
     let mut cluster = HaCluster::start(synchronous).await;
     println!("{mode}: cluster up in {:.1?}", started.elapsed());
-    let via_haproxy = gateway(&cluster.haproxy_url()).await;
-    let via_hosts = gateway(&cluster.multi_host_url()).await;
+    let patroni = format!("http://127.0.0.1:{}", cluster.node("node1").rest_port);
+    let via_haproxy = gateway(&cluster.haproxy_url(), &patroni).await;
+    let via_hosts = gateway(&cluster.multi_host_url(), &patroni).await;
     for (name, gateway) in [("haproxy", &via_haproxy), ("multi-host", &via_hosts)] {
         serves(&gateway.client(), &format!("smoke-{name}")).await;
     }
     let clients = vec![via_haproxy.client(), via_hosts.client()];
+    // The doors, logged in to as the cluster's superuser (the fence's triggers hold for
+    // every role).
+    let doors: Vec<String> = [&via_haproxy, &via_hosts]
+        .iter()
+        .map(|gateway| door_url(&cluster.haproxy_url(), gateway))
+        .collect();
     let mut logged = BTreeSet::new();
     for fault in Fault::ALL {
-        let summary = run_fault(&mut cluster, &clients, fault).await;
+        let summary = run_fault(&mut cluster, &clients, &doors, fault).await;
         println!("{}", summary.line(mode));
         for (name, gateway) in [("haproxy", &via_haproxy), ("multi-host", &via_hosts)] {
             for error in logged_errors(gateway) {
@@ -247,6 +269,8 @@ async fn run(synchronous: bool, check: impl Fn(&Summary)) {
         check(&summary);
         cluster.wait_until_streaming(RECOVERY_TIMEOUT).await;
     }
+    // What the gateways read of the cluster's replication is what it is.
+    reports_replication(&clients, synchronous).await;
     println!("{mode}: done in {:.1?}", started.elapsed());
 }
 
@@ -263,13 +287,45 @@ fn logged_errors(gateway: &Gateway) -> BTreeSet<String> {
         .collect()
 }
 
-/// A gateway on `url` with a backend deadline well below the writers' patience.
-async fn gateway(url: &str) -> Gateway {
+/// A gateway on `url`, with its Postgres door, reading Patroni's configuration from
+/// `patroni`, and a backend deadline well below the writers' patience.
+async fn gateway(url: &str, patroni: &str) -> Gateway {
     Gateway::builder()
         .database(url)
-        .args(&["--pg-listen", "off", "--backend-timeout", "2s"])
+        .args(&["--backend-timeout", "2s", "--patroni-url", patroni])
         .spawn()
         .await
+}
+
+/// Waits until each gateway reports the cluster's replication as `synchronous` says,
+/// Patroni's synchronous mode likewise, and a timeline past the first (the faults
+/// promoted nodes).
+async fn reports_replication(clients: &[Client], synchronous: bool) {
+    let expected = f64::from(u8::from(synchronous));
+    for client in clients {
+        let started = Instant::now();
+        loop {
+            let replication = client
+                .metric("fencegate_backend_synchronous_replication")
+                .await;
+            let patroni = client
+                .metric("fencegate_backend_patroni_synchronous_mode")
+                .await;
+            let timeline = client.metric("fencegate_backend_timeline").await;
+            if replication == Some(expected)
+                && patroni == Some(expected)
+                && timeline.is_some_and(|t| t > 1.0)
+            {
+                break;
+            }
+            assert!(
+                started.elapsed() < RECOVERY_TIMEOUT,
+                "replication {replication:?}, Patroni's mode {patroni:?}, timeline \
+                 {timeline:?}; expected synchronous = {synchronous}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
 }
 
 /// A lease taken, a write with its token, and the write read back.
@@ -292,23 +348,42 @@ async fn serves(client: &Client, resource: &str) {
 
 /// Writers write while `fault` is injected; then the keys are read and the history
 /// checked.
-async fn run_fault(cluster: &mut HaCluster, clients: &[Client], fault: Fault) -> Summary {
-    let resource = format!("ha-{}-{:08x}", fault.name(), rand::random::<u32>());
+async fn run_fault(
+    cluster: &mut HaCluster,
+    clients: &[Client],
+    doors: &[String],
+    fault: Fault,
+) -> Summary {
+    let suffix = format!("{}-{:08x}", fault.name(), rand::random::<u32>());
+    let resource = format!("ha-{suffix}");
+    let door_resource = format!("ha-door-{suffix}");
+    let table = fenced_table(&cluster.haproxy_url(), &door_resource).await;
     let recorder = Recorder::new();
     let internal = Arc::new(AtomicUsize::new(0));
     let cancel = CancellationToken::new();
-    let writers: Vec<_> = (0..WRITERS)
-        .map(|client| {
-            let writer = Writer {
-                client,
-                resource: resource.clone(),
-                gateways: clients.to_vec(),
-                recorder: recorder.clone(),
-                internal: Arc::clone(&internal),
-                cancel: cancel.clone(),
-            };
-            tokio::spawn(writer.run())
-        })
+    let writer = |client: u32, resource: &str, via: Via| Writer {
+        client,
+        resource: resource.to_owned(),
+        gateways: clients.to_vec(),
+        via,
+        recorder: recorder.clone(),
+        internal: Arc::clone(&internal),
+        cancel: cancel.clone(),
+    };
+    let mut writers: Vec<Writer> = (0..WRITERS)
+        .map(|client| writer(client, &resource, Via::Http))
+        .collect();
+    for (n, psql) in [false, true].into_iter().enumerate() {
+        let door = Door {
+            urls: doors.to_vec(),
+            table: table.clone(),
+            psql,
+        };
+        writers.push(writer(WRITERS + n as u32, &door_resource, Via::Door(door)));
+    }
+    let writers: Vec<_> = writers
+        .into_iter()
+        .map(|writer| tokio::spawn(writer.run()))
         .collect();
     tokio::time::sleep(STEADY).await;
 
@@ -339,6 +414,9 @@ async fn run_fault(cluster: &mut HaCluster, clients: &[Client], fault: Fault) ->
     for (client, key) in KEYS.iter().enumerate() {
         entries.push(final_read(&clients[client % clients.len()], WRITERS, &resource, key).await);
     }
+    for key in DOOR_KEYS {
+        entries.push(final_row(&cluster.haproxy_url(), &table, &door_resource, key).await);
+    }
     let (unavailable, resumed) = longest_gap(&entries, fault_at);
     let outage = unavailable >= OUTAGE;
     Summary {
@@ -348,6 +426,7 @@ async fn run_fault(cluster: &mut HaCluster, clients: &[Client], fault: Fault) ->
         late_applied: late_applied(&entries),
         internal: internal.load(Ordering::Relaxed),
         lost: lost(&entries),
+        tokens_twice: tokens_twice(&entries),
         unavailable,
         fault_to_write: outage.then(|| seconds_between(fault_at, resumed)),
         recovery_to_write: outage.then(|| seconds_between(recovered_at, resumed)),
@@ -370,7 +449,9 @@ async fn roles(cluster: &HaCluster) -> String {
 struct Writer {
     client: u32,
     resource: String,
+    /// The gateways' HTTP APIs: leases are taken there whatever `via` writes through.
     gateways: Vec<Client>,
+    via: Via,
     recorder: Recorder,
     /// Answers `500 internal` this run's writers had.
     internal: Arc<AtomicUsize>,
@@ -391,7 +472,7 @@ impl Writer {
                     break;
                 }
                 sent += 1;
-                let outcome = self.write(sent, KEYS[n % KEYS.len()], token).await;
+                let outcome = self.write(sent, self.key(n), token).await;
                 match outcome {
                     Outcome::Stale { .. } => break,
                     Outcome::Applied { .. } => {}
@@ -400,7 +481,7 @@ impl Writer {
             }
             self.release(&holder, token).await;
             sent += 1;
-            self.write(sent, KEYS[sent % KEYS.len()], token).await;
+            self.write(sent, self.key(sent), token).await;
             let pause = rand::random::<u64>() % 30;
             tokio::time::sleep(Duration::from_millis(pause)).await;
         }
@@ -408,6 +489,15 @@ impl Writer {
 
     fn gateway(&self, n: usize) -> &Client {
         &self.gateways[(n + self.client as usize) % self.gateways.len()]
+    }
+
+    /// The key of the `n`th write.
+    fn key(&self, n: usize) -> &'static str {
+        let keys: &[&'static str] = match self.via {
+            Via::Http => &KEYS,
+            Via::Door(_) => &DOOR_KEYS,
+        };
+        keys[n % keys.len()]
     }
 
     /// Acquires the lease, retrying with one idempotency key until the answer is known:
@@ -473,8 +563,8 @@ impl Writer {
         panic!("an acquire had no answer within {ACQUIRE_PATIENCE:?}: {last}");
     }
 
-    /// `PUT key` with `token` and a value no other write has; records and returns the
-    /// outcome.
+    /// Writes `key` with `token` and a value no other write has, through the HTTP API
+    /// or a door; records and returns the outcome.
     async fn write(&self, n: usize, key: &str, token: u64) -> Outcome {
         let value = format!("{}-{n}-t{token}", self.client);
         let op = Op::Write {
@@ -483,8 +573,34 @@ impl Writer {
             value: value.clone(),
             if_version: None,
         };
-        let token_text = token.to_string();
         let invoked = history::now();
+        let outcome = match &self.via {
+            Via::Http => self.put(n, key, token, value).await,
+            Via::Door(door) => {
+                let url = &door.urls[(n + self.client as usize) % door.urls.len()];
+                door.write(url, &self.resource, key, token, &value).await
+            }
+        };
+        self.recorder.record(Entry {
+            client: self.client,
+            resource: self.resource.clone(),
+            op,
+            invoked,
+            completed: history::now(),
+            outcome: outcome.clone(),
+        });
+        outcome
+    }
+
+    /// `PUT key` through the HTTP API.
+    async fn put(&self, n: usize, key: &str, token: u64, value: String) -> Outcome {
+        let op = Op::Write {
+            key: key.to_owned(),
+            token,
+            value: value.clone(),
+            if_version: None,
+        };
+        let token_text = token.to_string();
         let reply = tokio::time::timeout(
             REQUEST_TIMEOUT,
             self.gateway(n).try_request(
@@ -495,26 +611,21 @@ impl Writer {
             ),
         )
         .await;
-        let completed = history::now();
-        let outcome = match reply {
-            Ok(Ok(reply)) => history::outcome_of(
-                &op,
-                reply.status,
-                &String::from_utf8_lossy(&reply.body),
-                None,
-            )
-            .unwrap_or_else(|e| panic!("a write: {e}")),
+        match reply {
+            Ok(Ok(reply)) => {
+                if reply.status == 500 {
+                    self.internal.fetch_add(1, Ordering::Relaxed);
+                }
+                history::outcome_of(
+                    &op,
+                    reply.status,
+                    &String::from_utf8_lossy(&reply.body),
+                    None,
+                )
+                .unwrap_or_else(|e| panic!("a write: {e}"))
+            }
             Ok(Err(_)) | Err(_) => Outcome::Indeterminate,
-        };
-        self.recorder.record(Entry {
-            client: self.client,
-            resource: self.resource.clone(),
-            op,
-            invoked,
-            completed,
-            outcome: outcome.clone(),
-        });
-        outcome
+        }
     }
 
     /// Releases the lease, once; if that fails, the lease expires.
@@ -570,6 +681,20 @@ async fn final_read(gateway: &Client, client: u32, resource: &str, key: &str) ->
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Grants (acquires answered with a token) of a resource whose token was granted
+/// before: a token issued twice.
+fn tokens_twice(entries: &[Entry]) -> usize {
+    let mut granted = BTreeSet::new();
+    entries
+        .iter()
+        .filter_map(|entry| match (&entry.op, &entry.outcome) {
+            (Op::Advance { token }, Outcome::Applied { .. }) => Some((&entry.resource, *token)),
+            _ => None,
+        })
+        .filter(|grant| !granted.insert(*grant))
+        .count()
 }
 
 fn is_acknowledged_write(entry: &Entry) -> bool {
@@ -637,4 +762,209 @@ fn seconds_between(from: u64, to: u64) -> f64 {
 
 fn seconds(value: Option<f64>) -> String {
     value.map_or_else(|| "-".to_owned(), |s| format!("{s:.2} s"))
+}
+
+/// How a writer writes.
+enum Via {
+    /// `PUT /v1/kv/...` on the gateways' HTTP APIs.
+    Http,
+    /// Rows of a fenced table, through the gateways' Postgres doors.
+    Door(Door),
+}
+
+/// A fenced table written through the doors.
+struct Door {
+    /// The doors' URLs, taken in turn.
+    urls: Vec<String>,
+    table: String,
+    /// Each write a `psql` process of its own; else a tokio-postgres session.
+    psql: bool,
+}
+
+/// The transaction of one write: the token first, then the row, its new version
+/// returned.
+fn door_transaction(table: &str, resource: &str, key: &str, token: u64, value: &str) -> String {
+    format!(
+        "BEGIN; SELECT fencegate.fence('{resource}', {token}); \
+         UPDATE {table} SET value = '{value}', version = version + 1 WHERE key = '{key}' \
+         RETURNING version; COMMIT;"
+    )
+}
+
+impl Door {
+    async fn write(
+        &self,
+        url: &str,
+        resource: &str,
+        key: &str,
+        token: u64,
+        value: &str,
+    ) -> Outcome {
+        let sql = door_transaction(&self.table, resource, key, token, value);
+        if self.psql {
+            return psql_write(url, &sql).await;
+        }
+        let connected = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            tokio_postgres::connect(url, tokio_postgres::NoTls),
+        )
+        .await;
+        let Ok(Ok((session, connection))) = connected else {
+            // No session: nothing was sent.
+            return Outcome::NotApplied;
+        };
+        tokio::spawn(connection);
+        match tokio::time::timeout(REQUEST_TIMEOUT, session.simple_query(&sql)).await {
+            Ok(Ok(messages)) => {
+                // The last row is the UPDATE's (the first, fence()'s).
+                let version = messages.iter().rev().find_map(|message| match message {
+                    tokio_postgres::SimpleQueryMessage::Row(row) => {
+                        row.get(0).and_then(|v| v.parse::<u64>().ok())
+                    }
+                    _ => None,
+                });
+                match version {
+                    Some(version) => Outcome::Applied {
+                        version: Some(version),
+                    },
+                    None => panic!("the door's write of {key} returned no version"),
+                }
+            }
+            Ok(Err(error)) => match error.code() {
+                Some(code) if code.code() == "ZF001" => Outcome::Stale { highest: None },
+                // The server refused a statement: the transaction rolled back.
+                Some(_) => Outcome::NotApplied,
+                // The session broke: COMMIT may have been sent.
+                None => Outcome::Indeterminate,
+            },
+            Err(_) => Outcome::Indeterminate,
+        }
+    }
+}
+
+/// One write by `psql`: its exit status and SQLSTATE say what happened (2: the
+/// connection failed or broke, and the transaction may have committed).
+async fn psql_write(url: &str, sql: &str) -> Outcome {
+    let run = tokio::process::Command::new("psql")
+        .args([
+            url,
+            "-X",
+            "-q",
+            "-A",
+            "-t",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-v",
+            "VERBOSITY=verbose",
+            "-c",
+            sql,
+        ])
+        .env("PGCONNECT_TIMEOUT", "5")
+        .kill_on_drop(true)
+        .output();
+    let Ok(Ok(output)) = tokio::time::timeout(PSQL_TIMEOUT, run).await else {
+        return Outcome::Indeterminate;
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    match output.status.code() {
+        Some(0) => {
+            let version = stdout
+                .lines()
+                .rev()
+                .find_map(|line| line.trim().parse::<u64>().ok())
+                .unwrap_or_else(|| panic!("psql's write returned no version: {stdout}"));
+            Outcome::Applied {
+                version: Some(version),
+            }
+        }
+        Some(1) | Some(3) if stderr.contains("ERROR:  ZF001") => Outcome::Stale { highest: None },
+        // The server refused a statement: the transaction rolled back.
+        Some(1) | Some(3) => Outcome::NotApplied,
+        _ => Outcome::Indeterminate,
+    }
+}
+
+/// The door's URL of `gateway`: the superuser of `superuser_url` at its door.
+fn door_url(superuser_url: &str, gateway: &Gateway) -> String {
+    let rest = superuser_url
+        .strip_prefix("postgres://")
+        .expect("a postgres:// URL");
+    let (userinfo, after) = rest.split_once('@').expect("a user and password");
+    let database = after.split_once('/').map_or("postgres", |(_, db)| db);
+    format!("postgres://{userinfo}@{}/{database}", gateway.pg_addr())
+}
+
+/// A fenced table of `resource` with a row for each of [`DOOR_KEYS`] at version 0.
+async fn fenced_table(superuser_url: &str, resource: &str) -> String {
+    let table = format!("door_{:08x}", rand::random::<u32>());
+    let (admin, connection) = tokio_postgres::connect(superuser_url, tokio_postgres::NoTls)
+        .await
+        .expect("the superuser connects through HAProxy");
+    tokio::spawn(connection);
+    admin
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (key text PRIMARY KEY, value text, version bigint NOT NULL);
+             INSERT INTO {table} VALUES ('{}', NULL, 0), ('{}', NULL, 0);",
+            DOOR_KEYS[0], DOOR_KEYS[1]
+        ))
+        .await
+        .expect("the door's table is created");
+    fencegate_gateway::dbfence::admin::protect(&admin, &table, resource)
+        .await
+        .expect("the door's table is protected");
+    table
+}
+
+/// The row of `key` once the writers are done, read directly through HAProxy until the
+/// primary answers.
+async fn final_row(superuser_url: &str, table: &str, resource: &str, key: &str) -> Entry {
+    let started = Instant::now();
+    loop {
+        let invoked = history::now();
+        if let Ok(Ok((client, connection))) = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            tokio_postgres::connect(superuser_url, tokio_postgres::NoTls),
+        )
+        .await
+        {
+            tokio::spawn(connection);
+            let row = client
+                .query_one(
+                    &format!("SELECT value, version FROM {table} WHERE key = $1"),
+                    &[&key],
+                )
+                .await;
+            if let Ok(row) = row {
+                let version: i64 = row.get(1);
+                let value: Option<String> = row.get(0);
+                let outcome = if version == 0 {
+                    Outcome::Read {
+                        value: None,
+                        version: None,
+                    }
+                } else {
+                    Outcome::Read {
+                        value,
+                        version: Some(version as u64),
+                    }
+                };
+                return Entry {
+                    client: WRITERS + 2,
+                    resource: resource.to_owned(),
+                    op: Op::Read {
+                        key: key.to_owned(),
+                    },
+                    invoked,
+                    completed: history::now(),
+                    outcome,
+                };
+            }
+        }
+        assert!(
+            started.elapsed() < RECOVERY_TIMEOUT,
+            "{key} of {table} is not readable after the fault"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
