@@ -36,6 +36,7 @@ use fencegate_tests::gateway::Gateway;
 use fencegate_tests::ha::HaCluster;
 use fencegate_tests::history::{self, Counts, Entry, Op, Outcome, Recorder};
 use fencegate_tests::http::{kv_path, Client};
+use fencegate_tests::prometheus::Prometheus;
 use http::Method;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -271,6 +272,9 @@ async fn run(synchronous: bool, check: impl Fn(&Summary)) {
     }
     // What the gateways read of the cluster's replication is what it is.
     reports_replication(&clients, synchronous).await;
+    if !synchronous {
+        lost_grant(&cluster, &via_haproxy, &via_hosts).await;
+    }
     println!("{mode}: done in {:.1?}", started.elapsed());
 }
 
@@ -967,4 +971,132 @@ async fn final_row(superuser_url: &str, table: &str, resource: &str, key: &str) 
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// The alert rules, as deployed.
+const ALERTS: &str = include_str!("../../dashboards/alerts.yml");
+
+/// Asynchronous mode: a lease grant that only the primary had is lost with it. The
+/// primary's WAL senders are stopped while gateway `a` grants the lease, then the
+/// primary is frozen until a replica is promoted. `a` saw the grant: before it answers
+/// on the new primary it restores the fence, and counts it; the
+/// `FencegateFenceRegressed` alert fires on a live Prometheus; and the next grant,
+/// through `b`, which never saw the lost one, is above it.
+async fn lost_grant(cluster: &HaCluster, a: &Gateway, b: &Gateway) {
+    let config = format!(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
+         rule_files:\n  - alerts.yml\n\
+         scrape_configs:\n  - job_name: fencegate\n    static_configs:\n      \
+         - targets: ['{}', '{}']\n",
+        a.addr(),
+        b.addr()
+    );
+    let prometheus = Prometheus::start(&config, &[("alerts.yml", ALERTS)]).await;
+    prometheus.wait_for_scrapes("fencegate", 4).await;
+    let counted_before = a
+        .client()
+        .metric("fencegate_fence_regressions_total")
+        .await
+        .unwrap_or(0.0);
+    let resource = format!("ha-lost-{:08x}", rand::random::<u32>());
+    let (primary, _) = cluster.wait_for_primary(RECOVERY_TIMEOUT).await;
+    let replication = cluster.stop_replication(&primary);
+    let lost = grant(&a.client(), &resource, "lost").await;
+    // Frozen whole, its WAL senders with it: they send nothing until it continues.
+    let frozen = cluster.stop_primary().await;
+    let (promoted, took) = cluster
+        .wait_for_new_primary(&frozen.node, RECOVERY_TIMEOUT)
+        .await;
+    let since = Instant::now();
+    // Gateway a's first answered write on the new primary.
+    let started = Instant::now();
+    while a
+        .client()
+        .put("ha-lost-elsewhere", "k", 1, "after")
+        .await
+        .status
+        / 100
+        != 2
+    {
+        assert!(
+            started.elapsed() < RECOVERY_TIMEOUT,
+            "gateway a never wrote on {promoted}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let counted = a
+        .client()
+        .metric("fencegate_fence_regressions_total")
+        .await
+        .unwrap_or(0.0);
+    let (fence_client, connection) =
+        tokio_postgres::connect(&cluster.node_url(&promoted), tokio_postgres::NoTls)
+            .await
+            .expect("the new primary answers");
+    tokio::spawn(connection);
+    let fence: Option<i64> = fence_client
+        .query_opt(
+            "SELECT highest FROM fencegate.fences WHERE resource = $1",
+            &[&resource],
+        )
+        .await
+        .expect("the fence can be read")
+        .map(|row| row.get(0));
+    cluster.cont(&frozen);
+    cluster.cont_replication(&replication);
+    assert!(
+        counted > counted_before,
+        "the lost grant was not counted as a regression ({counted_before} -> {counted})"
+    );
+    assert_eq!(
+        fence,
+        Some(lost as i64),
+        "the fence of the lost grant is restored on {promoted} before gateway a answers"
+    );
+    let alert = prometheus
+        .wait_for_firing("FencegateFenceRegressed", None, since)
+        .await;
+    let next = loop {
+        match try_grant(&b.client(), &resource, "next").await {
+            Some(token) => break token,
+            None => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    assert!(next > lost, "token {next} granted after the lost {lost}");
+    println!(
+        "asynchronous lost-grant: token {lost} lost with {}; {promoted} primary after \
+         {took:.1?}; restored and counted by the gateway that saw it; \
+         FencegateFenceRegressed firing after {:.1?}; next token {next}",
+        frozen.node, alert.firing
+    );
+    prometheus.stop().await;
+    cluster.wait_until_streaming(RECOVERY_TIMEOUT).await;
+}
+
+/// A hosted lease granted to `holder`, retried until granted: its token.
+async fn grant(client: &Client, resource: &str, holder: &str) -> u64 {
+    let started = Instant::now();
+    loop {
+        if let Some(token) = try_grant(client, resource, holder).await {
+            return token;
+        }
+        assert!(
+            started.elapsed() < RECOVERY_TIMEOUT,
+            "{holder} was never granted {resource}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn try_grant(client: &Client, resource: &str, holder: &str) -> Option<u64> {
+    let reply = client
+        .try_request(
+            Method::POST,
+            &format!("/v1/leases/{resource}/acquire"),
+            &[("content-type", "application/json")],
+            json!({"holder": holder, "ttl_ms": LEASE_TTL_MS}).to_string(),
+        )
+        .await
+        .ok()?;
+    (reply.status == 200).then(|| reply.json()["token"].as_u64().expect("a token"))
 }

@@ -108,3 +108,40 @@ impl HaCluster {
         self.start_etcd().await;
     }
 }
+
+/// WAL senders stopped with SIGSTOP by [`HaCluster::stop_replication`].
+#[derive(Debug)]
+pub struct ReplicationStopped {
+    senders: Vec<u32>,
+}
+
+impl HaCluster {
+    /// SIGSTOP of the WAL senders of `primary`: it goes on committing (asynchronous
+    /// mode) what no replica receives — nothing more is sent, not even into a socket's
+    /// buffer — until [`HaCluster::cont_replication`], or until the node is frozen and
+    /// continued whole ([`HaCluster::stop_primary`] stops them too).
+    pub fn stop_replication(&self, primary: &str) -> ReplicationStopped {
+        let Some(postmaster) = self.node(primary).postmaster_pid() else {
+            self.fail(&format!("primary {primary} has no postmaster.pid"));
+        };
+        let mut senders = Vec::new();
+        for child in children(postmaster) {
+            let cmdline = std::fs::read(format!("/proc/{child}/cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains("walsender") {
+                signal_process(child, "STOP");
+                senders.push(child);
+            }
+        }
+        if senders.is_empty() {
+            self.fail(&format!("{primary} has no WAL sender to stop"));
+        }
+        ReplicationStopped { senders }
+    }
+
+    /// SIGCONT of what [`HaCluster::stop_replication`] stopped.
+    pub fn cont_replication(&self, stopped: &ReplicationStopped) {
+        for pid in &stopped.senders {
+            signal_process(*pid, "CONT");
+        }
+    }
+}

@@ -475,6 +475,37 @@ pub(crate) fn committing() {
     let _ = COMMITTING.try_with(|flag| flag.store(true, Ordering::Release));
 }
 
+/// Runs `statement` (a future of a statement on `client`, not yet polled) in a
+/// transaction of its own: `BEGIN` and the statement are sent together, `COMMIT` once
+/// the statement has answered ([`committing`] first). So a deadline that passes while
+/// the statement runs — waiting for a lock — cancels it, and one that passes while the
+/// commit waits for a synchronous standby leaves the commit alone; an autocommitted
+/// statement could not tell the two apart.
+pub(crate) async fn in_own_transaction<T>(
+    client: &tokio_postgres::Client,
+    statement: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+) -> Result<T, StoreError> {
+    let (begun, answer) =
+        futures_util::future::join(client.batch_execute("BEGIN"), statement).await;
+    let answer = begun.and(answer);
+    match answer {
+        Ok(value) => {
+            committing();
+            client
+                .batch_execute("COMMIT")
+                .await
+                .map_err(|e| classify(e, true))?;
+            Ok(value)
+        }
+        Err(error) => {
+            // Nothing committed; the session must leave the transaction before it is
+            // used again (a broken one is not).
+            let _ = client.batch_execute("ROLLBACK").await;
+            Err(classify(error, false))
+        }
+    }
+}
+
 /// Sends `COMMIT` ([`committing`] first).
 pub(crate) async fn commit(tx: deadpool_postgres::Transaction<'_>) -> Result<(), StoreError> {
     committing();

@@ -101,7 +101,8 @@ pub async fn restore_fences_on(
     let resources: Vec<&str> = seen.iter().map(|(r, _)| r.as_str()).collect();
     let tokens: Vec<i64> = seen.iter().map(|(_, t)| t.as_i64()).collect();
     let followed = i64::try_from(resets_followed).unwrap_or(i64::MAX);
-    connection::committing();
+    // Autocommitted, and cancelled at its deadline like a statement: it only raises
+    // fences, and the next audit raises what a cancelled one did not.
     let rows = client
         .query(
             statements::FENCES_RESTORE,
@@ -389,11 +390,11 @@ impl PgStore {
                     .prepare_cached(statements::FENCE_ADVANCE)
                     .await
                     .map_err(|e| classify(e, false))?;
-                connection::committing();
-                let row = client
-                    .query_opt(&statement, &[&resource.as_str(), &token.as_i64()])
-                    .await
-                    .map_err(|e| classify(e, true))?;
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+                    [&resource.as_str(), &token.as_i64()];
+                let row =
+                    connection::in_own_transaction(client, client.query_opt(&statement, &params))
+                        .await?;
                 Ok(row.is_some())
             })
             .await?;
@@ -612,7 +613,8 @@ impl PgStore {
     /// writes (a standby, a read-only transaction) or has no room says so here.
     pub async fn probe_write(&self) -> Result<Result<(), NotWritable>, StoreError> {
         self.with_client(async |client| {
-            connection::committing();
+            // Autocommitted, and cancelled at its deadline like a statement: what it
+            // writes is the probe's own row.
             let error = match client.execute(statements::READINESS_PROBE, &[]).await {
                 Ok(_) => return Ok(Ok(())),
                 Err(error) => error,

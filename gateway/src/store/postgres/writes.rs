@@ -20,7 +20,7 @@ pub(super) enum Attempt {
     PreconditionFailed { current: Option<u64> },
 }
 
-/// One statement, autocommitted.
+/// One statement, in a transaction of its own ([`connection::in_own_transaction`]).
 pub(super) async fn write_unconditional(
     client: &Object,
     write: &Write,
@@ -28,30 +28,27 @@ pub(super) async fn write_unconditional(
     let resource = write.resource.as_str();
     let key = write.key.as_str();
     let token = write.token.as_i64();
-    // Autocommit: each statement below commits by itself.
-    connection::committing();
     let row = match &write.op {
         WriteOp::Put(value) => {
             let statement = client
                 .prepare_cached(statements::FENCED_PUT)
                 .await
                 .map_err(|e| classify(e, false))?;
-            client
-                .query_opt(&statement, &[&resource, &token, &key, &value.as_ref()])
-                .await
+            let params: [&(dyn ToSql + Sync); 4] = [&resource, &token, &key, &value.as_ref()];
+            connection::in_own_transaction(client, client.query_opt(&statement, &params)).await
         }
         WriteOp::Delete => {
             let statement = client
                 .prepare_cached(statements::FENCED_DELETE)
                 .await
                 .map_err(|e| classify(e, false))?;
-            client
-                .query_opt(&statement, &[&resource, &token, &key])
-                .await
+            connection::in_own_transaction(
+                client,
+                client.query_opt(&statement, &[&resource, &token, &key]),
+            )
+            .await
         }
-    }
-    // Autocommit: once the statement is sent, it may have committed.
-    .map_err(|e| classify(e, true))?;
+    }?;
     match row {
         Some(row) => applied(&write.op, row.get(0), row.get(1)),
         None => Ok(Attempt::Stale),

@@ -734,8 +734,6 @@ async fn in_transaction<'a, B>(
     Vec<Result<B, tokio_postgres::Error>>,
     Result<(), tokio_postgres::Error>,
 ) {
-    // COMMIT goes with the rest, at once.
-    crate::store::postgres::connection::committing();
     let (begin, commit) = (
         client.batch_execute("BEGIN"),
         client.batch_execute("COMMIT"),
@@ -769,6 +767,11 @@ async fn pipeline<'a, A, B, C>(
         (&mut future).await;
         answers.push(Pin::new(&mut future).take_output().expect("awaited above"));
     }
+    // Every statement before it has answered: what the server runs now is `last`, the
+    // COMMIT, which a deadline must not cancel (`committing`). Until now a deadline
+    // cancels a statement still running — waiting for a lock — and the COMMIT queued
+    // behind it then rolls back.
+    crate::store::postgres::connection::committing();
     last.as_mut().await;
     (
         first.as_mut().take_output().expect("awaited above"),
