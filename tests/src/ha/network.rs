@@ -246,3 +246,97 @@ async fn output(args: &[&str]) -> Result<String, String> {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a connect to a port nobody listens on met.
+    #[derive(Debug, PartialEq)]
+    enum Met {
+        /// A reset: the peer's kernel answered.
+        Refused,
+        /// Nothing within a second.
+        Silence,
+        /// Anything else, e.g. a local error.
+        Other(String),
+    }
+
+    /// Connects from `namespace` (or the host) to `addr:port` with bash's `/dev/tcp`.
+    async fn connect(namespace: Option<&str>, addr: Ipv4Addr, port: u16) -> Met {
+        let script = format!("exec 3<>/dev/tcp/{addr}/{port}");
+        let mut command = Command::new("timeout");
+        if let Some(namespace) = namespace {
+            command = Command::new("ip");
+            command.args(["netns", "exec", namespace, "timeout"]);
+        }
+        let output = command
+            .args(["1", "bash", "-c", &script])
+            .output()
+            .await
+            .expect("bash runs");
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        match output.status.code() {
+            Some(124) => Met::Silence,
+            _ if stderr.contains("Connection refused") => Met::Refused,
+            _ => Met::Other(format!("{:?}: {stderr}", output.status)),
+        }
+    }
+
+    /// A closed port answers with a reset across a working link; across a partition,
+    /// in either direction, nothing answers — no reset, and no local error either (a
+    /// blackhole on the host itself would fail the host's connect with `EINVAL`).
+    #[tokio::test]
+    async fn a_partition_drops_every_packet_of_one_node_without_a_reset() {
+        let mut network = Network::create(2)
+            .await
+            .expect("the namespaces can be made");
+        // Nothing listens on this port, anywhere.
+        let port = crate::free_port();
+        let (one, two) = (network.namespace(0), network.namespace(1));
+        let (host, one_addr, two_addr) = (
+            network.host_addr(),
+            network.node_addr(0),
+            network.node_addr(1),
+        );
+        let paths = [
+            (None, one_addr),
+            (Some(one.as_str()), host),
+            (Some(one.as_str()), two_addr),
+            (Some(two.as_str()), one_addr),
+        ];
+        for (from, to) in paths {
+            assert_eq!(
+                connect(from, to, port).await,
+                Met::Refused,
+                "{from:?} -> {to}"
+            );
+        }
+
+        network.partition(0).await.expect("a partition");
+        for (from, to) in paths {
+            assert_eq!(
+                connect(from, to, port).await,
+                Met::Silence,
+                "{from:?} -> {to}"
+            );
+        }
+        // The other node still reaches the host.
+        assert_eq!(connect(Some(&two), host, port).await, Met::Refused);
+
+        network.heal().await.expect("a heal");
+        for (from, to) in paths {
+            assert_eq!(
+                connect(from, to, port).await,
+                Met::Refused,
+                "{from:?} -> {to}"
+            );
+        }
+        let tag = network.tag.clone();
+        drop(network);
+        let left = output(&["-o", "link"]).await.expect("ip link");
+        assert!(!left.contains(&tag), "links left: {left}");
+        let left = output(&["netns", "list"]).await.expect("ip netns");
+        assert!(!left.contains(&tag), "namespaces left: {left}");
+    }
+}
