@@ -5,7 +5,9 @@
 //! (`target_session_attrs=read-write`). Writers take turns holding the gateway's hosted
 //! lease of a resource and write with its token, through both gateways, while a fault
 //! hits the cluster: kill -9 of the primary's postmaster, a switchover, the primary
-//! frozen (SIGSTOP) until another node is promoted, a restart of etcd. Then every key is read once more and the history is checked for
+//! frozen (SIGSTOP) until another node is promoted, a restart of etcd, the primary cut
+//! off from the network until another node is promoted. Then every key is read once
+//! more and the history is checked for
 //! linearizability against a fenced register ([`history::check`]): every acknowledged
 //! write is there, and no write of an older term got in after a newer term's.
 //!
@@ -73,6 +75,11 @@ const ACQUIRE_PATIENCE: Duration = Duration::from_secs(60);
 /// How long the cluster may take to have a primary again after a fault.
 const RECOVERY_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long a partition lasts after the harness saw a new primary: the old one's
+/// Patroni has given up on etcd and demoted it well before (`retry_timeout`, 4 s, is
+/// below `ttl`, 10 s); the sessions the gateways had with it hang meanwhile.
+const PARTITION_AFTER_FAILOVER: Duration = Duration::from_secs(5);
+
 /// The faults, in the order a run injects them.
 #[derive(Debug, Clone, Copy)]
 enum Fault {
@@ -86,14 +93,19 @@ enum Fault {
     PrimaryFreeze,
     /// etcd stopped and started again under the running cluster.
     EtcdRestart,
+    /// The primary's node cut off from etcd, the other nodes, HAProxy and the gateways
+    /// (packets dropped, no resets) until another node is promoted and a while more,
+    /// then healed: the old primary, demoted when it lost etcd, rejoins as a replica.
+    PrimaryPartition,
 }
 
 impl Fault {
-    const ALL: [Fault; 4] = [
+    const ALL: [Fault; 5] = [
         Fault::PostmasterKill,
         Fault::Switchover,
         Fault::PrimaryFreeze,
         Fault::EtcdRestart,
+        Fault::PrimaryPartition,
     ];
 
     fn name(self) -> &'static str {
@@ -102,12 +114,15 @@ impl Fault {
             Fault::Switchover => "switchover",
             Fault::PrimaryFreeze => "primary-freeze",
             Fault::EtcdRestart => "etcd-restart",
+            Fault::PrimaryPartition => "primary-partition",
         }
     }
 
-    /// Injects the fault and waits until the cluster has a primary again; what happened.
-    async fn inject(self, cluster: &mut HaCluster) -> String {
-        match self {
+    /// Injects the fault and waits until the cluster has a primary again: what happened,
+    /// and when the harness saw that primary if the fault went on after it (a partition
+    /// is healed later).
+    async fn inject(self, cluster: &mut HaCluster) -> (String, Option<u64>) {
+        let what = match self {
             Fault::PostmasterKill => {
                 let (node, pid) = cluster.kill_primary_postmaster().await;
                 let (primary, took) = cluster
@@ -139,7 +154,20 @@ impl Fault {
                     started.elapsed()
                 )
             }
-        }
+            Fault::PrimaryPartition => {
+                let old = cluster.partition_primary().await;
+                let (primary, took) = cluster.wait_for_new_primary(&old, RECOVERY_TIMEOUT).await;
+                let seen = history::now();
+                tokio::time::sleep(PARTITION_AFTER_FAILOVER).await;
+                cluster.heal().await;
+                let what = format!(
+                    "cut {old} off; {primary} primary after {took:.1?}; healed \
+                     {PARTITION_AFTER_FAILOVER:?} later"
+                );
+                return (what, Some(seen));
+            }
+        };
+        (what, None)
     }
 }
 
@@ -269,6 +297,7 @@ async fn run(synchronous: bool, check: impl Fn(&Summary)) {
         }
         check(&summary);
         cluster.wait_until_streaming(RECOVERY_TIMEOUT).await;
+        println!("{}: then {}", fault.name(), roles(&cluster).await);
     }
     // What the gateways read of the cluster's replication is what it is.
     reports_replication(&clients, synchronous).await;
@@ -393,8 +422,8 @@ async fn run_fault(
 
     let before = roles(cluster).await;
     let fault_at = history::now();
-    let what = fault.inject(cluster).await;
-    let recovered_at = history::now();
+    let (what, primary_seen) = fault.inject(cluster).await;
+    let recovered_at = primary_seen.unwrap_or_else(history::now);
     // Write on until some write after the recovery was acknowledged, and a while more.
     let deadline = Instant::now() + RECOVERY_TIMEOUT;
     while !acknowledged_after(&recorder.entries(), recovered_at) {

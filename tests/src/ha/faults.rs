@@ -1,5 +1,6 @@
 //! The faults a test injects into the cluster: kill -9 of the primary's postmaster, the
-//! primary frozen whole, a switchover, etcd restarted.
+//! primary frozen whole, the primary cut off from the network, a switchover, etcd
+//! restarted.
 
 use std::time::{Duration, Instant};
 
@@ -67,6 +68,29 @@ impl HaCluster {
         }
         if let Some(group) = stopped.patroni {
             signal_group(group, "CONT");
+        }
+    }
+
+    /// Cuts the primary's node (its Patroni and its Postgres) off from everything else —
+    /// etcd, the other nodes, HAProxy, the gateways — every packet silently dropped,
+    /// until [`HaCluster::heal`]. The node cut off.
+    pub async fn partition_primary(&mut self) -> String {
+        let (name, _) = self.wait_for_primary(Duration::from_secs(30)).await;
+        let index = self
+            .nodes
+            .iter()
+            .position(|node| node.name == name)
+            .expect("the primary is a node");
+        if let Err(error) = self.network.partition(index).await {
+            self.fail(&format!("cannot partition {name}: {error}"));
+        }
+        name
+    }
+
+    /// Ends every partition.
+    pub async fn heal(&mut self) {
+        if let Err(error) = self.network.heal().await {
+            self.fail(&format!("cannot heal the partition: {error}"));
         }
     }
 

@@ -4,13 +4,16 @@
 //!
 //! Patroni and HAProxy run the very files of `deploy/patroni/` ([`DEPLOY`]), with the
 //! per-node values (names, ports, directories, etcd's address, passwords) in the
-//! environment variables those files document. Everything listens on free loopback
-//! ports and keeps its data and logs in a fresh temp dir.
+//! environment variables those files document. Each node runs in a network namespace
+//! of its own with an address of its own ([`network`]), so that a test can cut it off;
+//! etcd listens on the host's address there, HAProxy on loopback. Ports are free ones,
+//! data and logs go to a fresh temp dir.
 //!
 //! # Processes
 //!
 //! Each process runs in a process group of its own: etcd, HAProxy, and per node
-//! `runuser -u postgres -- patroni` (tests run as root, which Postgres refuses). Patroni
+//! `ip netns exec <node> runuser -u postgres -- patroni` (tests run as root, which
+//! Postgres refuses). Patroni
 //! starts each postmaster in a session of its own (the postmaster's pid is the first
 //! line of `postmaster.pid`, its group is in `/proc`), and Postgres starts each backend
 //! in a session of its own too. [`Drop`] sends SIGKILL to HAProxy's and Patroni's
@@ -27,8 +30,10 @@
 //! component that does not start panics with the tails of all of them.
 
 mod faults;
+mod network;
 mod process;
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -39,6 +44,7 @@ use tokio::process::Command;
 
 use crate::cluster::BIN;
 use crate::http::Client;
+use network::Network;
 use process::{children, postgres_ids, process_group, signal_group, signal_process, Process};
 
 /// The reference deployment: `patroni.yml` and `haproxy.cfg`.
@@ -64,6 +70,8 @@ const SWITCHOVER_TIMEOUT: Duration = Duration::from_secs(60);
 /// One Patroni node and its Postgres.
 pub struct Node {
     pub name: String,
+    /// Its address in its namespace, for Postgres and the REST API.
+    pub addr: Ipv4Addr,
     pub pg_port: u16,
     pub rest_port: u16,
     /// The node's directory, owned by `postgres`: `data/`, `pgpass`.
@@ -83,7 +91,7 @@ impl Node {
     }
 
     fn rest(&self) -> Client {
-        Client::new(format!("http://127.0.0.1:{}", self.rest_port))
+        Client::new(format!("http://{}:{}", self.addr, self.rest_port))
     }
 
     /// `method path` on this node's REST API: status and body, or `None` if it did not
@@ -141,6 +149,8 @@ pub struct HaCluster {
     haproxy: Option<Process>,
     /// Whether commits wait for a synchronous standby (`synchronous_mode`).
     synchronous: bool,
+    /// Removed when dropped, after the fields above: after every process was killed.
+    network: Network,
 }
 
 impl HaCluster {
@@ -156,6 +166,9 @@ impl HaCluster {
             rand::random::<u32>()
         ));
         std::fs::create_dir_all(dir.join("logs")).expect("the temp dir can be created");
+        let network = Network::create(NODES.len())
+            .await
+            .unwrap_or_else(|e| panic!("the nodes' namespaces cannot be made: {e}"));
         let mut cluster = HaCluster {
             dir,
             password: format!("pw{:016x}", rand::random::<u64>()),
@@ -166,10 +179,11 @@ impl HaCluster {
             haproxy_port: crate::free_port(),
             haproxy: None,
             synchronous,
+            network,
         };
         cluster.start_etcd().await;
         let (uid, gid) = postgres_ids().await;
-        for name in NODES {
+        for (index, name) in NODES.into_iter().enumerate() {
             let node_dir = cluster.dir.join(name);
             std::fs::create_dir(&node_dir).expect("a node's directory can be created");
             std::os::unix::fs::chown(&node_dir, Some(uid), Some(gid))
@@ -179,7 +193,7 @@ impl HaCluster {
                 std::os::unix::fs::PermissionsExt::from_mode(0o700),
             )
             .expect("chmod 0700 of a node's directory");
-            let node = cluster.start_node(name, node_dir);
+            let node = cluster.start_node(index, name, node_dir);
             cluster.nodes.push(node);
         }
         let (leader, _) = cluster.wait_for_primary(START_TIMEOUT).await;
@@ -216,7 +230,7 @@ impl HaCluster {
         let hosts: Vec<String> = self
             .nodes
             .iter()
-            .map(|node| format!("127.0.0.1:{}", node.pg_port))
+            .map(|node| format!("{}:{}", node.addr, node.pg_port))
             .collect();
         format!(
             "postgres://postgres:{}@{}/postgres?target_session_attrs=read-write",
@@ -228,8 +242,9 @@ impl HaCluster {
     /// The superuser's URL of one node, whatever its role.
     pub fn node_url(&self, name: &str) -> String {
         format!(
-            "postgres://postgres:{}@127.0.0.1:{}/postgres",
+            "postgres://postgres:{}@{}:{}/postgres",
             self.password,
+            self.node(name).addr,
             self.node(name).pg_port
         )
     }
@@ -412,14 +427,20 @@ impl HaCluster {
         panic!("{message}\n{}", self.logs())
     }
 
+    /// etcd's client address as the nodes reach it.
+    fn etcd_addr(&self) -> String {
+        format!("{}:{}", self.network.host_addr(), self.etcd_client_port)
+    }
+
     async fn start_etcd(&mut self) {
-        let client = format!("http://127.0.0.1:{}", self.etcd_client_port);
+        let local = format!("http://127.0.0.1:{}", self.etcd_client_port);
+        let client = format!("http://{}", self.etcd_addr());
         let peer = format!("http://127.0.0.1:{}", self.etcd_peer_port);
         let mut command = Command::new("etcd");
         command
             .args(["--name", "etcd0", "--logger", "zap", "--data-dir"])
             .arg(self.dir.join("etcd"))
-            .args(["--listen-client-urls", &client])
+            .args(["--listen-client-urls", &format!("{local},{client}")])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
@@ -434,7 +455,7 @@ impl HaCluster {
             command,
             self.dir.join("logs/etcd.log"),
         ));
-        let health = Client::new(client);
+        let health = Client::new(local);
         let started = Instant::now();
         loop {
             let answer = tokio::time::timeout(
@@ -454,14 +475,18 @@ impl HaCluster {
         }
     }
 
-    fn start_node(&self, name: &str, dir: PathBuf) -> Node {
+    /// Starts node `index` (from 0) in its namespace.
+    fn start_node(&self, index: usize, name: &str, dir: PathBuf) -> Node {
+        let addr = self.network.node_addr(index);
+        // Free in the node's namespace too, where nothing else listens.
         let pg_port = crate::free_port();
         let rest_port = crate::free_port();
-        let pg = format!("127.0.0.1:{pg_port}");
-        let rest = format!("127.0.0.1:{rest_port}");
-        let mut command = Command::new("runuser");
+        let pg = format!("{addr}:{pg_port}");
+        let rest = format!("{addr}:{rest_port}");
+        let mut command = Command::new("ip");
         command
-            .args(["-u", "postgres", "--", "patroni"])
+            .args(["netns", "exec", &self.network.namespace(index)])
+            .args(["runuser", "-u", "postgres", "--", "patroni"])
             .arg(Path::new(DEPLOY).join("patroni.yml"))
             .current_dir(&dir)
             .env_clear()
@@ -475,15 +500,13 @@ impl HaCluster {
             .env("PATRONI_POSTGRESQL_DATA_DIR", dir.join("data"))
             .env("PATRONI_POSTGRESQL_PGPASS", dir.join("pgpass"))
             .env("PATRONI_POSTGRESQL_BIN_DIR", BIN)
-            .env(
-                "PATRONI_ETCD_HOSTS",
-                format!("127.0.0.1:{}", self.etcd_client_port),
-            )
+            .env("PATRONI_ETCD_HOSTS", self.etcd_addr())
             .env("PATRONI_SUPERUSER_PASSWORD", &self.password)
             .env("PATRONI_REPLICATION_PASSWORD", &self.password);
         let log = self.dir.join(format!("logs/{name}.log"));
         Node {
             name: name.to_owned(),
+            addr,
             pg_port,
             rest_port,
             dir,
@@ -507,7 +530,7 @@ impl HaCluster {
             command
                 .env(
                     format!("NODE{}_POSTGRES", i + 1),
-                    format!("127.0.0.1:{}", node.pg_port),
+                    format!("{}:{}", node.addr, node.pg_port),
                 )
                 .env(
                     format!("NODE{}_REST_PORT", i + 1),
