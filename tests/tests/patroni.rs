@@ -271,7 +271,8 @@ async fn run(synchronous: bool, check: impl Fn(&Summary)) {
     let started = Instant::now();
     let mut cluster = HaCluster::start(synchronous).await;
     println!("{mode}: cluster up in {:.1?}", started.elapsed());
-    let patroni = format!("http://127.0.0.1:{}", cluster.node("node1").rest_port);
+    let node1 = cluster.node("node1");
+    let patroni = format!("http://{}:{}", node1.addr, node1.rest_port);
     let via_haproxy = gateway(&cluster.haproxy_url(), &patroni).await;
     let via_hosts = gateway(&cluster.multi_host_url(), &patroni).await;
     for (name, gateway) in [("haproxy", &via_haproxy), ("multi-host", &via_hosts)] {
