@@ -14,13 +14,6 @@
 //! most one matches. Expiry is written and compared with the database's `now()`, so
 //! the clocks of the application servers never matter.
 //!
-//! An acquisition sets the epoch to `epoch + 1`, or — on a server promoted since — to
-//! the first token of its timeline's epoch (`(timeline − 1) · 2^40 + 1`) if that is
-//! higher, as the gateway's hosted leases do. So after a failover to a standby that
-//! lost the last acquisitions (asynchronous replication), their epochs are never
-//! handed out again: the next one is above them all. On a server that was never
-//! promoted this is the seed's `epoch + 1`. The `epoch` column must be a `bigint`.
-//!
 //! # Connection
 //!
 //! One connection, opened on first use and replaced after it breaks. Calls made while
@@ -38,10 +31,6 @@ use super::{ForgetOnDrop, LeaseStore, StoreError};
 
 /// The seed's table name.
 pub const DEFAULT_TABLE: &str = "leader_lease";
-
-/// The first token of the server's timeline epoch, as the gateway mints its own: the
-/// timeline, less one, in the bits above the low 40 (`1` on a server never promoted).
-const TIMELINE_FLOOR: &str = "(((('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint - 1) << 40) + 1)";
 /// How long opening a connection may take before the call counts as failed.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -85,11 +74,9 @@ impl PostgresStore {
         let quoted = quote_table(table)?;
         let sql = Sql {
             // The seed's statements; the epoch rises on every acquisition, also when
-            // the holder is already us (see the store module's rule on re-acquiring),
-            // and starts again above every earlier one on a promoted server (its
-            // timeline's epoch; see the module's docs).
+            // the holder is already us (see the store module's rule on re-acquiring).
             acquire: format!(
-                "UPDATE {quoted} SET holder = $2, epoch = GREATEST(epoch + 1, {TIMELINE_FLOOR}), \
+                "UPDATE {quoted} SET holder = $2, epoch = epoch + 1, \
                  expires_at = now() + make_interval(secs => $3) \
                  WHERE name = $1 AND (holder IS NULL OR holder = $2 OR expires_at < now()) \
                  RETURNING epoch"
