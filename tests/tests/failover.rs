@@ -167,12 +167,18 @@ async fn after_an_asynchronous_failover_the_lost_fence_is_restored() {
     assert_eq!(acquire(&zone.client(), "jobs", "b").await, 2);
     drop(zone);
     primary.kill().await;
-    standby.promote().await;
+    // Read while it is still a standby: once promoted, the gateways audit it at once.
     assert_eq!(
         fence_on(&standby, "orders").await,
         Some(5),
-        "the promoted standby lost the fence of term 7"
+        "the standby lost the fence of term 7"
     );
+    assert_eq!(
+        fence_on(&standby, "billing").await,
+        Some(3),
+        "the standby lost the fence of term 4"
+    );
+    standby.promote().await;
 
     // The first session the door opens on the new primary opens after the audit of
     // that server: the fence its gateway saw committed is already restored, and
