@@ -609,7 +609,7 @@ impl Writer {
         };
         let invoked = history::now();
         let outcome = match &self.via {
-            Via::Http => self.put(n, key, token, value).await,
+            Via::Http => self.put(n, &op).await,
             Via::Door(door) => {
                 let url = &door.urls[(n + self.client as usize) % door.urls.len()];
                 door.write(url, &self.resource, key, token, &value).await
@@ -627,12 +627,12 @@ impl Writer {
     }
 
     /// `PUT key` through the HTTP API.
-    async fn put(&self, n: usize, key: &str, token: u64, value: String) -> Outcome {
-        let op = Op::Write {
-            key: key.to_owned(),
-            token,
-            value: value.clone(),
-            if_version: None,
+    async fn put(&self, n: usize, op: &Op) -> Outcome {
+        let Op::Write {
+            key, token, value, ..
+        } = op
+        else {
+            unreachable!("a writer writes");
         };
         let token_text = token.to_string();
         let reply = tokio::time::timeout(
@@ -641,7 +641,7 @@ impl Writer {
                 Method::PUT,
                 &kv_path(&self.resource, key),
                 &[("fencing-token", &token_text)],
-                value,
+                value.clone(),
             ),
         )
         .await;
@@ -651,7 +651,7 @@ impl Writer {
                     self.internal.fetch_add(1, Ordering::Relaxed);
                 }
                 history::outcome_of(
-                    &op,
+                    op,
                     reply.status,
                     &String::from_utf8_lossy(&reply.body),
                     None,

@@ -238,7 +238,12 @@ impl Drop for Netns {
 }
 
 /// Runs `ip <args>`; the error names the command and what it printed.
-async fn ip(args: &[&str]) -> Result<(), String> {
+pub(crate) async fn ip(args: &[&str]) -> Result<(), String> {
+    ip_output(args).await.map(drop)
+}
+
+/// Runs `ip <args>`: what it printed, or an error naming the command.
+pub(crate) async fn ip_output(args: &[&str]) -> Result<String, String> {
     let output = Command::new("ip")
         .args(args)
         .kill_on_drop(true)
@@ -246,7 +251,7 @@ async fn ip(args: &[&str]) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot run `ip` (iproute2 is needed, as root): {e}"))?;
     if output.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     } else {
         Err(format!(
             "`ip {}` failed: {}",

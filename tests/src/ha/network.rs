@@ -39,6 +39,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 use tokio::process::Command;
 
+use crate::faults::inject::{ip, ip_output};
+
 /// Clusters this process has made, for its names and its `/28`s (16 fit in the `/24`).
 static CLUSTERS: AtomicU8 = AtomicU8::new(0);
 
@@ -74,7 +76,7 @@ impl Network {
         // Leftovers of a process with the same id, killed before it cleaned up.
         network.teardown();
         let prefix = format!("{base}/28");
-        let taken = output(&["route", "show", "root", &prefix]).await?;
+        let taken = ip_output(&["route", "show", "root", &prefix]).await?;
         if !taken.trim().is_empty() {
             return Err(format!("{prefix} is routed on this host already: {taken}"));
         }
@@ -223,30 +225,6 @@ impl Drop for Network {
     }
 }
 
-/// Runs `ip <args>`; the error names the command and what it printed.
-async fn ip(args: &[&str]) -> Result<(), String> {
-    output(args).await.map(drop)
-}
-
-/// Runs `ip <args>`: what it printed, or an error naming the command.
-async fn output(args: &[&str]) -> Result<String, String> {
-    let output = Command::new("ip")
-        .args(args)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .map_err(|e| format!("cannot run `ip` (iproute2 is needed, as root): {e}"))?;
-    if output.status.success() {
-        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
-    } else {
-        Err(format!(
-            "`ip {}` failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        ))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,9 +312,9 @@ mod tests {
         }
         let tag = network.tag.clone();
         drop(network);
-        let left = output(&["-o", "link"]).await.expect("ip link");
+        let left = ip_output(&["-o", "link"]).await.expect("ip link");
         assert!(!left.contains(&tag), "links left: {left}");
-        let left = output(&["netns", "list"]).await.expect("ip netns");
+        let left = ip_output(&["netns", "list"]).await.expect("ip netns");
         assert!(!left.contains(&tag), "namespaces left: {left}");
     }
 }
