@@ -12,9 +12,6 @@ use fencegate_tests::faults::{self, Fault, Leases, Settings};
 
 /// How long each fault is injected here (`fencegate-faults` defaults to longer).
 const DURATION: Duration = Duration::from_secs(4);
-/// How long the control runs: its violations need a holder paused while it thinks,
-/// which not every pause hits, so it gets more pauses than a few seconds give.
-const CONTROL_DURATION: Duration = Duration::from_secs(12);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_fault_run_keeps_its_history_linearizable_and_the_control_does_not() {
@@ -29,13 +26,6 @@ async fn every_fault_run_keeps_its_history_linearizable_and_the_control_does_not
     let leases = Leases::create().await.unwrap_or_else(|e| panic!("{e}"));
     let mut failures = Vec::new();
     for fault in Fault::ALL {
-        let settings = Settings {
-            duration: match fault {
-                Fault::Control => CONTROL_DURATION,
-                _ => DURATION,
-            },
-            ..settings.clone()
-        };
         let report = faults::run(fault, &settings, &leases)
             .await
             .unwrap_or_else(|e| panic!("{}: {e}", fault.name()));

@@ -38,8 +38,10 @@ use writer::{WriterArgs, WriterProcess, LEASE_TABLE};
 /// What a run does to the writers and the processes below them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Fault {
-    /// SIGSTOP the lease holder past its lease's expiry, then SIGCONT it: a rival
-    /// takes over while the old holder's next write is already decided.
+    /// Stop the lease holder past its lease's expiry, until a rival has taken over,
+    /// then SIGCONT it. Every other round the holder stops itself once its next batch
+    /// is decided, so that a write decided under the old term surely goes out late; in
+    /// the others SIGSTOP lands wherever it is.
     Pause,
     /// kill -9 a gateway replica (in turn), and start it again on its address.
     GatewayKill,
@@ -172,6 +174,20 @@ impl Leases {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         Ok(())
+    }
+
+    /// Waits until someone other than `holder` holds `lease` (10 s at most).
+    async fn wait_for_other_holder(&self, lease: &str, holder: &str) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.holder(lease).await {
+                Some(other) if other != holder => return Ok(()),
+                _ if Instant::now() > deadline => {
+                    return Err(format!("no rival of {holder} took lease {lease}"))
+                }
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        }
     }
 
     /// The lease's holder if it has not expired.
@@ -377,6 +393,9 @@ pub async fn run(fault: Fault, settings: &Settings, leases: &Leases) -> Result<R
     })
 }
 
+/// How long a holder asked to pause once its batch is decided may take to do so.
+const PAUSE_PATIENCE: Duration = Duration::from_secs(2);
+
 /// Injects `fault` until the run's duration is over; the number of faults injected.
 async fn inject(
     fault: Fault,
@@ -389,28 +408,47 @@ async fn inject(
     let end = Instant::now() + settings.duration;
     let ttl = settings.ttl;
     let mut injected = 0;
+    let mut round = 0;
     // Let the first terms begin.
     tokio::time::sleep(ttl).await;
     while Instant::now() < end {
         match fault {
             Fault::Pause | Fault::Control => {
-                // Every resource's holder at once, past its lease's expiry.
+                // Every resource's holder at once, past its lease's expiry. Every other
+                // round, the holder stops itself once its next batch is decided, so that
+                // a decided write surely goes out late; in the others, SIGSTOP lands
+                // wherever the holder is.
+                let decided = round % 2 == 0;
+                round += 1;
                 let mut paused = Vec::new();
                 for resource in resources {
                     let holder = leases.holder(resource).await;
-                    if let Some(writer) =
-                        writers.iter().find(|w| Some(&w.holder) == holder.as_ref())
-                    {
+                    let Some(writer) = writers.iter().find(|w| Some(&w.holder) == holder.as_ref())
+                    else {
+                        continue;
+                    };
+                    if decided {
+                        if !writer.pause_when_decided(PAUSE_PATIENCE).await {
+                            continue;
+                        }
+                    } else {
                         writer.signal("STOP");
-                        paused.push(writer);
                     }
+                    paused.push((resource, writer));
                 }
                 if paused.is_empty() {
                     tokio::time::sleep(ttl / 4).await;
                     continue;
                 }
                 tokio::time::sleep(ttl * 2).await;
-                for writer in &paused {
+                // A rival takes over and raises the fence before the holder wakes.
+                for (resource, writer) in &paused {
+                    leases
+                        .wait_for_other_holder(resource, &writer.holder)
+                        .await?;
+                }
+                tokio::time::sleep(ttl / 2).await;
+                for (_, writer) in &paused {
                     writer.signal("CONT");
                 }
                 injected += paused.len();

@@ -15,7 +15,11 @@
 //! hands.
 //!
 //! A pause while thinking is the interesting case: the write was decided under the
-//! old term and goes out when the process wakes, after a rival has taken over.
+//! old term and goes out when the process wakes, after a rival has taken over. A pause
+//! from outside (SIGSTOP) lands wherever the process happens to be, often in the middle
+//! of an exchange whose write the gateway applies at once; so the writer also pauses
+//! itself on request: after SIGUSR1, it stops itself (SIGSTOP to its own process) as
+//! soon as its next batch is decided, and sends that batch when it is continued.
 //!
 //! # Its clock
 //!
@@ -51,6 +55,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use tokio::signal::unix::SignalKind;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -188,6 +193,15 @@ pub async fn run(args: WriterArgs) -> Result<(), String> {
         let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
         flag.store(true, Ordering::SeqCst);
     });
+    let pause = Arc::new(AtomicBool::new(false));
+    let mut requests = tokio::signal::unix::signal(SignalKind::user_defined1())
+        .map_err(|e| format!("cannot listen for SIGUSR1: {e}"))?;
+    let flag = Arc::clone(&pause);
+    tokio::spawn(async move {
+        while requests.recv().await.is_some() {
+            flag.store(true, Ordering::SeqCst);
+        }
+    });
     let mut writer = Writer {
         clock: Clock {
             rate: args.clock_rate,
@@ -196,6 +210,7 @@ pub async fn run(args: WriterArgs) -> Result<(), String> {
         seq: 0,
         next_gateway: 0,
         stop,
+        pause,
     };
     while !writer.stopped() {
         let sent = Instant::now();
@@ -203,7 +218,11 @@ pub async fn run(args: WriterArgs) -> Result<(), String> {
             .acquire(&writer.args.resource, &writer.args.holder, writer.args.ttl)
             .await
         {
-            Ok(Some(token)) => writer.lead(&store, token.get(), sent).await,
+            Ok(Some(token)) => {
+                writer.lead(&store, token.get(), sent).await;
+                // A pause asked for near a term's end is not carried into the next.
+                writer.pause.store(false, Ordering::SeqCst);
+            }
             Ok(None) | Err(_) => writer.clock.sleep(writer.args.ttl / 4).await,
         }
     }
@@ -216,6 +235,8 @@ struct Writer {
     seq: u64,
     next_gateway: usize,
     stop: Arc<AtomicBool>,
+    /// Set by SIGUSR1: stop this process once the next batch is decided.
+    pause: Arc<AtomicBool>,
 }
 
 impl Writer {
@@ -262,7 +283,9 @@ impl Writer {
                 continue;
             }
             tokio::time::sleep(THINK).await;
-            let mut batch = Vec::new();
+            // The batch is decided here, under this term; each operation is invoked
+            // (recorded) when it is sent.
+            let mut decided = Vec::new();
             for _ in 0..self.args.lanes.max(1) {
                 until_read -= 1;
                 let key = format!("k{}", rand::rng().random_range(0..self.args.keys));
@@ -270,7 +293,9 @@ impl Writer {
                     until_read = READ_EVERY;
                     Op::Read { key }
                 } else {
-                    let value = format!("{}-t{token}-{}", self.args.holder, self.seq);
+                    // The sequence number `prepare` gives it, which makes it unique.
+                    let seq = self.seq + decided.len() as u64;
+                    let value = format!("{}-t{token}-{seq}", self.args.holder);
                     Op::Write {
                         key,
                         token,
@@ -278,8 +303,13 @@ impl Writer {
                         if_version: None,
                     }
                 };
-                batch.push(self.prepare(op));
+                decided.push(op);
             }
+            if self.pause.swap(false, Ordering::SeqCst) {
+                // Frozen with the batch decided, as a GC pause would.
+                crate::gateway::signal(std::process::id(), "STOP");
+            }
+            let batch: Vec<Prepared> = decided.into_iter().map(|op| self.prepare(op)).collect();
             let outcomes = futures_util::future::join_all(batch.into_iter().map(exchange)).await;
             if outcomes
                 .iter()
@@ -472,14 +502,43 @@ impl WriterProcess {
         crate::gateway::signal(self.pid(), name);
     }
 
+    /// Asks the writer to stop itself once its next batch is decided (SIGUSR1), and
+    /// waits until it has (`patience` at most); whether it did.
+    pub async fn pause_when_decided(&self, patience: Duration) -> bool {
+        self.signal("USR1");
+        let deadline = Instant::now() + patience;
+        while Instant::now() < deadline {
+            if self.is_stopped() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.is_stopped()
+    }
+
+    /// Whether the process is stopped by a signal (state `T` in `/proc/PID/stat`).
+    pub fn is_stopped(&self) -> bool {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.pid()));
+        // The state follows the command name, which is in parentheses.
+        stat.ok()
+            .and_then(|stat| Some(stat[stat.rfind(')')? + 1..].trim_start().starts_with('T')))
+            .unwrap_or(false)
+    }
+
     /// Closes its stdin, waits for it to finish its operation in flight and exit, and
-    /// returns its history.
+    /// returns its history. A writer that stopped itself (see
+    /// [`WriterProcess::pause_when_decided`]) is continued while it is waited for.
     pub async fn stop(mut self) -> Result<Vec<Entry>, String> {
         drop(self.child.stdin.take());
-        let status = tokio::time::timeout(wire::PATIENCE, self.child.wait())
-            .await
-            .map_err(|_| format!("writer {} did not stop", self.holder))?
-            .map_err(|e| e.to_string())?;
+        let deadline = Instant::now() + wire::PATIENCE;
+        let status = loop {
+            self.signal("CONT");
+            match tokio::time::timeout(Duration::from_millis(200), self.child.wait()).await {
+                Ok(status) => break status.map_err(|e| e.to_string())?,
+                Err(_) if Instant::now() < deadline => {}
+                Err(_) => return Err(format!("writer {} did not stop", self.holder)),
+            }
+        };
         let _ = self.reader.await;
         if !status.success() {
             return Err(format!("writer {} exited with {status}", self.holder));
