@@ -65,6 +65,14 @@ pub enum ApiError {
     ShuttingDown,
     #[error("the fence database has no synchronous standby streaming, and this gateway requires one (--require-synchronous-replication); nothing was applied, retry later")]
     NotSynchronouslyReplicated,
+    /// The issuer of a resource's tokens could not be asked about a token above what
+    /// this gateway knows it issued: refused, not guessed (fail closed).
+    #[error("token {presented} of resource {resource} is above every token this gateway knows its issuer ({issuer}) issued, and the issuer cannot be reached to vouch for it; nothing was applied, retry later")]
+    IssuerUnavailable {
+        issuer: &'static str,
+        resource: ResourceName,
+        presented: Token,
+    },
     #[error("this gateway requires `Authorization: Bearer <key>` with a key it knows, or a client certificate of an identity it knows")]
     Unauthenticated,
     /// A fence reset on a gateway with neither `--auth-file` nor `--admin-key-file`.
@@ -148,6 +156,7 @@ impl ApiError {
             ApiError::Overloaded(_) => ErrorCode::Overloaded,
             ApiError::ShuttingDown => ErrorCode::ShuttingDown,
             ApiError::NotSynchronouslyReplicated => ErrorCode::NotSynchronouslyReplicated,
+            ApiError::IssuerUnavailable { .. } => ErrorCode::IssuerUnavailable,
             ApiError::Unauthenticated => ErrorCode::Unauthenticated,
             ApiError::NoAdminCredential => ErrorCode::Forbidden,
             ApiError::Forbidden { .. } => ErrorCode::Forbidden,
@@ -206,6 +215,15 @@ impl ApiError {
                 body.write_applied = Some(*applied);
             }
             ApiError::NotSynchronouslyReplicated => body.write_applied = Some(Some(false)),
+            ApiError::IssuerUnavailable {
+                resource,
+                presented,
+                ..
+            } => {
+                body.write_applied = Some(Some(false));
+                body.resource = Some(resource.clone());
+                body.presented = Some(*presented);
+            }
             ApiError::Store(StoreError::Internal(_)) => {
                 body.message =
                     "an internal error occurred; nothing is known to have been applied".to_owned();

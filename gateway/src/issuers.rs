@@ -1,8 +1,11 @@
 //! Issued tokens only: resources bound to the issuer of their tokens.
 //!
 //! A resource bound by `--issued-by` accepts a token only if its issuer issued it —
-//! the gateway's own leases ([`crate::store::leases`]) or the seed's `leader_lease`
-//! table. Issuers only ever issue higher tokens, so "issued" is decided by comparing
+//! the gateway's own leases ([`crate::store::leases`]), the seed's `leader_lease`
+//! table, an etcd election (the create revision of its first-created key) or a
+//! ZooKeeper election (the czxid of its lowest-sequence node; both read as the lease
+//! client's stores elect, [`fencegate_lease::store`]). Issuers only ever issue higher
+//! tokens, so "issued" is decided by comparing
 //! with the latest token the issuer issued; what the gateway learned once stays true,
 //! and is asked again only when a token is above it: a new term, or a forgery. A
 //! term's steady writes are checked against memory.
@@ -13,12 +16,22 @@
 //! identity presenting it is refused. Tokens of earlier terms are left
 //! to the fence, which rejects them once the newer term has written (gateway leases
 //! raise the fence when they mint a token, so at once).
+//!
+//! etcd and ZooKeeper are asked with a deadline (`--issuer-timeout`). An issuer that
+//! does not answer vouches for nothing: a token above what this gateway knows is then
+//! refused (`503 issuer_unavailable`, fail closed), while tokens it already knows keep
+//! working.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use dashmap::DashMap;
 use deadpool_postgres::Pool;
 use fencegate_proto::{ResourceName, Token};
+
+use fencegate_lease::store::{etcd, zookeeper};
+use tokio::sync::OnceCell;
 
 use crate::config::{Binding, IssuerArgs, IssuerKind};
 use crate::store::postgres::{classify, new_pool};
@@ -46,10 +59,27 @@ pub enum Verdict {
 /// Above this many resources, what was learned is forgotten (and asked again).
 const KNOWN_CAPACITY: usize = 100_000;
 
+/// Why an issuer could not say what it issued.
+#[derive(Debug)]
+pub enum AskError {
+    /// The store (the gateway's leases, or the `leader_lease` database) failed.
+    Store(StoreError),
+    /// etcd or ZooKeeper did not answer in time, or failed.
+    Unreachable { issuer: IssuerKind, detail: String },
+}
+
+impl From<StoreError> for AskError {
+    fn from(error: StoreError) -> AskError {
+        AskError::Store(error)
+    }
+}
+
 /// The bindings, and the latest tokens learned from their issuers.
 pub struct Issuers {
     bindings: Vec<Binding>,
     leader_lease: Option<LeaderLease>,
+    etcd: Option<EtcdElections>,
+    zookeeper: Option<ZooKeeperElections>,
     known: DashMap<Box<str>, Issued>,
 }
 
@@ -67,9 +97,29 @@ impl Issuers {
             (true, None) => return Err("leader_lease bindings need --leader-lease-url".into()),
             (false, _) => None,
         };
+        let bound = |kind| args.bindings.iter().any(|binding| binding.issuer == kind);
+        let etcd = bound(IssuerKind::Etcd).then(|| EtcdElections {
+            endpoints: args.etcd_endpoints.clone(),
+            prefix: args.etcd_prefix.clone(),
+            timeout: args.issuer_timeout,
+            client: OnceCell::new(),
+            highest_revision: AtomicI64::new(0),
+        });
+        let zookeeper = match (&args.zookeeper_connect, bound(IssuerKind::ZooKeeper)) {
+            (Some(connect), true) => Some(ZooKeeperElections {
+                connect: connect.clone(),
+                prefix: args.zookeeper_prefix.clone(),
+                timeout: args.issuer_timeout,
+                session: Mutex::new(None),
+            }),
+            (None, true) => return Err("zookeeper bindings need --zookeeper-connect".into()),
+            (_, false) => None,
+        };
         Ok(Issuers {
             bindings: args.bindings.clone(),
             leader_lease,
+            etcd,
+            zookeeper,
             known: DashMap::new(),
         })
     }
@@ -80,6 +130,8 @@ impl Issuers {
         Issuers {
             bindings: Vec::new(),
             leader_lease: None,
+            etcd: None,
+            zookeeper: None,
             known: DashMap::new(),
         }
     }
@@ -160,7 +212,7 @@ impl Issuers {
         issuer: IssuerKind,
         store: &Store,
         resource: &ResourceName,
-    ) -> Result<Option<Issued>, StoreError> {
+    ) -> Result<Option<Issued>, AskError> {
         let issued = match issuer {
             IssuerKind::Gateway => {
                 let lease = store.read_lease(resource).await?;
@@ -171,11 +223,15 @@ impl Issuers {
             }
             IssuerKind::LeaderLease => match &self.leader_lease {
                 Some(table) => table.latest(resource).await?,
-                None => {
-                    return Err(StoreError::Internal(
-                        "a leader_lease binding without its database".into(),
-                    ))
-                }
+                None => return Err(unconfigured(issuer)),
+            },
+            IssuerKind::Etcd => match &self.etcd {
+                Some(etcd) => etcd.leader(resource).await?,
+                None => return Err(unconfigured(issuer)),
+            },
+            IssuerKind::ZooKeeper => match &self.zookeeper {
+                Some(zookeeper) => zookeeper.leader(resource).await?,
+                None => return Err(unconfigured(issuer)),
             },
         };
         if let Some(issued) = &issued {
@@ -183,6 +239,138 @@ impl Issuers {
         }
         Ok(issued)
     }
+
+    /// The etcd cluster's revision now, and the highest this gateway saw before, if
+    /// resources are bound to etcd: a revision below the highest means the cluster went
+    /// back (restored from a snapshot without `--bump-revision`).
+    pub async fn etcd_revision(&self) -> Option<Result<(i64, i64), AskError>> {
+        let etcd = self.etcd.as_ref()?;
+        Some(etcd.revision().await)
+    }
+}
+
+fn unconfigured(issuer: IssuerKind) -> AskError {
+    AskError::Store(StoreError::Internal(format!(
+        "an {} binding without its settings",
+        issuer.as_str()
+    )))
+}
+
+/// The etcd elections of `etcd:` bindings.
+struct EtcdElections {
+    endpoints: Vec<String>,
+    prefix: String,
+    timeout: Duration,
+    client: OnceCell<etcd_client::Client>,
+    /// The highest cluster revision any answer carried.
+    highest_revision: AtomicI64,
+}
+
+impl EtcdElections {
+    fn unreachable(detail: impl ToString) -> AskError {
+        AskError::Unreachable {
+            issuer: IssuerKind::Etcd,
+            detail: detail.to_string(),
+        }
+    }
+
+    async fn read(&self, election: &str) -> Result<etcd::Election, AskError> {
+        let read = async {
+            let client = self
+                .client
+                .get_or_try_init(|| etcd::connect(&self.endpoints))
+                .await?;
+            etcd::read_election(client, election).await
+        };
+        let election = tokio::time::timeout(self.timeout, read)
+            .await
+            .map_err(|_| Self::unreachable("no answer within --issuer-timeout"))?
+            .map_err(Self::unreachable)?;
+        Ok(election)
+    }
+
+    async fn leader(&self, resource: &ResourceName) -> Result<Option<Issued>, AskError> {
+        let election = format!("{}{resource}/", self.prefix);
+        let read = self.read(&election).await?;
+        self.highest_revision
+            .fetch_max(read.revision, Ordering::Relaxed);
+        let Some(leader) = read.leader else {
+            return Ok(None);
+        };
+        Ok(issued(leader.create_revision, &leader.holder))
+    }
+
+    async fn revision(&self) -> Result<(i64, i64), AskError> {
+        // Any key does: the answer's header carries the cluster's revision.
+        let read = self.read(&self.prefix).await?;
+        let before = self
+            .highest_revision
+            .fetch_max(read.revision, Ordering::Relaxed);
+        if read.revision < before {
+            // Counted once: the lower revision is the cluster's from now on.
+            self.highest_revision
+                .store(read.revision, Ordering::Relaxed);
+        }
+        Ok((read.revision, before))
+    }
+}
+
+/// The ZooKeeper elections of `zookeeper:` bindings.
+struct ZooKeeperElections {
+    connect: String,
+    prefix: String,
+    timeout: Duration,
+    session: Mutex<Option<zookeeper_client::Client>>,
+}
+
+impl ZooKeeperElections {
+    fn unreachable(detail: impl ToString) -> AskError {
+        AskError::Unreachable {
+            issuer: IssuerKind::ZooKeeper,
+            detail: detail.to_string(),
+        }
+    }
+
+    async fn leader(&self, resource: &ResourceName) -> Result<Option<Issued>, AskError> {
+        let election = format!("{}/{resource}", self.prefix);
+        let read = async {
+            let open = self.session.lock().unwrap().clone();
+            let client = match open {
+                Some(client) if !client.state().is_terminated() => client,
+                _ => {
+                    let client = zookeeper::connect(&self.connect, SESSION_TIMEOUT).await?;
+                    *self.session.lock().unwrap() = Some(client.clone());
+                    client
+                }
+            };
+            // A read on a server that lags the leader could miss the newest term: sync
+            // it with the leader first.
+            client.sync(&election).await.or_else(|error| match error {
+                zookeeper_client::Error::NoNode => Ok(()),
+                error => Err(fencegate_lease::StoreError::Unavailable(error.to_string())),
+            })?;
+            zookeeper::first_candidate(&client, &election).await
+        };
+        let leader = tokio::time::timeout(self.timeout, read)
+            .await
+            .map_err(|_| Self::unreachable("no answer within --issuer-timeout"))?
+            .map_err(Self::unreachable)?;
+        Ok(leader.and_then(|leader| issued(leader.czxid, &leader.holder)))
+    }
+}
+
+/// The gateway's own ZooKeeper session's timeout; it only reads.
+const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An election's leader as an issued token: its token, and the holder identity its key
+/// or node holds (none if empty or not UTF-8).
+fn issued(token: i64, holder: &[u8]) -> Option<Issued> {
+    let token = Token::new(u64::try_from(token).ok()?).ok()?;
+    let holder = std::str::from_utf8(holder)
+        .ok()
+        .filter(|holder| !holder.is_empty())
+        .map(Arc::from);
+    Some(Issued { token, holder })
 }
 
 /// Judges `token`, presented by `identity`, against what the issuer issued.

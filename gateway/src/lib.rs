@@ -244,6 +244,7 @@ pub async fn run(
     }
     let replication = coordinator.check_replication().await;
     tokio::spawn(Arc::clone(&coordinator).watch_replication());
+    tokio::spawn(Arc::clone(&coordinator).watch_issuers());
     let addr = listener.local_addr().map_err(StartError::Listener)?;
     let pg_addr = match &door {
         Some((listener, ..)) => Some(listener.local_addr().map_err(StartError::Listener)?),

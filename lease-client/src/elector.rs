@@ -246,6 +246,7 @@ impl<S: LeaseStore> Elector<S> {
             }
         });
         let mut work_done = false;
+        let mut lost = pin!(self.store.lost(&self.lease, &self.holder, epoch));
         let mut last_ok = acquired_sent;
         let mut next_renewal = acquired_sent + config.renew_interval;
         let mut failures = 0u32;
@@ -265,6 +266,7 @@ impl<S: LeaseStore> Elector<S> {
                 biased;
                 () = shutdown.cancelled() => break LossReason::Shutdown,
                 () = term.cancelled() => break term.loss_reason().unwrap_or(LossReason::StaleRejection),
+                () = &mut lost => break LossReason::SessionLost,
                 () = sleep_until(last_ok + config.renew_deadline) => break LossReason::RenewDeadline,
                 () = &mut work => {
                     work_done = true;
@@ -315,8 +317,8 @@ impl<S: LeaseStore> Elector<S> {
                 work.await;
             }
         }
-        // 3. Hand the lease back unless it was taken.
-        if reason != LossReason::Replaced {
+        // 3. Hand the lease back unless it was taken or the store ended it.
+        if !matches!(reason, LossReason::Replaced | LossReason::SessionLost) {
             self.release(epoch).await;
         }
         reason

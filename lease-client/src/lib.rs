@@ -80,10 +80,14 @@ pub use config::{ConfigError, LeaseConfig};
 pub use elector::{Elector, Transition};
 #[cfg(feature = "prometheus")]
 pub use metrics::LeaseMetrics;
+#[cfg(feature = "etcd")]
+pub use store::etcd::EtcdStore;
 pub use store::gateway::GatewayStore;
 pub use store::postgres::PostgresStore;
 #[cfg(feature = "redis")]
 pub use store::redis::RedisStore;
+#[cfg(feature = "zookeeper")]
+pub use store::zookeeper::ZooKeeperStore;
 pub use store::{LeaseStore, StoreError};
 pub use term::{LossReason, Lost, Term};
 pub use txn::TxnBuilder;

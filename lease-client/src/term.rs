@@ -15,6 +15,10 @@ pub enum LossReason {
     Replaced,
     /// No renewal succeeded within `renew_deadline` on the holder's own clock.
     RenewDeadline,
+    /// The store ended the term by itself before a renewal found out: an etcd lease
+    /// expired or was revoked, a ZooKeeper session expired, the election key or node
+    /// was deleted.
+    SessionLost,
     /// The gateway rejected a write of this term as stale: a newer term has written.
     StaleRejection,
     /// The gateway refused a token of this term as not issued by the resource's issuer,
@@ -27,9 +31,10 @@ pub enum LossReason {
 }
 
 impl LossReason {
-    pub const ALL: [LossReason; 6] = [
+    pub const ALL: [LossReason; 7] = [
         LossReason::Replaced,
         LossReason::RenewDeadline,
+        LossReason::SessionLost,
         LossReason::StaleRejection,
         LossReason::TokenRefused,
         LossReason::Released,
@@ -40,6 +45,7 @@ impl LossReason {
         match self {
             LossReason::Replaced => "replaced",
             LossReason::RenewDeadline => "renew_deadline",
+            LossReason::SessionLost => "session_lost",
             LossReason::StaleRejection => "stale_rejection",
             LossReason::TokenRefused => "token_refused",
             LossReason::Released => "released",

@@ -107,11 +107,16 @@ pub enum ErrorCode {
     /// database has no synchronous standby streaming; nothing was applied. Retry after
     /// `Retry-After`.
     NotSynchronouslyReplicated,
+    /// 503: the token is above every token this gateway knows the resource's issuer
+    /// (etcd, ZooKeeper, the `leader_lease` table) issued, and the issuer cannot be
+    /// asked now; nothing was applied. Tokens it already vouched for keep working.
+    /// Retry after `Retry-After`.
+    IssuerUnavailable,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and for exhaustive tests.
-    pub const ALL: [ErrorCode; 38] = [
+    pub const ALL: [ErrorCode; 39] = [
         ErrorCode::StaleToken,
         ErrorCode::VersionMismatch,
         ErrorCode::MissingToken,
@@ -150,6 +155,7 @@ impl ErrorCode {
         ErrorCode::InvalidTransaction,
         ErrorCode::TooManyOperations,
         ErrorCode::NotSynchronouslyReplicated,
+        ErrorCode::IssuerUnavailable,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -192,6 +198,7 @@ impl ErrorCode {
             ErrorCode::InvalidTransaction => "invalid_transaction",
             ErrorCode::TooManyOperations => "too_many_operations",
             ErrorCode::NotSynchronouslyReplicated => "not_synchronously_replicated",
+            ErrorCode::IssuerUnavailable => "issuer_unavailable",
         }
     }
 
@@ -232,7 +239,8 @@ impl ErrorCode {
             ErrorCode::BackendUnavailable
             | ErrorCode::Overloaded
             | ErrorCode::ShuttingDown
-            | ErrorCode::NotSynchronouslyReplicated => 503,
+            | ErrorCode::NotSynchronouslyReplicated
+            | ErrorCode::IssuerUnavailable => 503,
             ErrorCode::BodyTimeout => 408,
             ErrorCode::NotSupportedByBackend => 501,
             ErrorCode::Internal => 500,

@@ -93,3 +93,4 @@ pub fn free_port() -> u16 {
         .expect("a bound socket has an address")
         .port()
 }
+pub mod sources;

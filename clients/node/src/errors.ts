@@ -211,6 +211,16 @@ export class NotSynchronouslyReplicated extends TransientError {
   static override readonly code = 'not_synchronously_replicated';
 }
 
+/**
+ * `503 issuer_unavailable`: the token is above every token the gateway knows the
+ * resource's issuer (etcd, ZooKeeper, a `leader_lease` table) issued, and the issuer
+ * cannot be asked now; nothing was applied. Tokens it already vouched for keep working.
+ * Retry after `retryAfter` seconds.
+ */
+export class IssuerUnavailable extends TransientError {
+  static override readonly code = 'issuer_unavailable';
+}
+
 /** `408 body_timeout`: the body did not arrive in time; nothing was applied. */
 export class BodyTimeout extends TransientError {
   static override readonly code = 'body_timeout';
@@ -459,6 +469,7 @@ const CODED: readonly ErrorClass[] = [
   Overloaded,
   ShuttingDown,
   NotSynchronouslyReplicated,
+  IssuerUnavailable,
   BodyTimeout,
   IdempotencyInFlight,
   LeaseHeld,

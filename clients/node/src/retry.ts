@@ -33,6 +33,7 @@ import {
   BackendUnavailable,
   GatewayUnreachable,
   IdempotencyInFlight,
+  IssuerUnavailable,
   LeaseLost,
   NotSynchronouslyReplicated,
   Overloaded,
@@ -108,6 +109,7 @@ function resent(error: TransientError): boolean {
     error instanceof Overloaded ||
     error instanceof ShuttingDown ||
     error instanceof NotSynchronouslyReplicated ||
+    error instanceof IssuerUnavailable ||
     error instanceof IdempotencyInFlight
   );
 }

@@ -75,7 +75,8 @@ pub fn error_response(error: &ApiError) -> Response<Body> {
         ApiError::Overloaded(_)
         | ApiError::ShuttingDown
         | ApiError::IdempotencyInFlight
-        | ApiError::NotSynchronouslyReplicated => {
+        | ApiError::NotSynchronouslyReplicated
+        | ApiError::IssuerUnavailable { .. } => {
             response
                 .headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from_static("1"));

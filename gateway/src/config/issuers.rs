@@ -5,12 +5,17 @@ use clap::Args;
 use crate::auth::Pattern;
 
 pub const DEFAULT_LEADER_LEASE_TABLE: &str = "leader_lease";
+/// The election prefixes of the lease client's etcd and ZooKeeper stores.
+pub const DEFAULT_ETCD_PREFIX: &str = "/fencegate/elections/";
+pub const DEFAULT_ZOOKEEPER_PREFIX: &str = "/fencegate/elections";
 
 #[derive(Debug, Clone, Args)]
 pub struct IssuerArgs {
     /// Binds resources to the issuer of their tokens, as ISSUER:PATTERN (repeatable):
     /// `gateway:orders` for the gateway's own leases (/v1/leases), `leader_lease:sweep-*`
-    /// for the `leader_lease` table (see --leader-lease-url). A token above what the
+    /// for the `leader_lease` table (see --leader-lease-url), `etcd:billing-*` for etcd
+    /// elections (see --etcd-endpoints), `zookeeper:ledger` for ZooKeeper elections
+    /// (see --zookeeper-connect). A token above what the
     /// issuer has issued is then refused (403 token_not_issued) without moving the
     /// fence; with --auth-file, so is the issuer's latest token presented by another
     /// identity than its holder (403 token_holder_mismatch). Checked when a token is
@@ -30,6 +35,32 @@ pub struct IssuerArgs {
     #[arg(long, env = "FENCEGATE_LEADER_LEASE_TABLE", default_value = DEFAULT_LEADER_LEASE_TABLE, value_parser = parse_table)]
     pub leader_lease_table: String,
 
+    /// etcd endpoints of `etcd:` bindings (`host:port`, comma-separated). The election of
+    /// resource R is every key under --etcd-prefix followed by `R/`; its first-created
+    /// key leads, and that key's create revision is the current term's token.
+    #[arg(long, env = "FENCEGATE_ETCD_ENDPOINTS", value_delimiter = ',')]
+    pub etcd_endpoints: Vec<String>,
+
+    /// The key prefix of the etcd elections that `etcd:` bindings check.
+    #[arg(long, env = "FENCEGATE_ETCD_PREFIX", default_value = DEFAULT_ETCD_PREFIX)]
+    pub etcd_prefix: String,
+
+    /// ZooKeeper connect string of `zookeeper:` bindings (`host:port,host:port`,
+    /// optionally with a chroot). The election of resource R is the children of
+    /// --zookeeper-prefix followed by `/R`; the child with the lowest sequence number
+    /// leads, and its czxid is the current term's token.
+    #[arg(long, env = "FENCEGATE_ZOOKEEPER_CONNECT")]
+    pub zookeeper_connect: Option<String>,
+
+    /// The path under which the ZooKeeper elections of `zookeeper:` bindings live.
+    #[arg(long, env = "FENCEGATE_ZOOKEEPER_PREFIX", default_value = DEFAULT_ZOOKEEPER_PREFIX, value_parser = parse_zookeeper_prefix)]
+    pub zookeeper_prefix: String,
+
+    /// How long one question to etcd or ZooKeeper may take before the token it is about
+    /// is refused (503 issuer_unavailable).
+    #[arg(long, env = "FENCEGATE_ISSUER_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub issuer_timeout: std::time::Duration,
+
     /// Replace the issuer bindings recorded in the database (which every replica and
     /// the in-database fence follow) with this gateway's --issued-by flags. Without it,
     /// a gateway whose flags differ from the recorded ones refuses to start, so that one
@@ -45,6 +76,10 @@ pub enum IssuerKind {
     Gateway,
     /// The seed's `leader_lease` table: `epoch` of the row named like the resource.
     LeaderLease,
+    /// An etcd election: the create revision of its first-created key.
+    Etcd,
+    /// A ZooKeeper election: the czxid of its lowest-sequence node.
+    ZooKeeper,
 }
 
 impl IssuerKind {
@@ -52,7 +87,14 @@ impl IssuerKind {
         match self {
             IssuerKind::Gateway => "gateway",
             IssuerKind::LeaderLease => "leader_lease",
+            IssuerKind::Etcd => "etcd",
+            IssuerKind::ZooKeeper => "zookeeper",
         }
+    }
+
+    /// Whether the issuer's record lives in the gateway's own store.
+    pub fn in_store(self) -> bool {
+        self == IssuerKind::Gateway
     }
 }
 
@@ -70,9 +112,11 @@ fn parse_binding(text: &str) -> Result<Binding, String> {
     let issuer = match issuer {
         "gateway" => IssuerKind::Gateway,
         "leader_lease" => IssuerKind::LeaderLease,
+        "etcd" => IssuerKind::Etcd,
+        "zookeeper" => IssuerKind::ZooKeeper,
         other => {
             return Err(format!(
-                "unknown issuer {other:?}: `gateway` or `leader_lease`"
+                "unknown issuer {other:?}: `gateway`, `leader_lease`, `etcd` or `zookeeper`"
             ))
         }
     };
@@ -80,6 +124,17 @@ fn parse_binding(text: &str) -> Result<Binding, String> {
         issuer,
         pattern: Pattern::parse(pattern)?,
     })
+}
+
+/// A ZooKeeper path: absolute, without a trailing `/`.
+fn parse_zookeeper_prefix(text: &str) -> Result<String, String> {
+    if text.starts_with('/') && !text.ends_with('/') && !text.contains("//") {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "{text:?}: an absolute ZooKeeper path without a trailing /, e.g. /fencegate/elections"
+        ))
+    }
 }
 
 /// A table name: one or two identifiers of letters, digits and `_`, separated by `.`.

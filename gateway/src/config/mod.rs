@@ -655,6 +655,20 @@ impl Config {
         {
             return fail("--issued-by leader_lease:... needs the database of the leader_lease table: --leader-lease-url, or --database-url");
         }
+        let bound = |kind: IssuerKind| {
+            self.issuers
+                .bindings
+                .iter()
+                .any(|binding| binding.issuer == kind)
+        };
+        if bound(IssuerKind::Etcd) && self.issuers.etcd_endpoints.is_empty() {
+            return fail("--issued-by etcd:... needs the etcd cluster: --etcd-endpoints");
+        }
+        if bound(IssuerKind::ZooKeeper) && self.issuers.zookeeper_connect.is_none() {
+            return fail(
+                "--issued-by zookeeper:... needs the ZooKeeper ensemble: --zookeeper-connect",
+            );
+        }
         if self.init_store && self.database_url.is_some() {
             return fail("--init-store is for the embedded store (--data-dir); with --database-url the gateway keeps its fences in Postgres");
         }

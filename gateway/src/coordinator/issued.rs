@@ -10,14 +10,18 @@ use fencegate_proto::path::LeaseStep;
 use fencegate_proto::{ErrorCode, ResourceName, Token};
 
 use super::{Coordinator, Door, RESET_POLL};
+
+/// How often the etcd cluster's revision is read (with `etcd:` bindings).
+pub const ISSUER_WATCH: std::time::Duration = std::time::Duration::from_secs(1);
 use crate::config::IssuerKind;
 use crate::dbfence::NotIssuedRejection;
 use crate::error::ApiError;
-use crate::issuers::{judge, Issued, Verdict};
+use crate::issuers::{judge, AskError, Issued, Verdict};
 use crate::store::leases::{
     Claimant, LeaseOp, LeaseOutcome, LeaseRecord, Reset, ResetOutcome, ResetRecord,
 };
 use crate::store::txn::{Answered, Keyed};
+use crate::store::{StoreError, UnavailableReason};
 
 impl Coordinator {
     /// Applies one step of a hosted lease. A new term raises the fence cache to its
@@ -116,18 +120,51 @@ impl Coordinator {
         let Some(issuer) = self.issuers.issuer_of(resource) else {
             return Ok(());
         };
-        let issued = match self.issuers.known(resource) {
-            Some(known) if fencing.token <= known.token => Some(known),
+        let known = self.issuers.known(resource);
+        let issued = match &known {
+            Some(known) if fencing.token <= known.token => Some(known.clone()),
             _ => {
                 let (this, task_resource) = (Arc::clone(self), resource.clone());
                 let asked = self
                     .detached(async move {
                         let asked = this.issuers.ask(issuer, &this.store, &task_resource).await;
-                        this.backend_result(&asked);
+                        match &asked {
+                            Err(AskError::Store(error)) => this.backend_failed(error),
+                            Ok(_) if issuer.in_store() => this.backend_succeeded(),
+                            _ => {}
+                        }
                         asked
                     })
                     .await?;
-                asked?
+                match asked {
+                    Ok(issued) => {
+                        if let (Some(known), Some(now)) = (&known, &issued) {
+                            if now.token < known.token {
+                                self.issuer_went_back(issuer, resource, known.token, now.token);
+                            }
+                        }
+                        issued
+                    }
+                    Err(AskError::Store(error)) => return Err(error.into()),
+                    Err(AskError::Unreachable { issuer, detail }) => {
+                        self.metrics.token_refused("issuer_unavailable");
+                        if self.stale_log.admit().is_some() {
+                            tracing::warn!(
+                                resource = resource.as_str(),
+                                presented = fencing.token.get(),
+                                issuer = issuer.as_str(),
+                                error = detail,
+                                outcome = "issuer_unavailable",
+                                "token refused: its issuer cannot be asked"
+                            );
+                        }
+                        return Err(ApiError::IssuerUnavailable {
+                            issuer: issuer.as_str(),
+                            resource: resource.clone(),
+                            presented: fencing.token,
+                        });
+                    }
+                }
             }
         };
         let verdict = judge(fencing.token, identity, issued.as_ref());
@@ -184,6 +221,62 @@ impl Coordinator {
         Err(ApiError::Refused(Box::new(body)))
     }
 
+    /// Reads etcd's revision every [`ISSUER_WATCH`] while resources are bound to etcd,
+    /// until shutdown: a revision below one etcd answered before is a cluster restored
+    /// from an older snapshot, found before any new leader's write is refused.
+    pub async fn watch_issuers(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(ISSUER_WATCH);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                () = self.shutdown.cancelled() => return,
+            }
+            match self.issuers.etcd_revision().await {
+                None => return,
+                Some(Ok((now, before))) if now < before => {
+                    self.metrics.issuer_regressed(IssuerKind::Etcd.as_str());
+                    tracing::error!(
+                        revision = now,
+                        before,
+                        "etcd's revision went back: the cluster was restored from an older \
+                         snapshot without --bump-revision, and hands out election tokens it \
+                         handed out before. New leaders' writes are refused as stale. Restore \
+                         again with `etcdutl snapshot restore --bump-revision N \
+                         --mark-compacted`, N above the writes since the snapshot; or reset \
+                         the fences of etcd-bound resources once no older holder can write"
+                    );
+                }
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// Counts and logs an issuer whose current term's token is below one it issued
+    /// before: the source went back (an etcd cluster restored from a snapshot without
+    /// `--bump-revision`, a ZooKeeper ensemble restored or rebuilt). Its new terms'
+    /// writes are refused as stale until the fence is reset.
+    pub(crate) fn issuer_went_back(
+        &self,
+        issuer: IssuerKind,
+        resource: &ResourceName,
+        known: Token,
+        now: Token,
+    ) {
+        self.metrics.issuer_regressed(issuer.as_str());
+        tracing::error!(
+            resource = resource.as_str(),
+            issuer = issuer.as_str(),
+            known = known.get(),
+            current = now.get(),
+            "the issuer's current term has a lower token than one it issued before: it went back \
+             (restored from an older snapshot?). Its new leaders' writes are refused as stale. \
+             Restore etcd with `etcdutl snapshot restore --bump-revision N --mark-compacted`, N \
+             above the writes since the snapshot; or reset the fence to the current term's token \
+             (POST /v1/fences/{resource}/reset) once no older holder can write"
+        );
+    }
+
     /// Counts and logs a token the in-database fence refused, with its proof, as not
     /// issued (SQLSTATE ZF005), relayed to `/v1/sql` or a client of the Postgres door.
     pub(super) fn not_issued_in_database(&self, rejection: &NotIssuedRejection, door: Door) {
@@ -230,13 +323,24 @@ impl Coordinator {
         // The leader_lease table is outside the store: its latest epoch is a floor the
         // store cannot see for itself.
         let floor = match self.issuers.issuer_of(resource) {
-            Some(issuer @ IssuerKind::LeaderLease) => {
+            Some(issuer) if !issuer.in_store() => {
                 let (this, task_resource) = (Arc::clone(self), resource.clone());
-                self.detached(
-                    async move { this.issuers.ask(issuer, &this.store, &task_resource).await },
-                )
-                .await??
-                .map(|issued| issued.token)
+                let asked = self
+                    .detached(
+                        async move { this.issuers.ask(issuer, &this.store, &task_resource).await },
+                    )
+                    .await?;
+                match asked {
+                    Ok(issued) => issued.map(|issued| issued.token),
+                    Err(AskError::Store(error)) => return Err(error.into()),
+                    // Without the issuer's latest, the floor is unknown: no reset.
+                    Err(AskError::Unreachable { .. }) => {
+                        return Err(ApiError::Store(StoreError::Unavailable {
+                            reason: UnavailableReason::Connect,
+                            applied: Some(false),
+                        }))
+                    }
+                }
             }
             _ => None,
         };

@@ -515,6 +515,14 @@ impl Metrics {
     }
 
     /// Counts a fence found behind a committed token, and restored.
+    /// Counts an issuer outside the gateway that went back.
+    pub fn issuer_regressed(&self, issuer: &str) {
+        self.trust
+            .issuer_regressions
+            .with_label_values(&[issuer])
+            .inc();
+    }
+
     pub fn fence_regressed(&self) {
         self.trust.regressions.inc();
     }

@@ -6,7 +6,9 @@ use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
 /// Every value of the `outcome` label of `fencegate_lease_steps_total`.
 pub const LEASE_OUTCOMES: [&str; 5] = ["granted", "released", "held", "lost", "exhausted"];
 /// Every value of the `reason` label of `fencegate_token_refusals_total`.
-pub const REFUSAL_REASONS: [&str; 2] = ["not_issued", "holder_mismatch"];
+pub const REFUSAL_REASONS: [&str; 3] = ["not_issued", "holder_mismatch", "issuer_unavailable"];
+/// Every value of the `issuer` label of `fencegate_issuer_regressions_total`.
+pub const SOURCES: [&str; 3] = ["leader_lease", "etcd", "zookeeper"];
 /// Every value of the `door` label of `fencegate_forged_refusals_total`.
 pub const DOORS: [&str; 2] = ["http", "pg"];
 
@@ -16,6 +18,7 @@ pub(super) struct TrustMetrics {
     pub(super) resets: IntCounter,
     pub(super) reset_generation: IntGauge,
     pub(super) regressions: IntCounter,
+    pub(super) issuer_regressions: IntCounterVec,
     pub(super) forged_refusals: IntCounterVec,
     pub(super) takeovers: IntCounter,
     pub(super) bindings_drift: IntGauge,
@@ -44,7 +47,7 @@ impl TrustMetrics {
         let token_refusals = IntCounterVec::new(
             Opts::new(
                 "fencegate_token_refusals_total",
-                "Tokens refused because their resource's issuer did not issue them (not_issued) or issued them to another identity (holder_mismatch).",
+                "Tokens refused because their resource's issuer did not issue them (not_issued), issued them to another identity (holder_mismatch), or could not be asked about a token above what this gateway knows it issued (issuer_unavailable).",
             ),
             &["reason"],
         )
@@ -67,6 +70,17 @@ impl TrustMetrics {
             "Fences found below a token this gateway saw committed (the database lost committed transactions, as after a failover to an asynchronous standby), and restored.",
         )
         .unwrap();
+        let issuer_regressions = IntCounterVec::new(
+            Opts::new(
+                "fencegate_issuer_regressions_total",
+                "Times an issuer outside the gateway went back: its current term's token below one it issued before, or (etcd) the cluster's revision below one it answered before — a restore from an older snapshot. The new terms' writes are refused as stale until the fence is reset.",
+            ),
+            &["issuer"],
+        )
+        .unwrap();
+        for issuer in SOURCES {
+            issuer_regressions.with_label_values(&[issuer]);
+        }
         let forged_refusals = IntCounterVec::new(
             Opts::new(
                 "fencegate_forged_refusals_total",
@@ -126,6 +140,7 @@ impl TrustMetrics {
             bindings_drift,
             binding_restores,
             regressions,
+            issuer_regressions,
             lease_steps,
             token_refusals,
             resets,
@@ -137,6 +152,7 @@ impl TrustMetrics {
         vec![
             Box::new(self.lease_steps.clone()),
             Box::new(self.token_refusals.clone()),
+            Box::new(self.issuer_regressions.clone()),
             Box::new(self.resets.clone()),
             Box::new(self.reset_generation.clone()),
             Box::new(self.regressions.clone()),

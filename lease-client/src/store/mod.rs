@@ -25,11 +25,27 @@
 //! - [`gateway`]: leases hosted by the fencegate gateway itself.
 //! - [`postgres`]: the seed's `leader_lease` table.
 //! - [`redis`] (feature `redis`): `SET NX PX` with a counter minted in the same script.
+//! - [`etcd`] (feature `etcd`): etcd's election recipe; the token is the leading key's
+//!   create revision.
+//! - [`zookeeper`] (feature `zookeeper`): ZooKeeper's election recipe; the token is the
+//!   leading node's `czxid`.
+//!
+//! # Losing a term before the next renewal
+//!
+//! Stores whose server can end a term by itself — an etcd lease that expires or is
+//! revoked, a ZooKeeper session that expires — say so through [`LeaseStore::lost`],
+//! and the elector ends the term at once (`session_lost`) instead of at the next
+//! renewal. The holder's own deadline still steps it down first when its renewals go
+//! unanswered.
 
+#[cfg(feature = "etcd")]
+pub mod etcd;
 pub mod gateway;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
 
 use std::future::Future;
 use std::time::Duration;
@@ -65,6 +81,14 @@ pub trait LeaseStore: Send + Sync + 'static {
         holder: &str,
         epoch: Token,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Resolves when the store itself has ended the term of `epoch` (its session
+    /// expired, its key was deleted), sooner than a renewal would find out. Stores that
+    /// cannot tell never resolve, which is the default.
+    fn lost(&self, lease: &str, holder: &str, epoch: Token) -> impl Future<Output = ()> + Send {
+        let _ = (lease, holder, epoch);
+        std::future::pending()
+    }
 }
 
 /// Runs `forget` when dropped before [`ForgetOnDrop::completed`]: a store call whose
@@ -137,5 +161,9 @@ impl<S: LeaseStore> LeaseStore for std::sync::Arc<S> {
         epoch: Token,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         (**self).release(lease, holder, epoch)
+    }
+
+    fn lost(&self, lease: &str, holder: &str, epoch: Token) -> impl Future<Output = ()> + Send {
+        (**self).lost(lease, holder, epoch)
     }
 }

@@ -37,6 +37,7 @@ from .errors import (
     BackendUnavailable,
     GatewayUnreachable,
     IdempotencyInFlight,
+    IssuerUnavailable,
     LeaseLost,
     NotSynchronouslyReplicated,
     Overloaded,
@@ -58,6 +59,7 @@ _RESENT = (
     ShuttingDown,
     IdempotencyInFlight,
     NotSynchronouslyReplicated,
+    IssuerUnavailable,
 )
 """The transient errors after which a write is resent (not ``body_timeout``: the
 client's own request was too slow, and the same request would be again)."""

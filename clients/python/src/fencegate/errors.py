@@ -46,6 +46,7 @@ __all__ = [
     "InvalidResource",
     "InvalidToken",
     "InvalidTransaction",
+    "IssuerUnavailable",
     "LeaseHeld",
     "LeaseLost",
     "MethodNotAllowed",
@@ -280,6 +281,15 @@ class NotSynchronouslyReplicated(TransientError):
     nothing was applied. Retry after ``retry_after`` seconds."""
 
     code = "not_synchronously_replicated"
+
+
+class IssuerUnavailable(TransientError):
+    """``503 issuer_unavailable``: the token is above every token the gateway knows the
+    resource's issuer (etcd, ZooKeeper, a ``leader_lease`` table) issued, and the issuer
+    cannot be asked now; nothing was applied. Tokens it already vouched for keep
+    working. Retry after ``retry_after`` seconds."""
+
+    code = "issuer_unavailable"
 
 
 class BodyTimeout(TransientError):

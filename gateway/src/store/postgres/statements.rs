@@ -66,6 +66,13 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
      );
      CREATE INDEX idempotency_expiry ON fencegate.idempotency (expires_at);",
     ),
+    (
+        7,
+        "-- Resources bound to etcd and ZooKeeper elections (--issued-by etcd:..., zookeeper:...).
+     ALTER TABLE fencegate.issuer_bindings DROP CONSTRAINT issuer_bindings_issuer_check;
+     ALTER TABLE fencegate.issuer_bindings ADD CONSTRAINT issuer_bindings_issuer_check
+         CHECK (issuer IN ('gateway', 'leader_lease', 'etcd', 'zookeeper'));",
+    ),
 ];
 
 /// The readiness probe: a real write, committed on its own.
