@@ -4,15 +4,25 @@
 //! two-terminal walkthrough.
 //!
 //! ```text
-//! cargo run --example invoice-sweeper -p fencegate-lease -- --node node-a
+//! cargo run --example invoice-sweeper -p fencegate-lease --features etcd,zookeeper -- --node node-a
+//! cargo run --example invoice-sweeper -p fencegate-lease --features etcd,zookeeper -- \
+//!     --node node-a --store etcd --etcd-endpoints 127.0.0.1:2379
+//! cargo run --example invoice-sweeper -p fencegate-lease --features etcd,zookeeper -- \
+//!     --node node-a --store zookeeper --zookeeper-connect 127.0.0.1:2181
 //! ```
+//!
+//! With etcd or ZooKeeper, run the gateway with `--issued-by etcd:invoices` (and
+//! `--etcd-endpoints`) or `--issued-by zookeeper:invoices` (and `--zookeeper-connect`),
+//! and `--lease invoices`, so that the gateway checks each new term's token against the
+//! election it came from (docs/lease-sources.md).
 
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use fencegate_lease::{
-    Elector, FencedClient, LeaseConfig, LeaseStore, PostgresStore, RedisStore, Term, WriteError,
+    Elector, EtcdStore, FencedClient, LeaseConfig, LeaseStore, PostgresStore, RedisStore, Term,
+    WriteError, ZooKeeperStore,
 };
 use fencegate_proto::headers::Precondition;
 use fencegate_proto::{ObjectKey, ResourceName};
@@ -51,6 +61,21 @@ struct Args {
     /// The prefix of the Redis lease keys.
     #[arg(long, env = "SWEEPER_REDIS_PREFIX", default_value = "fencegate:lease:")]
     redis_prefix: String,
+    /// The etcd cluster (store `etcd`), comma-separated `host:port`.
+    #[arg(
+        long,
+        env = "SWEEPER_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "127.0.0.1:2379"
+    )]
+    etcd_endpoints: Vec<String>,
+    /// The ZooKeeper ensemble (store `zookeeper`).
+    #[arg(
+        long,
+        env = "SWEEPER_ZOOKEEPER_CONNECT",
+        default_value = "127.0.0.1:2181"
+    )]
+    zookeeper_connect: String,
     /// The lease's name.
     #[arg(long, env = "SWEEPER_LEASE", default_value = "invoice-sweeper")]
     lease: String,
@@ -86,8 +111,15 @@ struct Args {
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Store {
+    /// The seed's `leader_lease` table.
     Postgres,
+    /// `SET NX PX` with a minted counter.
     Redis,
+    /// An etcd election; the token is the leading key's create revision.
+    Etcd,
+    /// A ZooKeeper election; the token is the leading node's czxid. The session
+    /// timeout is the lease duration.
+    Zookeeper,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -130,6 +162,16 @@ async fn main() -> anyhow::Result<()> {
         }
         Store::Redis => {
             let store = RedisStore::new(&args.redis_url, &args.redis_prefix)?;
+            run(&args, store, shutdown).await
+        }
+        Store::Etcd => {
+            let prefix = fencegate_lease::store::etcd::DEFAULT_PREFIX;
+            let store = EtcdStore::connect(&args.etcd_endpoints, prefix).await?;
+            run(&args, store, shutdown).await
+        }
+        Store::Zookeeper => {
+            let prefix = fencegate_lease::store::zookeeper::DEFAULT_PREFIX;
+            let store = ZooKeeperStore::new(&args.zookeeper_connect, prefix, args.lease_duration)?;
             run(&args, store, shutdown).await
         }
     }

@@ -108,8 +108,8 @@ pub enum ErrorCode {
     /// `Retry-After`.
     NotSynchronouslyReplicated,
     /// 503: the token is above every token this gateway knows the resource's issuer
-    /// (etcd, ZooKeeper, the `leader_lease` table) issued, and the issuer cannot be
-    /// asked now; nothing was applied. Tokens it already vouched for keep working.
+    /// (etcd or ZooKeeper) issued, and the issuer cannot be asked now; nothing was
+    /// applied. Tokens it already vouched for keep working.
     /// Retry after `Retry-After`.
     IssuerUnavailable,
 }

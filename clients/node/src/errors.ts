@@ -213,7 +213,7 @@ export class NotSynchronouslyReplicated extends TransientError {
 
 /**
  * `503 issuer_unavailable`: the token is above every token the gateway knows the
- * resource's issuer (etcd, ZooKeeper, a `leader_lease` table) issued, and the issuer
+ * resource's issuer (etcd or ZooKeeper) issued, and the issuer
  * cannot be asked now; nothing was applied. Tokens it already vouched for keep working.
  * Retry after `retryAfter` seconds.
  */

@@ -59,6 +59,8 @@ pub struct ZooKeeperStore {
     session: Mutex<Option<Client>>,
     /// The terms this store leads: lease name, token, node path.
     held: Mutex<Vec<(String, Token, String)>>,
+    /// Whether sessions outlive the store (see [`ZooKeeperStore::with_detached_sessions`]).
+    detached: bool,
 }
 
 impl ZooKeeperStore {
@@ -81,7 +83,16 @@ impl ZooKeeperStore {
             session_timeout,
             session: Mutex::new(None),
             held: Mutex::new(Vec::new()),
+            detached: false,
         })
+    }
+
+    /// Leaves the store's session open on the server when the store is dropped, to
+    /// expire after its timeout as a crashed process's does, instead of closing it (and
+    /// deleting its nodes) at once. For failure drills and failover measurements.
+    pub fn with_detached_sessions(mut self) -> ZooKeeperStore {
+        self.detached = true;
+        self
     }
 
     /// The election path of `lease`: its candidates are its children.
@@ -108,7 +119,7 @@ impl ZooKeeperStore {
                 return Ok(client.clone());
             }
         }
-        let client = connect(&self.connect, self.session_timeout).await?;
+        let client = open(&self.connect, self.session_timeout, self.detached).await?;
         *self.session.lock().unwrap() = Some(client.clone());
         // Terms of an ended session are over.
         self.held.lock().unwrap().clear();
@@ -164,9 +175,21 @@ impl ZooKeeperStore {
 /// A session on the ensemble of `connect`, as the store and the gateway's issuer check
 /// open it.
 pub async fn connect(connect: &str, session_timeout: Duration) -> Result<Client, StoreError> {
-    Client::connector()
+    open(connect, session_timeout, false).await
+}
+
+async fn open(
+    connect: &str,
+    session_timeout: Duration,
+    detached: bool,
+) -> Result<Client, StoreError> {
+    let mut connector = Client::connector()
         .with_session_timeout(session_timeout)
-        .with_connection_timeout(session_timeout.min(Duration::from_secs(2)))
+        .with_connection_timeout(session_timeout.min(Duration::from_secs(2)));
+    if detached {
+        connector = connector.with_detached();
+    }
+    connector
         .connect(connect)
         .await
         .map_err(|e| StoreError::Unavailable(format!("ZooKeeper {connect}: {e}")))
