@@ -4,6 +4,7 @@
 //! cargo build -p fencegate-gateway -p fencegate-tests --bins
 //! target/debug/fencegate-faults                      # every fault, 8 s each
 //! target/debug/fencegate-faults --fault pause --duration 20s
+//! target/debug/fencegate-faults --lease-source etcd --ttl 2s --fault pause,source-kill
 //! ```
 //!
 //! Exits 0 when no run but the control had a violation and the control had some.
@@ -14,7 +15,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use fencegate_tests::faults::writer::{self, WriterArgs};
+use fencegate_tests::faults::writer::{self, LeaseSource, WriterArgs};
 use fencegate_tests::faults::{self, Fault, Leases, Settings};
 
 /// Runs lease-holding writers as separate processes against two fencegate replicas on
@@ -25,8 +26,13 @@ use fencegate_tests::faults::{self, Fault, Leases, Settings};
 /// `gateway-kill` (kill -9 a replica, restart it), `postgres-kill` (kill -9 the
 /// postmaster of a throwaway cluster mid-commit, restart it), `partition` (blackhole
 /// routes between a gateway in a network namespace and Postgres), `clock` (writers
-/// whose step-down timers run slow and fast), and `control` (the pause workload with
-/// fencing off, which must show violations).
+/// whose step-down timers run slow and fast), `control` (the pause workload with
+/// fencing off, which must show violations), and `source-kill` (kill -9 the etcd member
+/// or ZooKeeper server of a run whose leases live there, restart it).
+///
+/// With `--lease-source etcd` or `zookeeper` the writers elect through the lease
+/// client's etcd or ZooKeeper store, on a server the run starts (etcd's shortest lease
+/// is 2 s: give `--ttl 2s`), and the gateways check tokens against the election.
 ///
 /// Prints one line per fault: histories, operations, faults injected, indeterminate
 /// operations, violations. Needs root (runuser, ip netns), PostgreSQL 15's server
@@ -56,6 +62,9 @@ struct Args {
     /// The writers' lease duration.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "600ms")]
     ttl: Duration,
+    /// Where the writers' leases live.
+    #[arg(long, value_enum, default_value_t = LeaseSource::Postgres)]
+    lease_source: LeaseSource,
     /// Print every violation's explanation.
     #[arg(long)]
     verbose: bool,
@@ -123,7 +132,11 @@ async fn run(args: Args, binary: PathBuf) -> Result<bool, String> {
     } else {
         args.faults
     };
-    let leases = Leases::create().await?;
+    let leases = match args.lease_source {
+        LeaseSource::Postgres => Leases::create().await?,
+        LeaseSource::Etcd => Leases::etcd().await?,
+        LeaseSource::Zookeeper => Leases::zookeeper().await?,
+    };
     let mut ok = true;
     for fault in faults {
         let report = faults::run(fault, &settings, &leases).await?;

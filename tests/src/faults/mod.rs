@@ -32,8 +32,9 @@ use crate::db::TestDb;
 use crate::gateway::{Gateway, GatewayBuilder};
 use crate::history::{self, Counts, Entry, Op, Outcome, Violation};
 use crate::replay::wire::{self, Request};
+use crate::sources::{Etcd, ZooKeeper};
 use inject::Netns;
-use writer::{WriterArgs, WriterProcess, LEASE_TABLE};
+use writer::{LeaseSource, WriterArgs, WriterProcess, LEASE_TABLE};
 
 /// What a run does to the writers and the processes below them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -59,6 +60,9 @@ pub enum Fault {
     /// the fence. The history records their terms' tokens, so the checker must report
     /// the stale writes that got in.
     Control,
+    /// kill -9 the lease source — the etcd member or the ZooKeeper server of a run with
+    /// leases there — and start it again on its data, while the writers lead and write.
+    SourceKill,
 }
 
 impl Fault {
@@ -79,6 +83,7 @@ impl Fault {
             Fault::Partition => "partition",
             Fault::Clock => "clock",
             Fault::Control => "control",
+            Fault::SourceKill => "source-kill",
         }
     }
 
@@ -142,26 +147,135 @@ impl Report {
     }
 }
 
-/// Where the writers' leases live: a fresh database on the test Postgres server.
+/// Where the writers' leases live: a fresh database on the test Postgres server (the
+/// seed's `leader_lease` table), or an etcd member or ZooKeeper server of the run's own.
 pub struct Leases {
-    db: TestDb,
-    client: tokio_postgres::Client,
+    source: Source,
+}
+
+enum Source {
+    Postgres {
+        db: TestDb,
+        client: tokio_postgres::Client,
+    },
+    Etcd {
+        server: tokio::sync::Mutex<Etcd>,
+        endpoint: String,
+        client: Box<etcd_client::Client>,
+    },
+    ZooKeeper {
+        server: tokio::sync::Mutex<ZooKeeper>,
+        connect: String,
+        client: zookeeper_client::Client,
+    },
 }
 
 impl Leases {
+    /// Leases in a fresh database's `leader_lease` table.
     pub async fn create() -> Result<Leases, String> {
         let db = TestDb::create().await;
         let (client, connection) = tokio_postgres::connect(&db.url(), tokio_postgres::NoTls)
             .await
             .map_err(|e| format!("the lease database: {e}"))?;
         tokio::spawn(connection);
-        Ok(Leases { db, client })
+        Ok(Leases {
+            source: Source::Postgres { db, client },
+        })
+    }
+
+    /// Leases in etcd elections, on a member of the run's own.
+    pub async fn etcd() -> Result<Leases, String> {
+        let server = Etcd::start().await;
+        let endpoint = server.endpoint();
+        let client = fencegate_lease::store::etcd::connect(&server.endpoints())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Leases {
+            source: Source::Etcd {
+                server: tokio::sync::Mutex::new(server),
+                endpoint,
+                client: Box::new(client),
+            },
+        })
+    }
+
+    /// Leases in ZooKeeper elections, on a server of the run's own.
+    pub async fn zookeeper() -> Result<Leases, String> {
+        let server = ZooKeeper::start().await;
+        let connect = server.connect();
+        let client = fencegate_lease::store::zookeeper::connect(&connect, Duration::from_secs(10))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(Leases {
+            source: Source::ZooKeeper {
+                server: tokio::sync::Mutex::new(server),
+                connect,
+                client,
+            },
+        })
+    }
+
+    pub fn source(&self) -> LeaseSource {
+        match self.source {
+            Source::Postgres { .. } => LeaseSource::Postgres,
+            Source::Etcd { .. } => LeaseSource::Etcd,
+            Source::ZooKeeper { .. } => LeaseSource::Zookeeper,
+        }
+    }
+
+    /// Points a writer at this source.
+    fn direct(&self, args: &mut WriterArgs) {
+        args.lease_source = self.source();
+        match &self.source {
+            Source::Postgres { db, .. } => args.lease_database_url = db.url(),
+            Source::Etcd { endpoint, .. } => args.etcd_endpoint = endpoint.clone(),
+            Source::ZooKeeper { connect, .. } => args.zookeeper_connect = connect.clone(),
+        }
+    }
+
+    /// The gateway flags that bind the run's resources to this source.
+    fn gateway_flags(&self) -> Vec<String> {
+        match &self.source {
+            Source::Postgres { .. } => Vec::new(),
+            Source::Etcd { endpoint, .. } => vec![
+                "--issued-by".into(),
+                "etcd:faults-*".into(),
+                "--etcd-endpoints".into(),
+                endpoint.clone(),
+            ],
+            Source::ZooKeeper { connect, .. } => vec![
+                "--issued-by".into(),
+                "zookeeper:faults-*".into(),
+                "--zookeeper-connect".into(),
+                connect.clone(),
+            ],
+        }
     }
 
     async fn prepare(&self, lease: &str) -> Result<(), String> {
-        let store = fencegate_lease::PostgresStore::new(&self.db.url(), LEASE_TABLE, true)
+        let Source::Postgres { db, .. } = &self.source else {
+            return Ok(());
+        };
+        let store = fencegate_lease::PostgresStore::new(&db.url(), LEASE_TABLE, true)
             .map_err(|e| e.to_string())?;
         store.ensure_lease(lease).await.map_err(|e| e.to_string())
+    }
+
+    /// kill -9 the etcd member or ZooKeeper server, and start it again on its data.
+    async fn kill_source(&self) -> Result<(), String> {
+        match &self.source {
+            Source::Postgres { .. } => {
+                Err("source-kill needs leases in etcd or ZooKeeper (--lease-source)".into())
+            }
+            Source::Etcd { server, .. } => {
+                server.lock().await.restart().await;
+                Ok(())
+            }
+            Source::ZooKeeper { server, .. } => {
+                server.lock().await.restart().await;
+                Ok(())
+            }
+        }
     }
 
     /// Waits until `holder` holds `lease` (10 s at most).
@@ -190,12 +304,34 @@ impl Leases {
         }
     }
 
-    /// The lease's holder if it has not expired.
+    /// The lease's holder if its term is live.
     async fn holder(&self, lease: &str) -> Option<String> {
-        let sql =
-            format!("SELECT holder FROM {LEASE_TABLE} WHERE name = $1 AND expires_at > now()");
-        let row = self.client.query_opt(&sql, &[&lease]).await.ok()??;
-        row.get(0)
+        match &self.source {
+            Source::Postgres { client, .. } => {
+                let sql = format!(
+                    "SELECT holder FROM {LEASE_TABLE} WHERE name = $1 AND expires_at > now()"
+                );
+                let row = client.query_opt(&sql, &[&lease]).await.ok()??;
+                row.get(0)
+            }
+            Source::Etcd { client, .. } => {
+                let election = format!("{}{lease}/", fencegate_lease::store::etcd::DEFAULT_PREFIX);
+                let read = fencegate_lease::store::etcd::read_election(client, &election)
+                    .await
+                    .ok()?;
+                String::from_utf8(read.leader?.holder).ok()
+            }
+            Source::ZooKeeper { client, .. } => {
+                let election = format!(
+                    "{}/{lease}",
+                    fencegate_lease::store::zookeeper::DEFAULT_PREFIX
+                );
+                let first = fencegate_lease::store::zookeeper::first_candidate(client, &election)
+                    .await
+                    .ok()??;
+                String::from_utf8(first.holder).ok()
+            }
+        }
     }
 }
 
@@ -230,8 +366,9 @@ struct Deployment {
 const GATEWAY_FLAGS: [&str; 2] = ["--backend-timeout", "1s"];
 
 impl Deployment {
-    async fn start(fault: Fault) -> Result<Deployment, String> {
-        let base = Gateway::builder().args(&GATEWAY_FLAGS);
+    async fn start(fault: Fault, flags: &[String]) -> Result<Deployment, String> {
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        let base = Gateway::builder().args(&GATEWAY_FLAGS).args(&flags);
         match fault {
             Fault::PostgresKill => {
                 let cluster = Cluster::builder().start().await;
@@ -308,7 +445,7 @@ impl Deployment {
 /// Runs `fault` once and checks its history.
 pub async fn run(fault: Fault, settings: &Settings, leases: &Leases) -> Result<Report, String> {
     let started = Instant::now();
-    let mut deployment = Deployment::start(fault).await?;
+    let mut deployment = Deployment::start(fault, &leases.gateway_flags()).await?;
     let run_id = format!("{:08x}", rand::random::<u32>());
     let writers_per_resource = if fault == Fault::Clock {
         settings.writers.max(3)
@@ -328,9 +465,12 @@ pub async fn run(fault: Fault, settings: &Settings, leases: &Leases) -> Result<R
                 _ => 1.0,
             };
             injected += usize::from(clock_rate != 1.0);
-            let args = WriterArgs {
+            let mut args = WriterArgs {
                 gateways: deployment.addrs(),
-                lease_database_url: leases.db.url(),
+                lease_source: LeaseSource::Postgres,
+                lease_database_url: String::new(),
+                etcd_endpoint: String::new(),
+                zookeeper_connect: String::new(),
                 resource: resource.clone(),
                 holder: format!("{resource}-w{w}"),
                 client: (r * writers_per_resource + w) as u32,
@@ -341,6 +481,7 @@ pub async fn run(fault: Fault, settings: &Settings, leases: &Leases) -> Result<R
                 unfenced: fault == Fault::Control,
                 unkeyed: false,
             };
+            leases.direct(&mut args);
             let holder = args.holder.clone();
             writers.push(WriterProcess::spawn(&settings.binary, &args)?);
             if fault == Fault::Clock && w == 0 {
@@ -479,6 +620,11 @@ async fn inject(
                 tokio::time::sleep(ttl * 2).await;
             }
             Fault::Clock => tokio::time::sleep(end - Instant::now()).await,
+            Fault::SourceKill => {
+                leases.kill_source().await?;
+                injected += 1;
+                tokio::time::sleep(ttl * 2).await;
+            }
         }
     }
     Ok(injected)

@@ -4,7 +4,8 @@
 //! # Behavior
 //!
 //! The writer competes for the lease named after its resource in the seed's
-//! `leader_lease` table ([`PostgresStore`]). Holding it at epoch `t`, it first raises
+//! `leader_lease` table ([`PostgresStore`]), or in an etcd or ZooKeeper election
+//! (`--lease-source`). Holding it at epoch `t`, it first raises
 //! the resource's fence to `t` through the gateway, then loops: check that it still
 //! leads (on its own clock), renew when due, think for [`THINK`], then send `lanes`
 //! operations at once — writes with token `t`, now and then a read — so that several
@@ -50,7 +51,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fencegate_lease::{LeaseStore, PostgresStore};
+use fencegate_lease::{EtcdStore, LeaseStore, PostgresStore, ZooKeeperStore};
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -85,15 +86,46 @@ const ATTEMPTS: u32 = 3;
 /// The pause before a write in doubt is sent again.
 const RETRY_AFTER: Duration = Duration::from_millis(100);
 
+/// Where the writers' leases live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LeaseSource {
+    /// The seed's `leader_lease` table.
+    Postgres,
+    /// An etcd election; the token is the leading key's create revision.
+    Etcd,
+    /// A ZooKeeper election; the token is the leading node's czxid.
+    Zookeeper,
+}
+
+impl LeaseSource {
+    pub fn name(self) -> &'static str {
+        match self {
+            LeaseSource::Postgres => "postgres",
+            LeaseSource::Etcd => "etcd",
+            LeaseSource::Zookeeper => "zookeeper",
+        }
+    }
+}
+
 /// A writer process's settings (`fencegate-faults writer --help`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct WriterArgs {
     /// Gateway addresses (`host:port`), used in turn.
     #[arg(long = "gateway", value_delimiter = ',', required = true)]
     pub gateways: Vec<SocketAddr>,
-    /// Postgres with the `leader_lease` table; the lease's row must exist.
-    #[arg(long)]
+    /// Where the lease lives.
+    #[arg(long, value_enum, default_value_t = LeaseSource::Postgres)]
+    pub lease_source: LeaseSource,
+    /// Postgres with the `leader_lease` table (source `postgres`); the lease's row must
+    /// exist.
+    #[arg(long, default_value = "")]
     pub lease_database_url: String,
+    /// etcd (source `etcd`), `host:port`.
+    #[arg(long, default_value = "")]
+    pub etcd_endpoint: String,
+    /// ZooKeeper (source `zookeeper`), `host:port`; the session timeout is `--ttl`.
+    #[arg(long, default_value = "")]
+    pub zookeeper_connect: String,
     /// The resource written, and the name of its lease.
     #[arg(long)]
     pub resource: String,
@@ -130,8 +162,14 @@ impl WriterArgs {
             "writer".to_owned(),
             "--gateway".to_owned(),
             gateways.join(","),
+            "--lease-source".to_owned(),
+            self.lease_source.name().to_owned(),
             "--lease-database-url".to_owned(),
             self.lease_database_url.clone(),
+            "--etcd-endpoint".to_owned(),
+            self.etcd_endpoint.clone(),
+            "--zookeeper-connect".to_owned(),
+            self.zookeeper_connect.clone(),
             "--resource".to_owned(),
             self.resource.clone(),
             "--holder".to_owned(),
@@ -184,8 +222,29 @@ struct Line {
 
 /// The writer process's main loop; returns when stdin closes.
 pub async fn run(args: WriterArgs) -> Result<(), String> {
-    let store = PostgresStore::new(&args.lease_database_url, LEASE_TABLE, false)
-        .map_err(|e| e.to_string())?;
+    match args.lease_source {
+        LeaseSource::Postgres => {
+            let store = PostgresStore::new(&args.lease_database_url, LEASE_TABLE, false)
+                .map_err(|e| e.to_string())?;
+            run_on(store, args).await
+        }
+        LeaseSource::Etcd => {
+            let prefix = fencegate_lease::store::etcd::DEFAULT_PREFIX;
+            let store = EtcdStore::connect(std::slice::from_ref(&args.etcd_endpoint), prefix)
+                .await
+                .map_err(|e| e.to_string())?;
+            run_on(store, args).await
+        }
+        LeaseSource::Zookeeper => {
+            let prefix = fencegate_lease::store::zookeeper::DEFAULT_PREFIX;
+            let store = ZooKeeperStore::new(&args.zookeeper_connect, prefix, args.ttl)
+                .map_err(|e| e.to_string())?;
+            run_on(store, args).await
+        }
+    }
+}
+
+async fn run_on<S: LeaseStore>(store: S, args: WriterArgs) -> Result<(), String> {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = Arc::clone(&stop);
     // Blocks a thread of its own until stdin closes.
@@ -245,7 +304,7 @@ impl Writer {
     }
 
     /// Leads the term of `token`, whose lease was granted by a call sent at `renewed`.
-    async fn lead(&mut self, store: &PostgresStore, token: u64, mut renewed: Instant) {
+    async fn lead<S: LeaseStore>(&mut self, store: &S, token: u64, mut renewed: Instant) {
         let (renew_every, deadline) = (self.args.ttl / 3, self.args.ttl * 2 / 3);
         if !self.args.unfenced
             && !matches!(
