@@ -20,7 +20,12 @@ fn writer_binary() -> Option<PathBuf> {
 /// Runs one scenario file through the gateway and then without fencing; both must pass.
 async fn scenario(name: &str) {
     let scenario = Scenario::load(&scenario_path(name)).unwrap_or_else(|e| panic!("{e}"));
-    let target = Target::local(scenario.gateway.replicas, writer_binary()).await;
+    let target = Target::local_with(
+        scenario.gateway.replicas,
+        writer_binary(),
+        scenario.lease.source,
+    )
+    .await;
     let lines = replay::run(&scenario, &target)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -75,6 +80,8 @@ scenarios! {
     s13_commit_reply_delayed => "13-commit-reply-delayed",
     s14_keyed_retry => "14-keyed-retry",
     s15_txn_one_step => "15-txn-one-step",
+    s16_etcd_pause => "16-etcd-pause",
+    s17_zookeeper_pause => "17-zookeeper-pause",
 }
 
 /// A wrong expectation fails the run at that step, naming the expected and the

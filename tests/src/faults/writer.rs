@@ -87,7 +87,8 @@ const ATTEMPTS: u32 = 3;
 const RETRY_AFTER: Duration = Duration::from_millis(100);
 
 /// Where the writers' leases live.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum LeaseSource {
     /// The seed's `leader_lease` table.
     Postgres,

@@ -7,6 +7,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::faults::writer::LeaseSource;
 use serde::Deserialize;
 
 /// One scenario file.
@@ -41,9 +42,19 @@ pub struct LeaseSettings {
     /// How long an acquisition holds, e.g. `"15s"`, `"1500ms"`.
     #[serde(default = "default_ttl", deserialize_with = "duration")]
     pub ttl: Duration,
-    /// The epoch stored before the first acquisition (the first token is one more).
+    /// The epoch stored before the first acquisition (the first token is one more);
+    /// `postgres` only.
     #[serde(default)]
     pub start_epoch: u64,
+    /// Where the lease lives: `postgres` (the seed's table), `etcd` or `zookeeper` (a
+    /// server of the run's own; the gateways then check tokens against the election,
+    /// and tokens are revisions or zxids, so steps expect outcomes, not numbers).
+    #[serde(default = "default_source")]
+    pub source: LeaseSource,
+}
+
+fn default_source() -> LeaseSource {
+    LeaseSource::Postgres
 }
 
 impl Default for LeaseSettings {
@@ -52,6 +63,7 @@ impl Default for LeaseSettings {
             name: default_lease(),
             ttl: default_ttl(),
             start_epoch: 0,
+            source: default_source(),
         }
     }
 }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use tokio::sync::Mutex;
 
 use crate::db::TestDb;
+use crate::faults::writer::LeaseSource;
 use crate::gateway::Gateway;
 use crate::proxy::Proxy;
 use crate::replay::leases::Leases;
@@ -93,7 +94,24 @@ impl Target {
     /// whose database connections run through a proxy the scenario can cut. Leases and
     /// control writes use the same database, directly.
     pub async fn local(replicas: usize, writer: Option<PathBuf>) -> Target {
+        Target::local_with(replicas, writer, LeaseSource::Postgres).await
+    }
+
+    /// [`Target::local`] with the leases in `source`: etcd and ZooKeeper run on servers
+    /// of the target's own, and the gateways check every token against their elections.
+    pub async fn local_with(
+        replicas: usize,
+        writer: Option<PathBuf>,
+        source: LeaseSource,
+    ) -> Target {
         let db = TestDb::create().await;
+        let leases = match source {
+            LeaseSource::Postgres => Leases::postgres(&db.url()).await,
+            LeaseSource::Etcd => Leases::etcd().await,
+            LeaseSource::Zookeeper => Leases::zookeeper().await,
+        }
+        .expect("the lease source takes leases");
+        let flags = leases.gateway_flags();
         let link = Proxy::start(crate::db::server_addr().await).await;
         let gateway_url = db.url_via(link.addr());
         let mut started = Vec::new();
@@ -104,6 +122,7 @@ impl Target {
                 .arg("1s")
                 .arg("--metrics-resource-cap")
                 .arg("1000000")
+                .args(&flags.iter().map(String::as_str).collect::<Vec<_>>())
                 .spawn()
                 .await;
             started.push(Replica {
@@ -112,9 +131,6 @@ impl Target {
                 process: Some(Mutex::new(gateway)),
             });
         }
-        let leases = Leases::postgres(&db.url())
-            .await
-            .expect("the test database takes leases");
         let control = Database::connect(&db.url())
             .await
             .expect("the test database is reachable");
