@@ -136,7 +136,7 @@ pub fn binary() -> PathBuf {
     crate::gateway::built(
         "SWEEPER_BIN",
         "examples/invoice-sweeper",
-        "cargo build -p fencegate-lease --examples",
+        "cargo build -p fencegate-lease --examples --features etcd,zookeeper",
     )
 }
 

@@ -18,7 +18,7 @@ use fencegate_proto::Token;
 use fencegate_tests::db::TestDb;
 use fencegate_tests::gateway::Gateway;
 use fencegate_tests::http::{fence_path, kv_path, metric_value, Client, Reply};
-use fencegate_tests::lease::{next_term, next_transition, spawn_elector, PATIENCE};
+use fencegate_tests::lease::{next_term, next_transition, spawn_elector, Sweeper, PATIENCE};
 use fencegate_tests::sources::{Etcd, ZooKeeper};
 use http::Method;
 use tokio::time::Instant;
@@ -546,4 +546,93 @@ async fn zookeeper_refuses_forged_tokens_and_fails_closed() {
             .await,
         1.0
     );
+}
+
+/// The seed's invoice sweeper (`lease-client/examples/invoice-sweeper.rs`) electing
+/// through etcd and through ZooKeeper, two processes each, writing through a gateway
+/// that checks every term's token against the election: the leader sweeps; killed
+/// (kill -9: no release, its etcd lease or ZooKeeper session left to expire), it is
+/// replaced by the other with a higher token, whose reminders are written.
+#[tokio::test]
+async fn the_invoice_sweeper_elects_through_etcd_and_zookeeper() {
+    let etcd = Etcd::start().await;
+    sweepers_take_over(
+        &["--store", "etcd", "--etcd-endpoints", &etcd.endpoint()],
+        &[
+            "--issued-by",
+            "etcd:invoices",
+            "--etcd-endpoints",
+            &etcd.endpoint(),
+        ],
+    )
+    .await;
+    drop(etcd);
+    let zookeeper = ZooKeeper::start().await;
+    sweepers_take_over(
+        &[
+            "--store",
+            "zookeeper",
+            "--zookeeper-connect",
+            &zookeeper.connect(),
+        ],
+        &[
+            "--issued-by",
+            "zookeeper:invoices",
+            "--zookeeper-connect",
+            &zookeeper.connect(),
+        ],
+    )
+    .await;
+}
+
+async fn sweepers_take_over(store: &[&str], issuer: &[&str]) {
+    let db = TestDb::create().await;
+    let gateway = Gateway::builder()
+        .database(&db.url())
+        .args(issuer)
+        .spawn()
+        .await;
+    let mut args: Vec<String> = [
+        "--gateway",
+        &gateway.url(),
+        "--lease",
+        "invoices",
+        "--resource",
+        "invoices",
+        "--lease-duration",
+        "2s",
+        "--sweep-interval",
+        "50ms",
+    ]
+    .iter()
+    .map(|arg| (*arg).to_owned())
+    .collect();
+    args.extend(store.iter().map(|arg| (*arg).to_owned()));
+    let sweepers = [
+        Sweeper::spawn("node-a", &args),
+        Sweeper::spawn("node-b", &args),
+    ];
+    let epoch = |event: &fencegate_tests::lease::Event| event.field("epoch").as_u64().unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    let (leader, first) = loop {
+        if let Some((i, event)) = sweepers.iter().enumerate().find_map(|(i, sweeper)| {
+            Some((
+                i,
+                sweeper
+                    .events_named("reminder written")
+                    .into_iter()
+                    .next()?,
+            ))
+        }) {
+            break (i, epoch(&event));
+        }
+        assert!(Instant::now() < deadline, "no sweeper wrote a reminder");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    sweepers[leader].signal("KILL");
+    let follower = &sweepers[1 - leader];
+    let taken = follower
+        .wait_for("reminder written", PATIENCE, |event| epoch(event) > first)
+        .await;
+    assert!(epoch(&taken) > first);
 }

@@ -169,14 +169,32 @@ mod tests {
         let binding = parse_binding("leader_lease:sweep-*").unwrap();
         assert_eq!(binding.issuer, IssuerKind::LeaderLease);
         assert!(binding.pattern.matches("sweep-eu"));
+        assert_eq!(
+            parse_binding("etcd:billing-*").unwrap().issuer,
+            IssuerKind::Etcd
+        );
+        assert_eq!(
+            parse_binding("zookeeper:ledger").unwrap().issuer,
+            IssuerKind::ZooKeeper
+        );
         for bad in [
             "orders",
-            "etcd:orders",
+            "consul:orders",
+            "kubernetes:orders",
             "gateway:",
             "gateway:a*b*",
             "gateway:a b",
         ] {
             assert!(parse_binding(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn zookeeper_prefixes() {
+        assert!(parse_zookeeper_prefix("/fencegate/elections").is_ok());
+        assert!(parse_zookeeper_prefix("/").is_err());
+        for bad in ["", "elections", "/a/", "/a//b"] {
+            assert!(parse_zookeeper_prefix(bad).is_err(), "{bad}");
         }
     }
 

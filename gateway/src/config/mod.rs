@@ -15,7 +15,7 @@ pub use commands::{
     AdminDatabase, CheckArgs, Command, GrantArgs, GrantsArgs, KeyCommand, LeaderLeaseCommand,
     LeaseTableArgs, ProtectArgs, RetireArgs, RevokeArgs, TablesCommand, UnprotectArgs,
 };
-pub use issuers::{Binding, IssuerArgs, IssuerKind};
+pub use issuers::{Binding, IssuerArgs, IssuerKind, DEFAULT_ETCD_PREFIX, DEFAULT_ZOOKEEPER_PREFIX};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7070";
 pub const DEFAULT_POOL_SIZE: usize = 16;

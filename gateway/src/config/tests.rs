@@ -267,3 +267,28 @@ fn replication_flags_need_postgres_and_a_patroni_url_is_http() {
             .require_synchronous_replication
     );
 }
+
+#[test]
+fn etcd_and_zookeeper_bindings_need_their_sources() {
+    let etcd = parse(&["--database-url", "x", "--issued-by", "etcd:billing-*"]).unwrap();
+    let error = etcd.validate().unwrap_err().to_string();
+    assert!(error.contains("--etcd-endpoints"), "{error}");
+    let zookeeper = parse(&["--database-url", "x", "--issued-by", "zookeeper:ledger"]).unwrap();
+    let error = zookeeper.validate().unwrap_err().to_string();
+    assert!(error.contains("--zookeeper-connect"), "{error}");
+    let both = parse(&[
+        "--database-url",
+        "x",
+        "--issued-by",
+        "etcd:billing-*,zookeeper:ledger",
+        "--etcd-endpoints",
+        "10.0.0.5:2379,10.0.0.6:2379",
+        "--zookeeper-connect",
+        "10.0.0.7:2181",
+    ])
+    .unwrap();
+    assert!(both.validate().is_ok());
+    assert_eq!(both.issuers.etcd_endpoints.len(), 2);
+    assert_eq!(both.issuers.etcd_prefix, DEFAULT_ETCD_PREFIX);
+    assert_eq!(both.issuers.zookeeper_prefix, DEFAULT_ZOOKEEPER_PREFIX);
+}
