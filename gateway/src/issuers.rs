@@ -274,14 +274,14 @@ impl EtcdElections {
         }
     }
 
+    async fn client(&self) -> Result<&etcd_client::Client, fencegate_lease::StoreError> {
+        self.client
+            .get_or_try_init(|| etcd::connect(&self.endpoints))
+            .await
+    }
+
     async fn read(&self, election: &str) -> Result<etcd::Election, AskError> {
-        let read = async {
-            let client = self
-                .client
-                .get_or_try_init(|| etcd::connect(&self.endpoints))
-                .await?;
-            etcd::read_election(client, election).await
-        };
+        let read = async { etcd::read_election(self.client().await?, election).await };
         let election = tokio::time::timeout(self.timeout, read)
             .await
             .map_err(|_| Self::unreachable("no answer within --issuer-timeout"))?
@@ -302,16 +302,17 @@ impl EtcdElections {
 
     async fn revision(&self) -> Result<(i64, i64), AskError> {
         // Any key does: the answer's header carries the cluster's revision.
-        let read = self.read(&self.prefix).await?;
-        let before = self
-            .highest_revision
-            .fetch_max(read.revision, Ordering::Relaxed);
-        if read.revision < before {
+        let read = async { etcd::revision(self.client().await?, &self.prefix).await };
+        let now = tokio::time::timeout(self.timeout, read)
+            .await
+            .map_err(|_| Self::unreachable("no answer within --issuer-timeout"))?
+            .map_err(Self::unreachable)?;
+        let before = self.highest_revision.fetch_max(now, Ordering::Relaxed);
+        if now < before {
             // Counted once: the lower revision is the cluster's from now on.
-            self.highest_revision
-                .store(read.revision, Ordering::Relaxed);
+            self.highest_revision.store(now, Ordering::Relaxed);
         }
-        Ok((read.revision, before))
+        Ok((now, before))
     }
 }
 

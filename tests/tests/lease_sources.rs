@@ -488,6 +488,7 @@ async fn end_session_of(store: &ZooKeeperStore, server: &ZooKeeper) {
     let info = store.session_info().expect("the store has a session");
     let intruder = zookeeper_client::Client::connector()
         .with_session(info)
+        .with_connection_timeout(Duration::from_secs(10))
         .connect(&server.connect())
         .await
         .expect("a client attaches to the session");
@@ -546,6 +547,20 @@ async fn zookeeper_refuses_forged_tokens_and_fails_closed() {
             .await,
         1.0
     );
+
+    // Back: the forged token is judged again, and refused as not issued.
+    server.restart().await;
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let reply = a.put(above(token, 1), "x").await;
+        if reply.error_code() == "token_not_issued" {
+            break;
+        }
+        assert_eq!(reply.error_code(), "issuer_unavailable", "{reply:?}");
+        assert!(Instant::now() < deadline, "ZooKeeper never vouched again");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(a.put(token, "again").await.status, 200);
 }
 
 /// The seed's invoice sweeper (`lease-client/examples/invoice-sweeper.rs`) electing

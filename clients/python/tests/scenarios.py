@@ -57,6 +57,10 @@ NOT_REPLAYED: dict[str, str] = {
     "12-stale-flood": "10,000 held writes over 50 connections: a load test of the gateway, not of a client",
     "13-commit-reply-delayed": "holds the database's answers to the gateway: a fault between gateway and store",
     "14-keyed-retry": "holds the database's answers before a keyed retry: a fault between gateway and store",
+    "16-etcd-pause": "the lease lives in an etcd election the Rust harness starts: a lease source, not a client",
+    "17-zookeeper-pause": (
+        "the lease lives in a ZooKeeper election the Rust harness starts: a lease source, not a client"
+    ),
 }
 """Scenario files these tests do not replay, each with why. A test keeps this equal to
 the files that use an action the replayer cannot stage (:data:`NOT_STAGED`)."""
@@ -75,7 +79,7 @@ NOT_STAGED = frozenset(
 """Actions that need the Rust harness's network hop or database link."""
 
 _TOP_FIELDS = {"name", "description", "resource", "lease", "gateway", "processes", "control", "step"}
-_LEASE_FIELDS = {"name", "ttl", "start_epoch"}
+_LEASE_FIELDS = {"name", "ttl", "start_epoch", "source"}
 _STEP_FIELDS = {
     "actor",
     "action",
@@ -162,11 +166,14 @@ class Scenario:
     start_epoch: int
     replicas: int
     steps: list[Step]
+    source: str = "postgres"
 
     @property
     def not_staged(self) -> list[str]:
-        """What in this file the replayer cannot stage, one entry per step."""
-        return [
+        """What in this file the replayer cannot stage: a lease source other than the
+        gateway's own leases, and one entry per step."""
+        source = [f"lease source {self.source}"] if self.source != "postgres" else []
+        return source + [
             f"step {s.number}: {s.action}{' with delay' if 'delay' in s.fields else ''}"
             for s in self.steps
             if s.action in NOT_STAGED or "delay" in s.fields
@@ -216,6 +223,7 @@ def load(path: Path) -> Scenario:
         start_epoch=int(lease.get("start_epoch", 0)),
         replicas=int(data.get("gateway", {}).get("replicas", 1)),
         steps=steps,
+        source=str(lease.get("source", "postgres")),
     )
 
 

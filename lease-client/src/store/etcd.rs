@@ -100,6 +100,17 @@ pub async fn connect(endpoints: &[String]) -> Result<Client, StoreError> {
         .map_err(|e| StoreError::Invalid(format!("etcd endpoints {endpoints:?}: {e}")))
 }
 
+/// The cluster's revision now, from the header of a read of one key (`key`, which need
+/// not exist).
+pub async fn revision(client: &Client, key: &str) -> Result<i64, StoreError> {
+    let found = client
+        .clone()
+        .get(key, Some(GetOptions::new().with_count_only()))
+        .await
+        .map_err(failed)?;
+    Ok(found.header().map_or(0, |header| header.revision()))
+}
+
 /// Reads the election whose candidate keys start with `election`: its first-created
 /// key leads.
 pub async fn read_election(client: &Client, election: &str) -> Result<Election, StoreError> {
@@ -224,7 +235,7 @@ fn token(revision: i64) -> Result<Token, StoreError> {
 }
 
 /// A token as the revision it was.
-fn revision(epoch: Token) -> i64 {
+fn as_revision(epoch: Token) -> i64 {
     i64::try_from(epoch.get()).unwrap_or(i64::MAX)
 }
 
@@ -316,7 +327,7 @@ impl LeaseStore for EtcdStore {
         Ok(found
             .kvs()
             .first()
-            .is_some_and(|kv| kv.create_revision() == revision(epoch)))
+            .is_some_and(|kv| kv.create_revision() == as_revision(epoch)))
     }
 
     async fn release(&self, lease: &str, _holder: &str, epoch: Token) -> Result<bool, StoreError> {
@@ -338,7 +349,7 @@ impl LeaseStore for EtcdStore {
         };
         let mut client = self.client.clone();
         // From the key's creation on: a deletion before the watch began is replayed.
-        let start = revision(epoch).saturating_add(1);
+        let start = as_revision(epoch).saturating_add(1);
         let options = WatchOptions::new().with_start_revision(start);
         let Ok(mut events) = client.watch(held.key.as_str(), Some(options)).await else {
             // Unreachable: the renewals and the deadline decide.

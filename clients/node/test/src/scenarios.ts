@@ -50,6 +50,8 @@ export const NOT_REPLAYED: Readonly<Record<string, string>> = {
   '12-stale-flood': '10,000 held writes over 50 connections: a load test of the gateway, not of a client',
   '13-commit-reply-delayed': "holds the database's answers to the gateway: a fault between gateway and store",
   '14-keyed-retry': "holds the database's answers before a keyed retry: a fault between gateway and store",
+  '16-etcd-pause': 'the lease lives in an etcd election the Rust harness starts: a lease source, not a client',
+  '17-zookeeper-pause': 'the lease lives in a ZooKeeper election the Rust harness starts: a lease source, not a client',
 };
 
 /** Actions that need the Rust harness's network hop or database link. */
@@ -64,7 +66,7 @@ export const NOT_STAGED: ReadonlySet<string> = new Set([
 ]);
 
 const TOP_FIELDS = new Set(['name', 'description', 'resource', 'lease', 'gateway', 'processes', 'control', 'step']);
-const LEASE_FIELDS = new Set(['name', 'ttl', 'start_epoch']);
+const LEASE_FIELDS = new Set(['name', 'ttl', 'start_epoch', 'source']);
 const STEP_FIELDS = new Set([
   'actor',
   'action',
@@ -155,13 +157,21 @@ export interface Scenario {
   readonly startEpoch: number;
   readonly replicas: number;
   readonly steps: readonly Step[];
+  /** Where the lease lives: `postgres` (the default), `etcd` or `zookeeper`. */
+  readonly source: string;
 }
 
-/** What in a scenario the replayer cannot stage, one entry per step. */
+/**
+ * What in a scenario the replayer cannot stage: a lease source other than the gateway's
+ * own leases, and one entry per step.
+ */
 export function notStaged(scenario: Scenario): string[] {
-  return scenario.steps
-    .filter((s) => NOT_STAGED.has(s.action) || s.has('delay'))
-    .map((s) => `step ${s.number}: ${s.action}${s.has('delay') ? ' with delay' : ''}`);
+  const source = scenario.source === 'postgres' ? [] : [`lease source ${scenario.source}`];
+  return source.concat(
+    scenario.steps
+      .filter((s) => NOT_STAGED.has(s.action) || s.has('delay'))
+      .map((s) => `step ${s.number}: ${s.action}${s.has('delay') ? ' with delay' : ''}`),
+  );
 }
 
 function refuseUnknown(where: string, found: Table, known: ReadonlySet<string>): void {
@@ -205,6 +215,7 @@ export function load(path: string): Scenario {
     startEpoch: Number(lease['start_epoch'] ?? 0),
     replicas: Number((data['gateway'] as Table | undefined)?.['replicas'] ?? 1),
     steps,
+    source: String(lease['source'] ?? 'postgres'),
   };
 }
 
