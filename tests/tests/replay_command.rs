@@ -57,13 +57,15 @@ async fn the_library_runs_against_an_external_gateway() {
         "11-database-outage",
         "13-commit-reply-delayed",
         "14-keyed-retry",
+        "16-etcd-pause",
+        "17-zookeeper-pause",
     ] {
         assert!(
             text.contains(&format!("REFUSED {refused}")),
             "{refused} is refused:\n{text}"
         );
     }
-    assert!(text.contains("10 passed, 0 failed, 5 refused"), "{text}");
+    assert!(text.contains("10 passed, 0 failed, 7 refused"), "{text}");
     assert!(
         text.contains("(control: no fencing, straight to Postgres)"),
         "control runs were made:\n{text}"

@@ -156,6 +156,11 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_CACHE_SIZE", default_value_t = DEFAULT_CACHE_SIZE)]
     pub cache_size: usize,
 
+    /// Test-only: never reject a write from the fence cache, so that every stale write
+    /// reaches the store's own check (the cache still learns, for the failover audit).
+    #[arg(long, hide = true)]
+    pub no_cache_rejections: bool,
+
     /// Most distinct values of the `resource` metric label. Once all are taken, a new
     /// resource takes the label of one unused for 10 minutes (whose series then go);
     /// otherwise it is counted under `resource="_other"`. So metrics cannot grow without

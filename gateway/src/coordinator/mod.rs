@@ -56,6 +56,8 @@ pub struct Coordinator {
     sql: SqlEndpoint,
     /// Highest committed token per resource; see its module for the invariant.
     cache: FenceCache,
+    /// Test-only (`--no-cache-rejections`): the cache never rejects; the store decides.
+    no_cache_rejections: bool,
     metrics: Metrics,
     max_body: usize,
     body_timeout: Duration,
@@ -254,6 +256,7 @@ impl Coordinator {
             store,
             sql,
             cache: FenceCache::new(config.cache_size),
+            no_cache_rejections: config.no_cache_rejections,
             metrics,
             max_body: config.max_body,
             body_timeout: config.body_timeout,
@@ -413,8 +416,12 @@ impl Coordinator {
         fencing: &Fencing,
         identity: Option<&str>,
     ) -> Result<(), ApiError> {
+        if self.no_cache_rejections {
+            return Ok(());
+        }
         match self.cache.reject_below(resource, fencing.token) {
             Some((highest, rejections)) => {
+                self.metrics.cache_rejection();
                 let rejected = Rejected {
                     resource,
                     key,

@@ -78,6 +78,7 @@ pub struct Metrics {
     backend_ready: IntGauge,
     store_writable: IntGauge,
     fence_cache_entries: IntGauge,
+    cache_rejections: prometheus::IntCounter,
     /// Writes applied per backend transaction; handed to the store at start-up.
     commit_group_size: Histogram,
     /// Writes of locked resources waiting off the write lanes; handed to the store.
@@ -329,6 +330,11 @@ impl Metrics {
             "Resources whose highest token is cached in memory.",
         )
         .unwrap();
+        let cache_rejections = prometheus::IntCounter::new(
+            "fencegate_cache_rejections_total",
+            "Stale writes rejected from the fence cache, without asking the store (a part of fencegate_stale_rejections_total).",
+        )
+        .unwrap();
         let commit_group_size = Histogram::with_opts(
             HistogramOpts::new(
                 "fencegate_commit_group_size",
@@ -387,6 +393,7 @@ impl Metrics {
             Box::new(backend_ready.clone()),
             Box::new(store_writable.clone()),
             Box::new(fence_cache_entries.clone()),
+            Box::new(cache_rejections.clone()),
             Box::new(commit_group_size.clone()),
             Box::new(writes_off_lanes.clone()),
             Box::new(build_info),
@@ -413,6 +420,7 @@ impl Metrics {
             backend_ready,
             store_writable,
             fence_cache_entries,
+            cache_rejections,
             commit_group_size,
             writes_off_lanes,
             answered: answered.into_boxed_slice(),
@@ -623,6 +631,11 @@ impl Metrics {
     /// Records whether the store's latest write probe committed.
     pub fn store_writable(&self, writable: bool) {
         self.store_writable.set(i64::from(writable));
+    }
+
+    /// Counts a stale write rejected from the fence cache.
+    pub fn cache_rejection(&self) {
+        self.cache_rejections.inc();
     }
 
     /// Records how many resources the fence cache holds.

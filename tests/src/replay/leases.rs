@@ -12,6 +12,7 @@ use fencegate_lease::{EtcdStore, LeaseStore, PostgresStore, ZooKeeperStore};
 use fencegate_proto::Token;
 use tokio::time::Instant;
 
+use crate::faults::writer::LeaseSource;
 use crate::sources::{Etcd, ZooKeeper};
 
 pub enum Leases {
@@ -79,6 +80,15 @@ impl Leases {
             server,
             admin,
         })
+    }
+
+    /// The source these leases live in; the in-memory table stands in for Postgres.
+    pub fn source(&self) -> LeaseSource {
+        match self {
+            Leases::Postgres { .. } | Leases::Memory(_) => LeaseSource::Postgres,
+            Leases::Etcd { .. } => LeaseSource::Etcd,
+            Leases::ZooKeeper { .. } => LeaseSource::Zookeeper,
+        }
     }
 
     /// The gateway flags that bind every resource to this source, if it is etcd or

@@ -108,6 +108,18 @@ impl<'a> Run<'a> {
                 });
             }
         }
+        let source = self.scenario.lease.source;
+        if self.target.leases.source() != source {
+            return Err(RunError::Refused {
+                scenario: name,
+                step: 0,
+                reason: format!(
+                    "its lease lives in {}, and this target's leases do not: run it with \
+                     `cargo test -p fencegate-tests --test replay_scenarios`, which starts it",
+                    source.name()
+                ),
+            });
+        }
         if self.scenario.gateway.replicas > self.target.replicas.len() {
             return Err(RunError::Refused {
                 scenario: name,
