@@ -103,6 +103,41 @@ async fn a_raise_waits_for_the_old_term_then_shuts_it_out() {
     assert_eq!(by_term, [(1, 7), (1, 7), (2, 8)]);
 }
 
+/// `fencegate.fence()` alone holds the fence for the rest of its transaction at READ
+/// COMMITTED, before the transaction writes anything: a new term's raise waits for it,
+/// and its later write still lands under its term, before the new term's commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_step_alone_holds_the_fence_until_its_transaction_ends() {
+    let fenced = counter().await;
+    fenced.raise("counter", 7).await;
+    let old = fenced.writer("").await;
+    old.batch_execute("BEGIN; SELECT fencegate.fence('counter', 7)")
+        .await
+        .unwrap();
+    let new = fenced.writer("").await;
+    let raise = tokio::spawn(async move {
+        new.batch_execute(
+            "BEGIN; SELECT fencegate.fence('counter', 8); INSERT INTO log VALUES (2, 8); COMMIT",
+        )
+        .await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !raise.is_finished(),
+        "the raise must wait for the transaction that took the fence step at 7"
+    );
+    old.batch_execute("INSERT INTO log VALUES (1, 7); COMMIT")
+        .await
+        .expect("the fence step's transaction still writes under its term");
+    tokio::time::timeout(Duration::from_secs(10), raise)
+        .await
+        .expect("the raise completes once that transaction ends")
+        .unwrap()
+        .unwrap();
+    assert_eq!(fenced.highest("counter").await, Some(8));
+    assert_eq!(fenced.count("log").await, 2);
+}
+
 /// The same with the token presented per connection (`fencegate.token`), through the
 /// trigger alone, at READ COMMITTED: the old term's open transaction holds the fence
 /// row, so the new term's raise waits for it instead of committing first — else the
