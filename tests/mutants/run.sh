@@ -46,7 +46,7 @@ for patch in "${patches[@]}"; do
   git -C "$tree" apply "$patch"
   printf '%-32s ' "$name"
   log=$scratch/$name.log
-  if ! (cd "$tree" && cargo build --quiet -p fencegate-gateway -p fencegate-tests --bins) >"$log" 2>&1; then
+  if ! (cd "$tree" && cargo build --quiet --workspace --bins --examples) >"$log" 2>&1; then
     echo "KILLED (does not build; see $log)"
     continue
   fi
