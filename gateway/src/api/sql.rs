@@ -16,7 +16,7 @@ use crate::api::keyed;
 use crate::api::request::{fencing_of, read_body, Req};
 use crate::api::response::{error_response, json_response};
 use crate::api::Body;
-use crate::coordinator::{Coordinator, Door};
+use crate::coordinator::{Coordinator, FrontDoor};
 use crate::dbfence::{Refusal, Reported};
 use crate::error::ApiError;
 use crate::sql::{SqlEndpoint, SqlError, SqlFailure, SqlOutcome, SqlTransaction};
@@ -171,10 +171,10 @@ fn failed(failure: &SqlFailure) -> ApiError {
 fn count_refusal(coordinator: &Coordinator, failure: &SqlFailure, holder: Option<String>) {
     match failure {
         SqlFailure::Fence(refusal) => {
-            coordinator.db_refusal(&Reported::Proven(refusal.clone()), holder, Door::Http)
+            coordinator.db_refusal(&Reported::Proven(refusal.clone()), holder, FrontDoor::Http)
         }
         SqlFailure::Forged { code, .. } => {
-            coordinator.db_refusal(&Reported::Unproven { code }, holder, Door::Http)
+            coordinator.db_refusal(&Reported::Unproven { code }, holder, FrontDoor::Http)
         }
         SqlFailure::Store(_) | SqlFailure::Refused(_) => {}
     }

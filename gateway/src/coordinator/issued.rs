@@ -9,7 +9,7 @@ use fencegate_proto::headers::Fencing;
 use fencegate_proto::path::LeaseStep;
 use fencegate_proto::{ErrorCode, ResourceName, Token};
 
-use super::{Coordinator, Door, RESET_POLL};
+use super::{Coordinator, FrontDoor, RESET_POLL};
 
 /// How often the etcd cluster's revision is read (with `etcd:` bindings).
 pub const ISSUER_WATCH: std::time::Duration = std::time::Duration::from_secs(1);
@@ -279,7 +279,7 @@ impl Coordinator {
 
     /// Counts and logs a token the in-database fence refused, with its proof, as not
     /// issued (SQLSTATE ZF005), relayed to `/v1/sql` or a client of the Postgres door.
-    pub(super) fn not_issued_in_database(&self, rejection: &NotIssuedRejection, door: Door) {
+    pub(super) fn not_issued_in_database(&self, rejection: &NotIssuedRejection, door: FrontDoor) {
         self.metrics.token_refused("not_issued");
         if self.stale_log.admit().is_none() {
             return;

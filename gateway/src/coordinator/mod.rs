@@ -119,18 +119,20 @@ const WRITE_PROBE_EVERY: Duration = Duration::from_secs(1);
 /// How often a gateway looks for fence resets made through other replicas.
 pub const RESET_POLL: Duration = Duration::from_secs(1);
 
-/// Which door a rejected write came through, for the log.
+/// Which front door — the HTTP API or the Postgres door — a rejected write came
+/// through, for the log and the metrics. (Not `pgdoor::Door`, the Postgres
+/// door itself.)
 #[derive(Debug, Clone, Copy)]
-pub enum Door {
+pub enum FrontDoor {
     Http,
     Postgres,
 }
 
-impl Door {
+impl FrontDoor {
     pub(crate) fn as_str(self) -> &'static str {
         match self {
-            Door::Http => "http",
-            Door::Postgres => "pg",
+            FrontDoor::Http => "http",
+            FrontDoor::Postgres => "pg",
         }
     }
 }
@@ -673,13 +675,13 @@ impl Coordinator {
             identity,
             highest,
         };
-        self.record_stale(&rejected, Door::Http, rejections);
+        self.record_stale(&rejected, FrontDoor::Http, rejections);
     }
 
     /// Counts and logs `rejected`, the resource's `rejections`-th, and returns the error
     /// to answer with.
     fn rejected(&self, rejected: &Rejected<'_>, rejections: u64) -> ApiError {
-        self.record_stale(rejected, Door::Http, rejections);
+        self.record_stale(rejected, FrontDoor::Http, rejections);
         ApiError::Stale {
             resource: rejected.resource.clone(),
             presented: rejected.fencing.token,
@@ -694,7 +696,7 @@ impl Coordinator {
     /// The fence cache never learns from either: the database reports from inside the
     /// failed transaction, which may itself have raised the fence — and that raise is
     /// rolled back with it.
-    pub fn db_refusal(&self, reported: &Reported, holder: Option<String>, door: Door) {
+    pub fn db_refusal(&self, reported: &Reported, holder: Option<String>, door: FrontDoor) {
         match reported {
             Reported::Proven(Refusal::Stale(rejection)) => {
                 let fencing = Fencing {
@@ -728,7 +730,7 @@ impl Coordinator {
         }
     }
 
-    fn record_stale(&self, rejected: &Rejected<'_>, door: Door, rejections: u64) {
+    fn record_stale(&self, rejected: &Rejected<'_>, door: FrontDoor, rejections: u64) {
         let Rejected {
             resource,
             key,

@@ -222,6 +222,6 @@ fn count_rejection(door: &Door, body: &[u8]) {
     };
     if let Some(reported) = Reported::read(code, detail(), door.proof_key()) {
         door.coordinator
-            .db_refusal(&reported, None, crate::coordinator::Door::Postgres);
+            .db_refusal(&reported, None, crate::coordinator::FrontDoor::Postgres);
     }
 }
