@@ -267,13 +267,6 @@ struct EtcdElections {
 }
 
 impl EtcdElections {
-    fn unreachable(detail: impl ToString) -> AskError {
-        AskError::Unreachable {
-            issuer: IssuerKind::Etcd,
-            detail: detail.to_string(),
-        }
-    }
-
     async fn client(&self) -> Result<&etcd_client::Client, fencegate_lease::StoreError> {
         self.client
             .get_or_try_init(|| etcd::connect(&self.endpoints))
@@ -282,11 +275,7 @@ impl EtcdElections {
 
     async fn read(&self, election: &str) -> Result<etcd::Election, AskError> {
         let read = async { etcd::read_election(self.client().await?, election).await };
-        let election = tokio::time::timeout(self.timeout, read)
-            .await
-            .map_err(|_| Self::unreachable("no answer within --issuer-timeout"))?
-            .map_err(Self::unreachable)?;
-        Ok(election)
+        within(IssuerKind::Etcd, self.timeout, read).await
     }
 
     async fn leader(&self, resource: &ResourceName) -> Result<Option<Issued>, AskError> {
@@ -303,10 +292,7 @@ impl EtcdElections {
     async fn revision(&self) -> Result<(i64, i64), AskError> {
         // Any key does: the answer's header carries the cluster's revision.
         let read = async { etcd::revision(self.client().await?, &self.prefix).await };
-        let now = tokio::time::timeout(self.timeout, read)
-            .await
-            .map_err(|_| Self::unreachable("no answer within --issuer-timeout"))?
-            .map_err(Self::unreachable)?;
+        let now = within(IssuerKind::Etcd, self.timeout, read).await?;
         let before = self.highest_revision.fetch_max(now, Ordering::Relaxed);
         if now < before {
             // Counted once: the lower revision is the cluster's from now on.
@@ -325,13 +311,6 @@ struct ZooKeeperElections {
 }
 
 impl ZooKeeperElections {
-    fn unreachable(detail: impl ToString) -> AskError {
-        AskError::Unreachable {
-            issuer: IssuerKind::ZooKeeper,
-            detail: detail.to_string(),
-        }
-    }
-
     async fn leader(&self, resource: &ResourceName) -> Result<Option<Issued>, AskError> {
         let election = format!("{}/{resource}", self.prefix);
         let read = async {
@@ -352,12 +331,23 @@ impl ZooKeeperElections {
             })?;
             zookeeper::first_candidate(&client, &election).await
         };
-        let leader = tokio::time::timeout(self.timeout, read)
-            .await
-            .map_err(|_| Self::unreachable("no answer within --issuer-timeout"))?
-            .map_err(Self::unreachable)?;
+        let leader = within(IssuerKind::ZooKeeper, self.timeout, read).await?;
         Ok(leader.and_then(|leader| issued(leader.czxid, &leader.holder)))
     }
+}
+
+/// `read`, a question to `issuer`, within `timeout`: no answer in time, or a failure,
+/// makes the issuer unreachable.
+async fn within<T>(
+    issuer: IssuerKind,
+    timeout: Duration,
+    read: impl std::future::Future<Output = Result<T, fencegate_lease::StoreError>>,
+) -> Result<T, AskError> {
+    let unreachable = |detail: String| AskError::Unreachable { issuer, detail };
+    tokio::time::timeout(timeout, read)
+        .await
+        .map_err(|_| unreachable("no answer within --issuer-timeout".into()))?
+        .map_err(|error| unreachable(error.to_string()))
 }
 
 /// The gateway's own ZooKeeper session's timeout; it only reads.

@@ -93,4 +93,5 @@ pub fn free_port() -> u16 {
         .expect("a bound socket has an address")
         .port()
 }
+pub mod auth_file;
 pub mod sources;

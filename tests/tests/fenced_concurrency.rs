@@ -22,6 +22,29 @@ async fn counter() -> FencedDb {
     fenced
 }
 
+/// Starts a term-8 raise (and write) on a connection of its own while a term-7
+/// transaction is open, and checks that it waits for that transaction (300 ms) without
+/// raising the fence. The raise's task hands its connection back.
+async fn raise_to_8_behind_term_7(
+    fenced: &FencedDb,
+) -> tokio::task::JoinHandle<Result<tokio_postgres::Client, tokio_postgres::Error>> {
+    let new = fenced.writer("").await;
+    let raise = tokio::spawn(async move {
+        new.batch_execute(
+            "BEGIN; SELECT fencegate.fence('counter', 8); INSERT INTO log VALUES (2, 8); COMMIT",
+        )
+        .await
+        .map(|()| new)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !raise.is_finished(),
+        "the raise must wait for the open term-7 transaction"
+    );
+    assert_eq!(fenced.highest("counter").await, Some(7));
+    raise
+}
+
 /// Two writers of the same term hold open transactions on one resource at once: the
 /// second neither waits for the first (a lock timeout of 300 ms would fail it) nor is
 /// refused, and both commit.
@@ -57,20 +80,7 @@ async fn a_raise_waits_for_the_old_term_then_shuts_it_out() {
         .await
         .unwrap();
 
-    let new = fenced.writer("").await;
-    let raise = tokio::spawn(async move {
-        new.batch_execute(
-            "BEGIN; SELECT fencegate.fence('counter', 8); INSERT INTO log VALUES (2, 8); COMMIT",
-        )
-        .await
-        .map(|()| new)
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !raise.is_finished(),
-        "the raise must wait for the open term-7 transaction"
-    );
-    assert_eq!(fenced.highest("counter").await, Some(7));
+    let raise = raise_to_8_behind_term_7(&fenced).await;
 
     old.batch_execute("INSERT INTO log VALUES (1, 7); COMMIT")
         .await
@@ -114,18 +124,7 @@ async fn the_fence_step_alone_holds_the_fence_until_its_transaction_ends() {
     old.batch_execute("BEGIN; SELECT fencegate.fence('counter', 7)")
         .await
         .unwrap();
-    let new = fenced.writer("").await;
-    let raise = tokio::spawn(async move {
-        new.batch_execute(
-            "BEGIN; SELECT fencegate.fence('counter', 8); INSERT INTO log VALUES (2, 8); COMMIT",
-        )
-        .await
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !raise.is_finished(),
-        "the raise must wait for the transaction that took the fence step at 7"
-    );
+    let raise = raise_to_8_behind_term_7(&fenced).await;
     old.batch_execute("INSERT INTO log VALUES (1, 7); COMMIT")
         .await
         .expect("the fence step's transaction still writes under its term");
@@ -150,19 +149,7 @@ async fn a_per_connection_token_holds_the_fence_for_its_transaction() {
     old.batch_execute("BEGIN; INSERT INTO log VALUES (1, 7)")
         .await
         .unwrap();
-    let new = fenced.writer("").await;
-    let raise = tokio::spawn(async move {
-        new.batch_execute(
-            "BEGIN; SELECT fencegate.fence('counter', 8); INSERT INTO log VALUES (2, 8); COMMIT",
-        )
-        .await
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !raise.is_finished(),
-        "the raise must wait for the open term-7 transaction"
-    );
-    assert_eq!(fenced.highest("counter").await, Some(7));
+    let raise = raise_to_8_behind_term_7(&fenced).await;
     old.batch_execute("COMMIT").await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), raise)
         .await

@@ -5,16 +5,16 @@
 //! Needs etcd/etcdctl and ZooKeeper with Java (Debian: etcd-server, etcd-client,
 //! zookeeperd); fails, never skips, without them.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencegate_gateway::auth::{new_key, stored_hash};
+use fencegate_gateway::auth::new_key;
 use fencegate_lease::store::{etcd, zookeeper};
 use fencegate_lease::{
     Elector, EtcdStore, LeaseConfig, LeaseStore, LossReason, Transition, ZooKeeperStore,
 };
 use fencegate_proto::Token;
+use fencegate_tests::auth_file::AuthFile;
 use fencegate_tests::db::TestDb;
 use fencegate_tests::gateway::Gateway;
 use fencegate_tests::http::{fence_path, kv_path, metric_value, Client, Reply};
@@ -25,10 +25,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 const LEASE: &str = "sweep-eu";
+/// What each writer identity may do.
+const SWEEP_GRANTS: &str =
+    r#"{ resources = ["sweep-*"], actions = ["read", "write", "advance", "metrics"] }"#;
 /// etcd's shortest lease with its default election timeout.
 const ETCD_TTL: Duration = Duration::from_secs(2);
-/// The ZooKeeper sessions of the stores: short, so that expiry is quick.
-const SESSION: Duration = Duration::from_millis(1500);
+/// The ZooKeeper sessions of the stores: short, so that expiry is quick, but long
+/// enough that a loaded machine does not expire them by accident.
+const SESSION: Duration = Duration::from_secs(4);
 
 async fn etcd_store(etcd: &Etcd) -> EtcdStore {
     EtcdStore::connect(&etcd.endpoints(), etcd::DEFAULT_PREFIX)
@@ -39,6 +43,17 @@ async fn etcd_store(etcd: &Etcd) -> EtcdStore {
 fn zookeeper_store(zookeeper: &ZooKeeper) -> ZooKeeperStore {
     ZooKeeperStore::new(&zookeeper.connect(), zookeeper::DEFAULT_PREFIX, SESSION)
         .expect("valid ZooKeeper settings")
+}
+
+/// A gateway with `flags` on a fresh database, and the database (kept for the test).
+async fn start_gateway(flags: &[&str]) -> (TestDb, Gateway) {
+    let db = TestDb::create().await;
+    let gateway = Gateway::builder()
+        .database(&db.url())
+        .args(flags)
+        .spawn()
+        .await;
+    (db, gateway)
 }
 
 /// Acquires `lease` for `holder`, retrying until it is free (`PATIENCE` at most).
@@ -108,39 +123,6 @@ fn above(token: Token, by: u64) -> Token {
     Token::new(token.get() + by).unwrap()
 }
 
-/// An auth file of two writers of `sweep-*`, removed at the end.
-struct AuthFile(PathBuf);
-
-impl AuthFile {
-    fn new(identities: &[(&str, &str)]) -> AuthFile {
-        let path = std::env::temp_dir().join(format!(
-            "fencegate-sources-{}-{:08x}.toml",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        let mut text = String::new();
-        for (name, key) in identities {
-            text.push_str(&format!(
-                "[[identity]]\nname = {name:?}\nkeys = [{:?}]\n\
-                 grants = [{{ resources = [\"sweep-*\"], actions = [\"read\", \"write\", \"advance\", \"metrics\"] }}]\n\n",
-                stored_hash(key)
-            ));
-        }
-        std::fs::write(&path, text).unwrap();
-        AuthFile(path)
-    }
-
-    fn path(&self) -> String {
-        self.0.display().to_string()
-    }
-}
-
-impl Drop for AuthFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
-}
-
 /// The etcd store: one holder at a time; terms rise; a holder that stops renewing
 /// loses its key with its etcd lease (and learns it at once, not at its next renewal);
 /// a takeover by the same identity is a new term; release frees the lease at once.
@@ -148,17 +130,13 @@ impl Drop for AuthFile {
 #[tokio::test]
 async fn etcd_terms_rise_and_a_paused_holders_late_write_is_refused() {
     let etcd = Etcd::start().await;
-    let db = TestDb::create().await;
-    let gateway = Gateway::builder()
-        .database(&db.url())
-        .args(&[
-            "--issued-by",
-            "etcd:sweep-*",
-            "--etcd-endpoints",
-            &etcd.endpoint(),
-        ])
-        .spawn()
-        .await;
+    let (_db, gateway) = start_gateway(&[
+        "--issued-by",
+        "etcd:sweep-*",
+        "--etcd-endpoints",
+        &etcd.endpoint(),
+    ])
+    .await;
     let writer = Writer::new(&gateway, None);
     let (a, b) = (etcd_store(&etcd).await, etcd_store(&etcd).await);
 
@@ -267,20 +245,19 @@ async fn etcd_a_revoked_lease_ends_the_term_at_once() {
 async fn etcd_refuses_tokens_it_did_not_issue_and_to_other_holders() {
     let etcd = Etcd::start().await;
     let (key_a, key_b) = (new_key(), new_key());
-    let auth = AuthFile::new(&[("node-a", &key_a), ("node-b", &key_b)]);
-    let db = TestDb::create().await;
-    let gateway = Gateway::builder()
-        .database(&db.url())
-        .args(&[
-            "--auth-file",
-            &auth.path(),
-            "--issued-by",
-            "etcd:sweep-*",
-            "--etcd-endpoints",
-            &etcd.endpoint(),
-        ])
-        .spawn()
-        .await;
+    let auth = AuthFile::new(&[
+        ("node-a", &key_a, SWEEP_GRANTS),
+        ("node-b", &key_b, SWEEP_GRANTS),
+    ]);
+    let (_db, gateway) = start_gateway(&[
+        "--auth-file",
+        &auth.path(),
+        "--issued-by",
+        "etcd:sweep-*",
+        "--etcd-endpoints",
+        &etcd.endpoint(),
+    ])
+    .await;
     let (a, b) = (
         Writer::new(&gateway, Some(&key_a)),
         Writer::new(&gateway, Some(&key_b)),
@@ -317,19 +294,15 @@ async fn etcd_refuses_tokens_it_did_not_issue_and_to_other_holders() {
 #[tokio::test]
 async fn etcd_unreachable_fails_closed_and_recovers() {
     let mut etcd = Etcd::start().await;
-    let db = TestDb::create().await;
-    let gateway = Gateway::builder()
-        .database(&db.url())
-        .args(&[
-            "--issued-by",
-            "etcd:sweep-*",
-            "--etcd-endpoints",
-            &etcd.endpoint(),
-            "--issuer-timeout",
-            "1s",
-        ])
-        .spawn()
-        .await;
+    let (_db, gateway) = start_gateway(&[
+        "--issued-by",
+        "etcd:sweep-*",
+        "--etcd-endpoints",
+        &etcd.endpoint(),
+        "--issuer-timeout",
+        "1s",
+    ])
+    .await;
     let writer = Writer::new(&gateway, None);
     let store = etcd_store(&etcd).await;
     let first = store
@@ -374,17 +347,13 @@ async fn etcd_unreachable_fails_closed_and_recovers() {
 #[tokio::test]
 async fn an_etcd_restore_without_bump_revision_is_detected() {
     let mut etcd = Etcd::start().await;
-    let db = TestDb::create().await;
-    let gateway = Gateway::builder()
-        .database(&db.url())
-        .args(&[
-            "--issued-by",
-            "etcd:sweep-*",
-            "--etcd-endpoints",
-            &etcd.endpoint(),
-        ])
-        .spawn()
-        .await;
+    let (_db, gateway) = start_gateway(&[
+        "--issued-by",
+        "etcd:sweep-*",
+        "--etcd-endpoints",
+        &etcd.endpoint(),
+    ])
+    .await;
     let writer = Writer::new(&gateway, None);
     let snapshot = etcd.snapshot().await;
     // Revisions move on after the snapshot: writes of other keys, then a term.
@@ -427,22 +396,20 @@ async fn an_etcd_restore_without_bump_revision_is_detected() {
 }
 
 /// The ZooKeeper store: one holder at a time; the token is the node's czxid and rises
-/// across terms and across a restart of the server (a new zxid epoch); a session that
-/// ends ends the term at once; release frees the lease.
+/// across terms and across a restart of the server (a new zxid epoch); the term's node
+/// deleted (as its session's expiry deletes it) ends the term at once; release frees the
+/// lease. (A holder's session expiring on the server is run by the sweeper test below:
+/// its leader is killed with kill -9.)
 #[tokio::test]
-async fn zookeeper_terms_rise_and_an_ended_session_ends_the_term() {
+async fn zookeeper_terms_rise_and_a_deleted_node_ends_the_term() {
     let mut server = ZooKeeper::start().await;
-    let db = TestDb::create().await;
-    let gateway = Gateway::builder()
-        .database(&db.url())
-        .args(&[
-            "--issued-by",
-            "zookeeper:sweep-*",
-            "--zookeeper-connect",
-            &server.connect(),
-        ])
-        .spawn()
-        .await;
+    let (_db, gateway) = start_gateway(&[
+        "--issued-by",
+        "zookeeper:sweep-*",
+        "--zookeeper-connect",
+        &server.connect(),
+    ])
+    .await;
     let writer = Writer::new(&gateway, None);
     let (a, b) = (zookeeper_store(&server), zookeeper_store(&server));
     let first = a
@@ -454,13 +421,12 @@ async fn zookeeper_terms_rise_and_an_ended_session_ends_the_term() {
     assert!(a.renew(LEASE, "node-a", first, SESSION).await.unwrap());
     assert_eq!(writer.put(first, "a1").await.status, 201);
 
-    // node-a's session ends: closed by a client that took it over, as ZooKeeper lets
-    // the holder of a session's id and password do. Its node goes with it.
+    // node-a's node goes, as with its session's expiry (or an operator's delete).
     let (ended, ()) = tokio::join!(
         tokio::time::timeout(PATIENCE, a.lost(LEASE, "node-a", first)),
-        end_session_of(&a, &server)
+        delete_leader(&server)
     );
-    assert!(ended.is_ok(), "node-a learns its session ended");
+    assert!(ended.is_ok(), "node-a learns its term ended");
     assert!(!a.renew(LEASE, "node-a", first, SESSION).await.unwrap());
     let second = acquire_when_free(&b, "node-b", SESSION).await;
     assert!(second > first, "{second} > {first}");
@@ -482,18 +448,20 @@ async fn zookeeper_terms_rise_and_an_ended_session_ends_the_term() {
     assert_eq!(writer.put(third, "c1").await.status, 200);
 }
 
-/// Ends the session of `store` from outside: another client attaches to it with its
-/// id and password, and closes it.
-async fn end_session_of(store: &ZooKeeperStore, server: &ZooKeeper) {
-    let info = store.session_info().expect("the store has a session");
-    let intruder = zookeeper_client::Client::connector()
-        .with_session(info)
-        .with_connection_timeout(Duration::from_secs(10))
-        .connect(&server.connect())
+/// Deletes the leading node of the election, as its session's expiry would.
+async fn delete_leader(server: &ZooKeeper) {
+    let admin = zookeeper::connect(&server.connect(), Duration::from_secs(10))
         .await
-        .expect("a client attaches to the session");
-    // The last handle of a client closes its session.
-    drop(intruder);
+        .expect("an admin session");
+    let election = format!("{}/{LEASE}", zookeeper::DEFAULT_PREFIX);
+    let leader = zookeeper::first_candidate(&admin, &election)
+        .await
+        .expect("the election is read")
+        .expect("a leader");
+    admin
+        .delete(&leader.path, None)
+        .await
+        .expect("the leader's node is deleted");
 }
 
 /// `--issued-by zookeeper:...`: a forged token is refused without moving the fence; the
@@ -503,22 +471,21 @@ async fn end_session_of(store: &ZooKeeperStore, server: &ZooKeeper) {
 async fn zookeeper_refuses_forged_tokens_and_fails_closed() {
     let mut server = ZooKeeper::start().await;
     let (key_a, key_b) = (new_key(), new_key());
-    let auth = AuthFile::new(&[("node-a", &key_a), ("node-b", &key_b)]);
-    let db = TestDb::create().await;
-    let gateway = Gateway::builder()
-        .database(&db.url())
-        .args(&[
-            "--auth-file",
-            &auth.path(),
-            "--issued-by",
-            "zookeeper:sweep-*",
-            "--zookeeper-connect",
-            &server.connect(),
-            "--issuer-timeout",
-            "1s",
-        ])
-        .spawn()
-        .await;
+    let auth = AuthFile::new(&[
+        ("node-a", &key_a, SWEEP_GRANTS),
+        ("node-b", &key_b, SWEEP_GRANTS),
+    ]);
+    let (_db, gateway) = start_gateway(&[
+        "--auth-file",
+        &auth.path(),
+        "--issued-by",
+        "zookeeper:sweep-*",
+        "--zookeeper-connect",
+        &server.connect(),
+        "--issuer-timeout",
+        "1s",
+    ])
+    .await;
     let (a, b) = (
         Writer::new(&gateway, Some(&key_a)),
         Writer::new(&gateway, Some(&key_b)),
@@ -601,12 +568,7 @@ async fn the_invoice_sweeper_elects_through_etcd_and_zookeeper() {
 }
 
 async fn sweepers_take_over(store: &[&str], issuer: &[&str]) {
-    let db = TestDb::create().await;
-    let gateway = Gateway::builder()
-        .database(&db.url())
-        .args(issuer)
-        .spawn()
-        .await;
+    let (_db, gateway) = start_gateway(issuer).await;
     let mut args: Vec<String> = [
         "--gateway",
         &gateway.url(),

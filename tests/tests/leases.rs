@@ -2,11 +2,11 @@
 //! (`--issued-by`), and the recovery of a fence raised by a token nobody issued
 //! (`POST /v1/fences/{resource}/reset`), on both backends and across two replicas.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use fencegate_gateway::auth::{new_key, stored_hash};
+use fencegate_gateway::auth::new_key;
 use fencegate_lease::{FencedClient, GatewayStore, LeaseStore};
+use fencegate_tests::auth_file::AuthFile;
 use fencegate_tests::db::TestDb;
 use fencegate_tests::deployment::DataDir;
 use fencegate_tests::fenced::detail_fields;
@@ -90,38 +90,6 @@ fn token_of(reply: &Reply) -> u64 {
     reply.json()["token"]
         .as_u64()
         .unwrap_or_else(|| panic!("no token in {:?}", reply.json()))
-}
-
-/// An auth file of `(name, key, grants in TOML)` entries, removed at the end.
-struct AuthFile(PathBuf);
-
-impl AuthFile {
-    fn new(identities: &[(&str, &str, &str)]) -> AuthFile {
-        let path = std::env::temp_dir().join(format!(
-            "fencegate-leases-{}-{:08x}.toml",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        let mut text = String::new();
-        for (name, key, grants) in identities {
-            text.push_str(&format!(
-                "[[identity]]\nname = {name:?}\nkeys = [{:?}]\ngrants = [{grants}]\n\n",
-                stored_hash(key)
-            ));
-        }
-        std::fs::write(&path, text).unwrap();
-        AuthFile(path)
-    }
-
-    fn path(&self) -> String {
-        self.0.display().to_string()
-    }
-}
-
-impl Drop for AuthFile {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-    }
 }
 
 /// The seed's timeline on the gateway's own leases: node-a leads and writes, renews,

@@ -47,7 +47,7 @@ use etcd_client::{
 };
 use fencegate_proto::Token;
 
-use super::{LeaseStore, StoreError};
+use super::{token_of, LeaseStore, StoreError};
 
 /// The key prefix used unless another is given.
 pub const DEFAULT_PREFIX: &str = "/fencegate/elections/";
@@ -199,7 +199,7 @@ impl EtcdStore {
                 )));
             };
             if leader.key == key.as_bytes() {
-                let epoch = token(leader.create_revision)?;
+                let epoch = token_of(leader.create_revision, "revision")?;
                 self.held.lock().unwrap().insert(
                     lease.to_owned(),
                     Held {
@@ -224,14 +224,6 @@ impl EtcdStore {
         }
         Ok(None)
     }
-}
-
-/// A revision as a token.
-fn token(revision: i64) -> Result<Token, StoreError> {
-    u64::try_from(revision)
-        .ok()
-        .and_then(|revision| Token::new(revision).ok())
-        .ok_or_else(|| StoreError::Unexpected(format!("revision {revision} is not a token")))
 }
 
 /// A token as the revision it was.
@@ -344,6 +336,18 @@ impl LeaseStore for EtcdStore {
     }
 
     async fn lost(&self, lease: &str, _holder: &str, epoch: Token) {
+        self.until_lost(lease, epoch).await;
+        // The term is over: its renewals answer `false` from now on.
+        let mut held = self.held.lock().unwrap();
+        if held.get(lease).is_some_and(|held| held.epoch == epoch) {
+            held.remove(lease);
+        }
+    }
+}
+
+impl EtcdStore {
+    /// Resolves when the term of `epoch` ended: see [`LeaseStore::lost`].
+    async fn until_lost(&self, lease: &str, epoch: Token) {
         let Some(held) = self.held(lease, epoch) else {
             return;
         };

@@ -120,6 +120,15 @@ impl<F: FnMut()> Drop for ForgetOnDrop<F> {
     }
 }
 
+/// A store's signed number (a counter, a revision, a zxid) as a token; `what` names it
+/// in the error if it is not one.
+pub(crate) fn token_of(value: i64, what: &str) -> Result<Token, StoreError> {
+    u64::try_from(value)
+        .ok()
+        .and_then(|value| Token::new(value).ok())
+        .ok_or_else(|| StoreError::Unexpected(format!("{what} {value} is not a token")))
+}
+
 /// A store operation that did not give an answer. The holder cannot tell whether it
 /// still leads: it keeps trying until its renew deadline.
 #[derive(Debug, thiserror::Error)]

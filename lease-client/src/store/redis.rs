@@ -32,7 +32,7 @@ use fencegate_proto::Token;
 use redis::aio::MultiplexedConnection;
 use redis::Script;
 
-use super::{ForgetOnDrop, LeaseStore, StoreError};
+use super::{token_of, ForgetOnDrop, LeaseStore, StoreError};
 
 /// The key prefix used unless another is given.
 pub const DEFAULT_PREFIX: &str = "fencegate:lease:";
@@ -151,14 +151,7 @@ impl LeaseStore for RedisStore {
             .await;
         abandoned.completed();
         let epoch = result.map_err(|e| self.failed(e))?;
-        epoch
-            .map(|e| {
-                u64::try_from(e)
-                    .ok()
-                    .and_then(|e| Token::new(e).ok())
-                    .ok_or_else(|| StoreError::Unexpected(format!("counter {e} is not a token")))
-            })
-            .transpose()
+        epoch.map(|e| token_of(e, "counter")).transpose()
     }
 
     async fn renew(

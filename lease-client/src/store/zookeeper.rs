@@ -42,7 +42,7 @@ use std::time::Duration;
 use fencegate_proto::Token;
 use zookeeper_client::{Acls, Client, CreateMode, EventType, SessionState};
 
-use super::{LeaseStore, StoreError};
+use super::{token_of, LeaseStore, StoreError};
 
 /// The path prefix used unless another is given.
 pub const DEFAULT_PREFIX: &str = "/fencegate/elections";
@@ -106,12 +106,6 @@ impl ZooKeeperStore {
         session.as_ref().map(Client::session_timeout)
     }
 
-    /// The open session's id and password, as another client could attach to it.
-    pub fn session_info(&self) -> Option<zookeeper_client::SessionInfo> {
-        let session = self.session.lock().unwrap();
-        session.as_ref().map(|client| client.session().clone())
-    }
-
     /// The open session, or a new one if there is none or it has ended.
     async fn session(&self) -> Result<Client, StoreError> {
         if let Some(client) = self.session.lock().unwrap().as_ref() {
@@ -154,7 +148,7 @@ impl ZooKeeperStore {
                 return Err(StoreError::Unexpected(format!("candidate {ours} vanished")));
             };
             if first.path == ours {
-                let epoch = token(ours_czxid)?;
+                let epoch = token_of(ours_czxid, "zxid")?;
                 let mut held = self.held.lock().unwrap();
                 held.retain(|(name, _, _)| name != lease);
                 held.push((lease.to_owned(), epoch, ours.to_owned()));
@@ -247,14 +241,6 @@ pub async fn first_candidate(
     }
 }
 
-/// A zxid as a token.
-fn token(zxid: i64) -> Result<Token, StoreError> {
-    u64::try_from(zxid)
-        .ok()
-        .and_then(|zxid| Token::new(zxid).ok())
-        .ok_or_else(|| StoreError::Unexpected(format!("zxid {zxid} is not a token")))
-}
-
 /// A failed call: unreachable unless ZooKeeper answered it with an error of its own.
 fn failed(error: zookeeper_client::Error) -> StoreError {
     use zookeeper_client::Error;
@@ -338,6 +324,18 @@ impl LeaseStore for ZooKeeperStore {
     }
 
     async fn lost(&self, lease: &str, _holder: &str, epoch: Token) {
+        self.until_lost(lease, epoch).await;
+        // The term is over: its renewals answer `false` from now on.
+        self.held
+            .lock()
+            .unwrap()
+            .retain(|(name, token, _)| !(name == lease && *token == epoch));
+    }
+}
+
+impl ZooKeeperStore {
+    /// Resolves when the term of `epoch` ended: see [`LeaseStore::lost`].
+    async fn until_lost(&self, lease: &str, epoch: Token) {
         let Some(path) = self.held(lease, epoch) else {
             return;
         };
