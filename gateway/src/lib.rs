@@ -10,13 +10,18 @@
 //!
 //! - [`config`]: the command line and environment, validated.
 //! - [`auth`]: identities, their keys and grants (`--auth-file`).
-//! - `server`: the accept loop (HTTP/1.1 and HTTP/2, in cleartext or over TLS with
-//!   client certificates) and graceful shutdown.
+//! - `server`: the HTTP listener (HTTP/1.1 and HTTP/2, in cleartext or over TLS with
+//!   client certificates) and its graceful shutdown.
+//! - `accept`, `tls`: what the two listeners — HTTP and the Postgres door — share: the
+//!   accept loop's back-off and drain under the gateway's one shutdown, and TLS loaded
+//!   and reloaded one way.
 //! - `reload`: files read again when they change (the auth file, the TLS files).
 //! - `api`: routing and the endpoint handlers.
-//! - `coordinator`: shared state, and the road of every backend call (cache check,
-//!   backend in a task of its own, record what committed).
-//! - `fence_cache`: resource -> highest committed token, for rejecting stale writes early.
+//! - `coordinator`: shared state, and the road of every backend call: the checks before
+//!   a write in their one order (`admit`: the fence cache, a write permit, the issuer),
+//!   the backend in a task of its own, and what committed recorded. Its parts:
+//!   `fence_cache` (resource -> highest committed token, for rejecting stale writes
+//!   early) and `issuers` (the lease stores whose tokens the gateway checks).
 //! - [`store`]: the backends, with the contract every one of them keeps.
 //! - [`dbfence`]: the fence check inside Postgres, for writers' own tables: the
 //!   `fencegate.fence()` function, the triggers of protected tables, and the
@@ -26,7 +31,7 @@
 //!   Postgres driver; the fence runs in the database, the door counts its rejections.
 //! - [`pgtls`]: TLS to Postgres, as the `sslmode` of each database URL asks, for every
 //!   upstream connection.
-//! - `metrics`, `stale_log`, [`telemetry`]: Prometheus metrics and logging.
+//! - `metrics`, `log_budget`, [`telemetry`]: Prometheus metrics and logging.
 //!
 //! # Invariants
 //!
@@ -41,28 +46,29 @@
 //!    safe as one.
 #![forbid(unsafe_code)]
 
+pub(crate) mod accept;
 pub(crate) mod api;
 pub mod auth;
 pub mod config;
 pub(crate) mod coordinator;
 pub mod dbfence;
 pub(crate) mod error;
-pub(crate) mod fence_cache;
-pub(crate) mod issuers;
+pub(crate) mod log_budget;
 pub(crate) mod metrics;
 pub(crate) mod pgdoor;
 pub mod pgtls;
 pub(crate) mod reload;
 pub(crate) mod server;
 pub(crate) mod sql;
-pub(crate) mod stale_log;
 pub mod store;
 pub mod telemetry;
+pub(crate) mod tls;
 
 use std::future::Future;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
 
 pub use config::{Cli, Config};
 
@@ -88,7 +94,7 @@ pub enum StartError {
     #[error(transparent)]
     Auth(#[from] auth::AuthFileError),
     #[error(transparent)]
-    Tls(#[from] server::tls::TlsError),
+    Tls(#[from] tls::TlsError),
     #[error("invalid issuer binding: {0}")]
     Issuers(String),
     #[error("could not record the gateway's settings in the database: {0}")]
@@ -155,21 +161,18 @@ pub async fn run(
         }
         None => None,
     };
-    let tls = match (&config.tls_cert, &config.tls_key) {
-        (Some(cert), Some(key)) => {
-            let tls = Arc::new(server::tls::Tls::load(server::tls::TlsFiles {
-                cert: cert.clone(),
-                key: key.clone(),
-                client_ca: config.tls_client_ca.clone(),
-            })?);
-            tokio::spawn(Arc::clone(&tls).watch());
-            Some(tls)
-        }
-        _ => None,
-    };
+    let tls = tls::Tls::start(config.tls_cert.clone().zip(config.tls_key.clone()).map(
+        |(cert, key)| tls::TlsFiles {
+            listener: tls::Listener::Http,
+            cert,
+            key,
+            client_ca: config.tls_client_ca.clone(),
+        },
+    ))?;
     warn_of_idle_certificate_settings(auth.as_deref(), tls.as_deref());
-    let issuers = issuers::Issuers::new(&config.issuers, config.database_url.as_deref())
-        .map_err(StartError::Issuers)?;
+    let issuers =
+        coordinator::issuers::Issuers::new(&config.issuers, config.database_url.as_deref())
+            .map_err(StartError::Issuers)?;
     issuers
         .check_leader_lease_table()
         .await
@@ -184,14 +187,18 @@ pub async fn run(
             .map_err(StartError::PgCapacity)?,
         _ => config.pg_max_connections(),
     };
+    let stop = CancellationToken::new();
     let coordinator = Arc::new(Coordinator::new(
         &config,
-        store,
-        sql,
-        metrics,
-        auth,
-        issuers,
-        bindings_generation,
+        coordinator::Parts {
+            shutdown: stop.clone(),
+            store,
+            sql,
+            metrics,
+            auth,
+            issuers,
+            bindings_generation,
+        },
     )?);
     let limits = server::Limits {
         max_connections: server::connection_cap(config.max_connections),
@@ -210,10 +217,18 @@ pub async fn run(
             let listener = TcpListener::bind(addr)
                 .await
                 .map_err(|source| StartError::PgListen { addr, source })?;
-            let tls = config
-                .pg_tls_cert
-                .as_deref()
-                .zip(config.pg_tls_key.as_deref());
+            let tls = tls::Tls::start(
+                config
+                    .pg_tls_cert
+                    .clone()
+                    .zip(config.pg_tls_key.clone())
+                    .map(|(cert, key)| tls::TlsFiles {
+                        listener: tls::Listener::Postgres,
+                        cert,
+                        key,
+                        client_ca: None,
+                    }),
+            )?;
             let options = pgdoor::DoorOptions {
                 max_message: config.pg_max_message,
                 max_connections: pg_max_connections,
@@ -226,7 +241,8 @@ pub async fn run(
                 idle_in_transaction: Some(config.pg_idle_in_transaction_timeout)
                     .filter(|timeout| !timeout.is_zero()),
             };
-            let door = pgdoor::Door::new(url, tls, &options, Arc::clone(&coordinator))?;
+            let door =
+                pgdoor::Door::new(url, tls, &options, Arc::clone(&coordinator), stop.clone())?;
             Some((listener, Arc::new(door), options))
         }
         _ => None,
@@ -270,14 +286,25 @@ pub async fn run(
         threads = tokio::runtime::Handle::current().metrics().num_workers(),
         "fencegate ready"
     );
-    let http = server::serve(listener, Arc::clone(&coordinator), shutdown, limits, tls);
+    // One shutdown for both listeners, and for the requests reading a body.
+    let signal = async {
+        shutdown.await;
+        stop.cancel();
+    };
+    let http = server::serve(
+        listener,
+        Arc::clone(&coordinator),
+        stop.clone(),
+        limits,
+        tls,
+    );
     match door {
-        // The HTTP server begins the shutdown (coordinator.shutting_down()) that the
-        // door follows.
         Some((listener, door, options)) => {
-            tokio::join!(http, pgdoor::serve(listener, door, options));
+            tokio::join!(signal, http, pgdoor::serve(listener, door, options));
         }
-        None => http.await,
+        None => {
+            tokio::join!(signal, http);
+        }
     }
     tracing::info!("fencegate stopped");
     Ok(())
@@ -328,10 +355,7 @@ async fn record_bindings(config: &Config, pg: &PgStore) -> Result<i64, StartErro
 
 /// Client certificates authenticate only when both the TLS layer verifies them
 /// (`--tls-client-ca`) and the auth file names them: half of that is likely a mistake.
-fn warn_of_idle_certificate_settings(
-    auth: Option<&auth::Authenticator>,
-    tls: Option<&server::tls::Tls>,
-) {
+fn warn_of_idle_certificate_settings(auth: Option<&auth::Authenticator>, tls: Option<&tls::Tls>) {
     let verifies = tls.is_some_and(|tls| tls.verifies_clients());
     match auth {
         None if verifies => tracing::warn!(

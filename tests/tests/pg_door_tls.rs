@@ -216,3 +216,76 @@ async fn a_second_ssl_request_is_a_protocol_error() {
     )
     .await;
 }
+
+/// Writes `text` to `path` whole, by a rename, as a secret store replaces a file.
+fn replace(path: &std::path::Path, text: &[u8]) {
+    let partial = path.with_extension("partial");
+    std::fs::write(&partial, text).unwrap();
+    std::fs::rename(&partial, path).unwrap();
+}
+
+/// The door's certificate reloads like the HTTP listener's: a new pair is served to the
+/// next sessions without a restart, and a broken file is not loaded: the pair in force
+/// stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_door_certificate_is_served_without_a_restart_and_a_broken_one_is_not() {
+    let db = TestDb::create().await;
+    let (first, second) = (Certs::generate(), Certs::generate());
+    let served = std::env::temp_dir().join(format!(
+        "fg-door-tls-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&served).unwrap();
+    let (cert, key) = (served.join("server.crt"), served.join("server.key"));
+    std::fs::copy(&first.cert, &cert).unwrap();
+    std::fs::copy(&first.key, &key).unwrap();
+    let gateway = tls_gateway_with_files(&db.url(), &cert, &key).await;
+    let select_1 = |certs: &Certs| {
+        let conninfo = conninfo(&gateway, "postgres", db.name(), &verified(certs));
+        async move { psql(&conninfo, None, &["select 1"]).await }
+    };
+    assert_eq!(select_1(&first).await.ok().lines().last(), Some("1"));
+    assert!(!select_1(&second).await.success, "not yet the second pair");
+
+    replace(
+        &cert,
+        b"-----BEGIN CERTIFICATE-----\nbroken\n-----END CERTIFICATE-----\n",
+    );
+    eventually(Duration::from_secs(10), "the reload to fail", || async {
+        gateway
+            .events("tls certificate not reloaded; the certificate in force stays")
+            .iter()
+            .any(|event| event["fields"]["listener"] == "Postgres")
+    })
+    .await;
+    assert_eq!(select_1(&first).await.ok().lines().last(), Some("1"));
+
+    replace(&key, &std::fs::read(&second.key).unwrap());
+    replace(&cert, &std::fs::read(&second.cert).unwrap());
+    eventually(Duration::from_secs(10), "the second pair served", || {
+        let attempt = select_1(&second);
+        async move { attempt.await.success }
+    })
+    .await;
+    assert!(
+        !select_1(&first).await.success,
+        "the first CA's certificate is gone"
+    );
+    let _ = std::fs::remove_dir_all(&served);
+}
+
+async fn tls_gateway_with_files(
+    database_url: &str,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Gateway {
+    Gateway::builder()
+        .database(database_url)
+        .arg("--pg-tls-cert")
+        .arg(cert.to_string_lossy())
+        .arg("--pg-tls-key")
+        .arg(key.to_string_lossy())
+        .spawn()
+        .await
+}

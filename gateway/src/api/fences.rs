@@ -37,12 +37,14 @@ pub async fn advance(
     let fencing = fencing_of(request, &resource)?;
     let idempotency = keyed::key_of(request)?;
     // A keyed advance is decided by the store alone; see `keyed`.
-    if idempotency.is_none() {
-        coordinator.check_cached(&resource, None, &fencing, request.identity.as_deref())?;
-    }
-    let _in_flight = coordinator.write_permit(request.client(coordinator))?;
-    coordinator
-        .check_issued(&resource, &fencing, request.identity.as_deref())
+    let _in_flight = request
+        .admit(
+            coordinator,
+            &resource,
+            None,
+            &fencing,
+            idempotency.is_some(),
+        )
         .await?;
     let Some(idempotency) = idempotency else {
         coordinator

@@ -48,10 +48,8 @@ pub async fn write(
         };
         return Box::pin(write_keyed(coordinator, write, idempotency, request)).await;
     }
-    coordinator.check_cached(&resource, Some(&key), &fencing, request.identity.as_deref())?;
-    let _in_flight = coordinator.write_permit(request.client(coordinator))?;
-    coordinator
-        .check_issued(&resource, &fencing, request.identity.as_deref())
+    let _in_flight = request
+        .admit(coordinator, &resource, Some(&key), &fencing, false)
         .await?;
     // The body's memory stays counted until the write is done with it.
     let (op, _body) = match change {
@@ -123,9 +121,8 @@ async fn write_keyed(
         fencing,
         precondition,
     } = write;
-    let _in_flight = coordinator.write_permit(request.client(coordinator))?;
-    coordinator
-        .check_issued(&resource, &fencing, request.identity.as_deref())
+    let _in_flight = request
+        .admit(coordinator, &resource, Some(&key), &fencing, true)
         .await?;
     let (op, body) = match change {
         Change::Put => {

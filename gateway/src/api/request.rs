@@ -10,14 +10,14 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fencegate_proto::headers::Fencing;
-use fencegate_proto::ResourceName;
+use fencegate_proto::{ObjectKey, ResourceName};
 use http::header::{CONTENT_LENGTH, EXPECT};
 use http::request::Parts;
 use http::Request;
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Incoming};
 
-use crate::coordinator::{BodyMemory, ClientKey, Coordinator};
+use crate::coordinator::{BodyMemory, ClientKey, Coordinator, Entry, WritePermit};
 use crate::error::ApiError;
 use crate::server::conn::ConnState;
 
@@ -61,6 +61,28 @@ impl Req {
     /// The client this request counts against, for its shares of the bounds.
     pub fn client(&self, coordinator: &Coordinator) -> ClientKey {
         coordinator.client(self.identity.as_deref(), self.peer)
+    }
+
+    /// The checks before this request's write of `resource` (`key`, if one object),
+    /// in their one order ([`Coordinator::admit`]); the permit is held until the write
+    /// is done with. `keyed`: the request carries an `Idempotency-Key`.
+    pub async fn admit(
+        &self,
+        coordinator: &Arc<Coordinator>,
+        resource: &ResourceName,
+        key: Option<&ObjectKey>,
+        fencing: &Fencing,
+        keyed: bool,
+    ) -> Result<WritePermit, ApiError> {
+        let entry = Entry {
+            resource,
+            key,
+            fencing,
+            identity: self.identity.as_deref(),
+            client: self.client(coordinator),
+            keyed,
+        };
+        coordinator.admit(entry).await
     }
 
     /// Before an early answer over HTTP/2: reads and discards a small declared body the

@@ -36,12 +36,14 @@ pub async fn post(
     };
     let policy = service.policy();
     // A keyed transaction is decided by the database alone; see `keyed`.
-    if idempotency.is_none() {
-        coordinator.check_cached(&resource, None, &fencing, request.identity.as_deref())?;
-    }
-    let _in_flight = coordinator.write_permit(request.client(coordinator))?;
-    coordinator
-        .check_issued(&resource, &fencing, request.identity.as_deref())
+    let _in_flight = request
+        .admit(
+            coordinator,
+            &resource,
+            None,
+            &fencing,
+            idempotency.is_some(),
+        )
         .await?;
     let body = read_body(coordinator, request).await?;
     let SqlRequest { statements } = serde_json::from_slice(&body.bytes)

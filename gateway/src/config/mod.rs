@@ -352,7 +352,7 @@ pub struct Config {
     pub pg_listen: Listen,
 
     /// PEM certificate chain of the Postgres door's TLS (with --pg-tls-key). Without
-    /// it, the door answers `N` to SSLRequest.
+    /// it, the door answers `N` to SSLRequest. Reloaded when the files change.
     #[arg(long, env = "FENCEGATE_PG_TLS_CERT", requires = "pg_tls_key")]
     pub pg_tls_cert: Option<std::path::PathBuf>,
 

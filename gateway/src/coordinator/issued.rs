@@ -13,10 +13,10 @@ use super::{Coordinator, FrontDoor, RESET_POLL};
 
 /// How often the etcd cluster's revision is read (with `etcd:` bindings).
 pub const ISSUER_WATCH: std::time::Duration = std::time::Duration::from_secs(1);
+use super::issuers::{judge, AskError, Issued, Verdict};
 use crate::config::IssuerKind;
 use crate::dbfence::NotIssuedRejection;
 use crate::error::ApiError;
-use crate::issuers::{judge, AskError, Issued, Verdict};
 use crate::store::leases::{
     Claimant, LeaseOp, LeaseOutcome, LeaseRecord, Reset, ResetOutcome, ResetRecord,
 };
@@ -99,17 +99,13 @@ impl Coordinator {
     ) -> Result<LeaseRecord, ApiError> {
         let (this, resource) = (Arc::clone(self), resource.clone());
         let result = self
-            .detached(async move {
-                let result = this.store.read_lease(&resource).await;
-                this.backend_result(&result);
-                result
-            })
+            .store_call(async move { this.store.read_lease(&resource).await })
             .await?;
         Ok(result?)
     }
 
     /// Refuses a token that `resource`'s issuer did not issue, or issued to another
-    /// identity than `identity` ([`crate::issuers`]). Asks the issuer only when the
+    /// identity than `identity` ([`crate::coordinator::issuers`]). Asks the issuer only when the
     /// token is above the latest one this gateway knows it issued.
     pub async fn check_issued(
         self: &Arc<Self>,
@@ -354,11 +350,7 @@ impl Coordinator {
         let this = Arc::clone(self);
         let task_reset = reset.clone();
         let outcome = self
-            .detached(async move {
-                let outcome = this.store.reset(&task_reset).await;
-                this.backend_result(&outcome);
-                outcome
-            })
+            .store_call(async move { this.store.reset(&task_reset).await })
             .await??;
         let refused = |message: String| {
             Err(ApiError::Refused(Box::new(reset_refused(

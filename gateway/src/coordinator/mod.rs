@@ -15,13 +15,17 @@
 //! - The bounds of the process (writes in flight, request bodies in memory) are handed
 //!   out as permits that the request holds until it is answered.
 
+mod admit;
 mod audit;
+mod fence_cache;
 mod issued;
+pub(crate) mod issuers;
 mod replication;
 mod shares;
 mod takeover;
 mod txn;
 
+pub use admit::Entry;
 pub use shares::ClientKey;
 
 use std::future::Future;
@@ -38,14 +42,14 @@ use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::dbfence::{Refusal, Reported};
 use crate::error::ApiError;
-use crate::fence_cache::{FenceCache, Seen};
-use crate::issuers::Issuers;
+use crate::log_budget::LogBudget;
 use crate::metrics::Metrics;
 use crate::sql::SqlEndpoint;
-use crate::stale_log::LogBudget;
 use crate::store::{
     AdvanceOutcome, NotWritable, Store, StoreError, StoredObject, Write, WriteOutcome,
 };
+use fence_cache::{FenceCache, Seen};
+use issuers::Issuers;
 
 /// The shared state of a running gateway, and the steps of every backend call.
 pub struct Coordinator {
@@ -233,16 +237,30 @@ pub struct Applied {
     pub created: bool,
 }
 
+/// What the gateway starts before its coordinator, which takes them over.
+pub struct Parts {
+    /// The gateway's one shutdown, which both listeners follow too.
+    pub shutdown: CancellationToken,
+    pub store: Store,
+    pub sql: SqlEndpoint,
+    pub metrics: Metrics,
+    pub auth: Option<Arc<Authenticator>>,
+    pub issuers: Issuers,
+    /// The generation of the issuer bindings recorded in the database, if it has them.
+    pub bindings_generation: Option<i64>,
+}
+
 impl Coordinator {
-    pub fn new(
-        config: &Config,
-        store: Store,
-        sql: SqlEndpoint,
-        metrics: Metrics,
-        auth: Option<Arc<Authenticator>>,
-        issuers: Issuers,
-        bindings_generation: Option<i64>,
-    ) -> Result<Coordinator, crate::auth::AuthFileError> {
+    pub fn new(config: &Config, parts: Parts) -> Result<Coordinator, crate::auth::AuthFileError> {
+        let Parts {
+            shutdown,
+            store,
+            sql,
+            metrics,
+            auth,
+            issuers,
+            bindings_generation,
+        } = parts;
         let admin_key = config
             .admin_key_file
             .as_deref()
@@ -270,7 +288,7 @@ impl Coordinator {
             ),
             body_first_byte: config.body_first_byte_timeout,
             responses,
-            shutdown: CancellationToken::new(),
+            shutdown,
             stale_log: LogBudget::new(config.stale_log_limit),
             issuers,
             resets_followed: AtomicU64::new(0),
@@ -372,11 +390,6 @@ impl Coordinator {
         &self.shutdown
     }
 
-    /// Shutdown has begun: stop reading request bodies.
-    pub fn shutting_down(&self) {
-        self.shutdown.cancel();
-    }
-
     /// Records a request's answer in the request metrics.
     pub fn answered(&self, route: &str, outcome: Option<ErrorCode>, elapsed: Duration) {
         self.metrics.answered(route, outcome, elapsed);
@@ -411,7 +424,7 @@ impl Coordinator {
 
     /// The fast path: rejects `fencing` from memory if the cache already knows a higher
     /// committed token. `Ok` means only "not known to be stale": the backend decides.
-    pub fn check_cached(
+    fn check_cached(
         &self,
         resource: &ResourceName,
         key: Option<&ObjectKey>,
@@ -457,6 +470,22 @@ impl Coordinator {
                 StoreError::Internal(format!("backend task failed: {error}")).into()
             })
         }
+    }
+
+    /// A store call run detached ([`Coordinator::detached`]) whose result the task
+    /// itself records in the backend's readiness and error metrics
+    /// ([`Coordinator::backend_result`]): a client that leaves does not hide a store
+    /// failure.
+    pub fn store_call<T: Send + 'static>(
+        self: &Arc<Self>,
+        call: impl Future<Output = Result<T, StoreError>> + Send + 'static,
+    ) -> impl Future<Output = Result<Result<T, StoreError>, ApiError>> + Send + 'static {
+        let this = Arc::clone(self);
+        self.detached(async move {
+            let result = call.await;
+            this.backend_result(&result);
+            result
+        })
     }
 
     /// Applies a fenced write.
@@ -508,7 +537,7 @@ impl Coordinator {
         let (task_resource, token) = (resource.clone(), fencing.token);
         let seen = self.seen();
         let outcome = self
-            .detached(async move {
+            .store_call(async move {
                 let outcome = this
                     .taking_over(
                         &task_resource,
@@ -519,7 +548,6 @@ impl Coordinator {
                 if let Ok(AdvanceOutcome::Applied) = outcome {
                     this.committed(&task_resource, token, seen);
                 }
-                this.backend_result(&outcome);
                 outcome
             })
             .await?;
@@ -545,11 +573,7 @@ impl Coordinator {
         let (responses, conn) = (Arc::clone(&self.responses), Arc::clone(conn));
         let admit = move |length| responses.admit(length, &conn);
         let result = self
-            .detached(async move {
-                let result = this.store.get(&resource, &key, admit).await;
-                this.backend_result(&result);
-                result
-            })
+            .store_call(async move { this.store.get(&resource, &key, admit).await })
             .await?;
         match result? {
             None => Ok(None),
@@ -569,12 +593,11 @@ impl Coordinator {
         let (this, resource) = (Arc::clone(self), resource.clone());
         let seen = self.seen();
         let result = self
-            .detached(async move {
+            .store_call(async move {
                 let result = this.store.fence(&resource).await;
                 if let Ok(Some(highest)) = result {
                     this.committed(&resource, highest, seen);
                 }
-                this.backend_result(&result);
                 result
             })
             .await?;
@@ -585,11 +608,7 @@ impl Coordinator {
     pub async fn ping(self: &Arc<Self>) -> Result<(), ApiError> {
         let this = Arc::clone(self);
         let result = self
-            .detached(async move {
-                let result = this.store.ping().await;
-                this.backend_result(&result);
-                result
-            })
+            .store_call(async move { this.store.ping().await })
             .await?;
         Ok(result?)
     }
@@ -606,11 +625,7 @@ impl Coordinator {
         }
         let this = Arc::clone(self);
         let result = self
-            .detached(async move {
-                let result = this.store.probe_write().await;
-                this.backend_result(&result);
-                result
-            })
+            .store_call(async move { this.store.probe_write().await })
             .await?;
         let outcome = result?;
         self.metrics.store_writable(outcome.is_ok());

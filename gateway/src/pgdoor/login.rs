@@ -15,7 +15,8 @@
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::cancel::Issued;
-use super::session::{error_code, forward, refuse, Ends};
+use super::relay::{error_code, forward, refuse};
+use super::session::Ends;
 use super::wire::{self, auth, backend, frontend, ProtocolError, WireError};
 use super::Door;
 

@@ -6,7 +6,7 @@
 //! every one; and a summary line per kind says how many more there were
 //! ([`DoorLogs::summarise`], run every window by the door).
 
-use crate::stale_log::LogBudget;
+use crate::log_budget::LogBudget;
 
 /// The length of a window, in seconds.
 pub(crate) const WINDOW_SECS: u64 = 10;

@@ -23,8 +23,10 @@
 //! - `admission`: who is let in, and how the others are turned away.
 //! - `logs`: the door's lines about clients, at most one per kind and window.
 //! - `startup`: TLS (SSLRequest or direct), GSSENCRequest, CancelRequest.
-//! - `session`: one session, and the client-to-server direction.
-//! - `to_client`: the server-to-client direction, and what the door reads in it.
+//! - `session`: one session: its upstream connection, its login, then the relay with
+//!   the door's view of it.
+//! - `relay`: the messages of a logged-in session streamed both ways, and what the door
+//!   reads in them, behind a small observer (tested in-process over in-memory pipes).
 //! - `login`: authentication, relayed.
 //! - `cancel`: the door's cancel keys, mapped to the upstream backends' and their hosts.
 //! - `upstream`: the connection to the server: which host of `--database-url` (the
@@ -36,9 +38,9 @@ mod cancel;
 pub(crate) mod capacity;
 mod login;
 mod logs;
+mod relay;
 mod session;
 mod startup;
-mod to_client;
 mod upstream;
 mod wire;
 
@@ -49,18 +51,17 @@ use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::DoorGrant;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::tls::Tls;
 use admission::{Admission, Authenticating, Refusal};
 use cancel::CancelKeys;
 use logs::{DoorLogs, Kind};
-use session::Ending;
-pub use startup::TlsConfigError;
+use relay::Ending;
 use startup::{ClientStream, Hello};
 use upstream::Upstream;
 
@@ -98,14 +99,13 @@ pub enum DoorStartError {
          target_session_attrs may be read-write or any"
     )]
     SessionAttrs,
-    #[error("--pg-tls-cert/--pg-tls-key: {0}")]
-    Tls(#[from] TlsConfigError),
 }
 
 /// What every session of the door shares.
 pub(crate) struct Door {
     upstream: Upstream,
-    tls: Option<TlsAcceptor>,
+    /// The door's TLS, reloaded when its files change ([`crate::tls`]).
+    tls: Option<Arc<Tls>>,
     max_message: usize,
     startup_timeout: Duration,
     require_tls: bool,
@@ -123,16 +123,14 @@ impl Door {
     /// The door for `database_url`, with TLS if a certificate and key are given.
     pub(crate) fn new(
         database_url: &str,
-        tls: Option<(&std::path::Path, &std::path::Path)>,
+        tls: Option<Arc<Tls>>,
         options: &DoorOptions,
         coordinator: Arc<Coordinator>,
+        shutdown: CancellationToken,
     ) -> Result<Door, DoorStartError> {
-        let shutdown = coordinator.shutdown().clone();
         Ok(Door {
             upstream: Upstream::from_url(database_url)?,
-            tls: tls
-                .map(|(cert, key)| startup::acceptor(cert, key))
-                .transpose()?,
+            tls,
             max_message: options.max_message,
             startup_timeout: options.startup_timeout,
             require_tls: options.require_tls,
@@ -195,8 +193,10 @@ impl Door {
         authenticating: Authenticating,
     ) {
         let deadline = tokio::time::Instant::now() + self.startup_timeout;
+        // The configuration in force when the connection came, as on the HTTP listener.
+        let acceptor = self.tls.as_ref().map(|tls| tls.acceptor());
         let negotiated =
-            tokio::time::timeout_at(deadline, startup::negotiate(tcp, self.tls.as_ref())).await;
+            tokio::time::timeout_at(deadline, startup::negotiate(tcp, acceptor.as_ref())).await;
         let (stream, hello) = match negotiated {
             Ok(Ok(negotiated)) => negotiated,
             Ok(Err(error)) => {
@@ -349,18 +349,10 @@ pub(crate) async fn serve(listener: TcpListener, door: Arc<Door>, options: DoorO
     let summaries = tokio::spawn(summarise_logs(Arc::clone(&door)));
     loop {
         while sessions.try_join_next().is_some() {}
-        let (mut stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "Postgres door: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = door.shutdown.cancelled() => break,
+        let Some((mut stream, peer)) = crate::accept::next(&listener, &door.shutdown, "pg").await
+        else {
+            break;
         };
-        let _ = stream.set_nodelay(true);
         let admitted = match Arc::clone(&permits).try_acquire_owned() {
             Ok(permit) => door
                 .admission
@@ -392,15 +384,14 @@ pub(crate) async fn serve(listener: TcpListener, door: Arc<Door>, options: DoorO
     }
     drop(listener);
     summaries.abort();
-    let drained = tokio::time::timeout(options.grace, async {
-        while sessions.join_next().await.is_some() {}
-    })
-    .await;
-    if drained.is_err() {
-        tracing::warn!(
-            sessions = sessions.len(),
-            "Postgres door: grace period elapsed with sessions still in a transaction; closing them"
-        );
+    let all_ended = async { while sessions.join_next().await.is_some() {} };
+    if !crate::accept::drain(
+        options.grace,
+        all_ended,
+        "Postgres door sessions in a transaction",
+    )
+    .await
+    {
         sessions.shutdown().await;
     }
     door.logs.summarise();

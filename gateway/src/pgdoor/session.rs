@@ -2,26 +2,9 @@
 //! see [`super::upstream`]), authentication relayed to Postgres, then messages streamed
 //! both ways.
 //!
-//! # Streaming
-//!
-//! Each direction reads through a buffer and writes through a buffer, and flushes
-//! whenever it has nothing more to read: a batch of pipelined messages travels in as
-//! few writes as it came in, and a lone Flush, Sync or reply goes out at once (never
-//! held back until a Sync). The messages that a read brought in whole — nearly all of
-//! them — are checked or looked into where they lie in the read buffer and passed on
-//! together in one write ([`wire::WholeMessages`]); a message the buffer holds only
-//! part of has its header read and its body copied through the buffers in pieces, so
-//! a 16 MiB value takes the buffers' memory, not 16 MiB. A slow reader on one side
-//! stops the reading on the other (backpressure).
-//!
-//! # What the door reads
-//!
-//! From the client: message headers only, checked against the protocol's message types
-//! and `--pg-max-message`. From the server: authentication requests (SCRAM channel
-//! binding is withdrawn), BackendKeyData (replaced by the door's own key, [`super::cancel`]),
-//! ErrorResponse (fencegate's stale rejections are counted and logged),
-//! ParameterStatus (a server that turns read-only, with `target_session_attrs=read-write`)
-//! and ReadyForQuery (the transaction status, for a clean shutdown).
+//! The relay itself — streaming, and what it reads — is [`super::relay`]; the session
+//! gives it the door's view ([`DoorObserver`]): the metrics, the fence's rejections, the
+//! gateway's shutdown and the host to forget when it stops being the primary.
 //!
 //! # Ending
 //!
@@ -40,51 +23,21 @@
 //! `default_transaction_read_only = on` is ended the same way (libpq's read-write check
 //! cannot tell either); `BEGIN READ ONLY` is not reported and is fine.
 
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-
-use tokio::io::{
-    AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter,
-};
-use tokio::sync::oneshot;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::admission::{Authenticating, Refusal};
 use super::login::{authenticate, Login};
-use super::to_client::to_client;
+use super::relay::{self, refuse, Ending, Observer};
 use super::upstream::UpstreamStream;
-use super::wire::{self, frontend, Header, ProtocolError, StartupPacket, WireError};
+use super::wire::{self, ProtocolError, StartupPacket, WireError};
 use super::Door;
+use crate::dbfence::Reported;
 
 /// Buffer size of each direction's reader and writer: four per session, so 64 KiB a
 /// session. Larger messages pass through them in pieces.
 const BUFFER: usize = 16 << 10;
-
-/// The largest message the server may send: Postgres's own limit is 1 GiB. Server
-/// messages are streamed, never held whole, except the few small ones the door reads.
-pub(super) const MAX_SERVER_MESSAGE: usize = 1 << 30;
-
-/// How a session ended, for the log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ending {
-    /// The client sent Terminate.
-    Terminated,
-    /// The client closed its socket.
-    ClientClosed,
-    /// The client closed its socket while a statement of its was running.
-    ClientLeftRunning,
-    /// The server closed the connection (after a FATAL error, or shut down).
-    ServerClosed,
-    /// The login was refused, with this SQLSTATE if the refusal had one.
-    LoginRefused(Option<[u8; 5]>),
-    /// Start-up and authentication took longer than `--pg-startup-timeout`.
-    LoginTimedOut,
-    /// The client broke the protocol; it was told so.
-    ProtocolError,
-    /// The gateway is shutting down; the idle session was told so.
-    Shutdown,
-    /// The server was not, or no longer, the primary; the client was told so.
-    NotPrimary,
-}
 
 /// Runs a session from its StartupMessage to its end, on the two halves of the client's
 /// stream; `authenticating` is held until the login is over.
@@ -246,7 +199,14 @@ where
     };
     drop(authenticating);
     door.metrics().pg_session();
-    let ending = relay(door, ends, status).await;
+    let observer = DoorObserver { door, host };
+    let ending = relay::relay(
+        &observer,
+        (ends.client_read, ends.client_write),
+        (ends.upstream_read, ends.upstream_write),
+        status,
+    )
+    .await;
     if let (Ok(Ending::ClientLeftRunning), Some((_, upstream))) = (&ending, &key) {
         // Closing the upstream socket ends an idle session at once, but a statement
         // that is running goes on until it next talks to the client: cancel it.
@@ -268,209 +228,61 @@ pub(super) struct Ends<'a, CR, CW, UR, UW> {
     pub(super) upstream_host: usize,
 }
 
-/// Counts a session's requests and replies, so that shutdown can tell an idle session
-/// (nothing asked and unanswered, no transaction open) from a busy one.
-pub(super) struct Progress {
-    /// Messages sent that each get one ReadyForQuery (Query, Sync, FunctionCall).
-    asked: AtomicU64,
-    /// ReadyForQuery messages relayed.
-    pub(super) answered: AtomicU64,
-    /// The latest transaction status: `I` idle, `T` in a transaction, `E` failed one.
-    pub(super) status: AtomicU8,
+/// The door's view of one session's relay.
+struct DoorObserver<'a> {
+    door: &'a Door,
+    /// The index of the session's host among the URL's.
+    host: usize,
 }
 
-impl Progress {
-    /// Something asked is not answered yet.
-    fn running(&self) -> bool {
-        self.asked.load(Ordering::Relaxed) != self.answered.load(Ordering::Relaxed)
+impl Observer for DoorObserver<'_> {
+    fn max_message(&self) -> usize {
+        self.door.max_message
     }
 
-    pub(super) fn idle(&self) -> bool {
-        self.status.load(Ordering::Relaxed) == b'I'
-            && self.asked.load(Ordering::Relaxed) == self.answered.load(Ordering::Relaxed)
+    fn primary_only(&self) -> bool {
+        self.door.upstream.primary_only()
     }
-}
 
-/// Streams messages both ways until one side ends the session.
-async fn relay<CR, CW, UR, UW>(
-    door: &Door,
-    ends: Ends<'_, CR, CW, UR, UW>,
-    status: u8,
-) -> Result<Ending, WireError>
-where
-    CR: AsyncRead + Unpin + Send,
-    CW: AsyncWrite + Unpin + Send,
-    UR: AsyncRead + Unpin + Send,
-    UW: AsyncWrite + Unpin + Send,
-{
-    let progress = Progress {
-        asked: AtomicU64::new(0),
-        answered: AtomicU64::new(0),
-        status: AtomicU8::new(status),
-    };
-    let (failed, failure) = oneshot::channel();
-    let from_client = async {
-        match from_client(door, ends.client_read, ends.upstream_write, &progress).await {
-            // The other direction tells the client, between two of the server's
-            // messages, and ends the session.
-            Err(WireError::Protocol(error)) => {
-                let _ = failed.send(error);
-                std::future::pending().await
-            }
-            other => other,
-        }
-    };
-    let to_client = to_client(
-        door,
-        ends.upstream_read,
-        ends.client_write,
-        &progress,
-        failure,
-        ends.upstream_host,
-    );
-    let ending = tokio::select! {
-        ending = from_client => ending,
-        ending = to_client => ending,
-    };
-    if matches!(ending, Ok(Ending::ClientClosed)) && progress.running() {
-        return Ok(Ending::ClientLeftRunning);
+    fn shutdown(&self) -> &CancellationToken {
+        &self.door.shutdown
     }
-    ending
-}
 
-/// Client to server: headers checked, bodies streamed.
-async fn from_client<R, W>(
-    door: &Door,
-    client: &mut BufReader<R>,
-    upstream: &mut BufWriter<W>,
-    progress: &Progress,
-) -> Result<Ending, WireError>
-where
-    R: AsyncRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    loop {
-        if client.buffer().is_empty() {
-            upstream.flush().await?;
-            if client.fill_buf().await?.is_empty() {
-                return Ok(Ending::ClientClosed);
-            }
-        }
-        // The messages already read whole: checked in place, passed on in one write.
-        let mut whole = wire::WholeMessages::new(client.buffer(), door.max_message, "message");
-        let mut passed = 0;
-        let mut stop = None;
-        while let Some(message) = whole.next() {
-            let tag = match message {
-                Ok((header, _)) => header.tag,
-                Err(error) => {
-                    stop = Some(Err(error.into()));
-                    break;
-                }
-            };
-            if !frontend::ALL.contains(&tag) {
-                stop = Some(Err(ProtocolError::UnexpectedType(tag).into()));
-                break;
-            }
-            if frontend::awaits_ready(tag) {
-                progress.asked.fetch_add(1, Ordering::Relaxed);
-            }
-            passed = whole.read();
-            if tag == frontend::TERMINATE {
-                stop = Some(Ok(Ending::Terminated));
-                break;
-            }
-        }
-        if passed > 0 {
-            upstream.write_all(&client.buffer()[..passed]).await?;
-            client.consume(passed);
-            door.metrics().pg_bytes_from_client(passed);
-        }
-        match stop {
-            Some(Ok(ending)) => {
-                upstream.flush().await?;
-                return Ok(ending);
-            }
-            Some(Err(error)) => return Err(error),
-            None if passed > 0 => continue,
-            None => {}
-        }
-        // A message the buffer holds only part of: its header read, its body streamed.
-        let Some(header) = wire::read_header(client, door.max_message, "message").await? else {
-            return Ok(Ending::ClientClosed);
+    fn bytes_from_client(&self, bytes: usize) {
+        self.door.metrics().pg_bytes_from_client(bytes);
+    }
+
+    fn bytes_to_client(&self, bytes: usize) {
+        self.door.metrics().pg_bytes_to_client(bytes);
+    }
+
+    /// Counts and logs a fencegate rejection that the server sent (a stale token, or
+    /// one its issuer never issued) — if the fence's proof says the fence made it; a
+    /// `ZF001` or `ZF005` that the client's own SQL raised is counted apart.
+    fn server_error(&self, body: &[u8]) {
+        let Some(code) = relay::error_code(body) else {
+            return;
         };
-        if !frontend::ALL.contains(&header.tag) {
-            return Err(ProtocolError::UnexpectedType(header.tag).into());
-        }
-        if frontend::awaits_ready(header.tag) {
-            progress.asked.fetch_add(1, Ordering::Relaxed);
-        }
-        upstream.write_all(&header.encode()).await?;
-        if !copy_body(client, upstream, header).await? {
-            return Ok(Ending::ClientClosed);
-        }
-        door.metrics().pg_bytes_from_client(header.body_len + 5);
-        if header.tag == frontend::TERMINATE {
-            upstream.flush().await?;
-            return Ok(Ending::Terminated);
+        let detail = || {
+            wire::error_fields(body)
+                .find(|(field, _)| *field == b'D')
+                .and_then(|(_, value)| std::str::from_utf8(value).ok())
+        };
+        if let Some(reported) = Reported::read(code, detail(), self.door.proof_key()) {
+            self.door.coordinator.db_refusal(
+                &reported,
+                None,
+                crate::coordinator::FrontDoor::Postgres,
+            );
         }
     }
-}
 
-/// The SQLSTATE of an ErrorResponse body.
-pub(super) fn error_code(body: &[u8]) -> Option<&[u8]> {
-    wire::error_fields(body)
-        .find(|(field, _)| *field == b'C')
-        .map(|(_, code)| code)
-}
-
-/// Writes a whole message.
-pub(super) async fn forward<W: AsyncWrite + Unpin>(
-    out: &mut W,
-    header: Header,
-    body: &[u8],
-) -> std::io::Result<()> {
-    let header = Header {
-        body_len: body.len(),
-        ..header
-    };
-    out.write_all(&header.encode()).await?;
-    out.write_all(body).await
-}
-
-/// Copies a message body of `header.body_len` bytes through the buffers; false if the
-/// reader ended first. Never flushes (unlike `tokio::io::copy_buf`, which flushes at the
-/// end of every body): the writer's buffer batches messages, and each direction
-/// flushes when it has nothing more to read.
-pub(super) async fn copy_body<R, W>(
-    from: &mut R,
-    to: &mut W,
-    header: Header,
-) -> std::io::Result<bool>
-where
-    R: AsyncBufRead + Unpin,
-    W: AsyncWrite + Unpin,
-{
-    let mut left = header.body_len;
-    while left > 0 {
-        let available = from.fill_buf().await?;
-        if available.is_empty() {
-            return Ok(false);
-        }
-        let chunk = available.len().min(left);
-        to.write_all(&available[..chunk]).await?;
-        from.consume(chunk);
-        left -= chunk;
+    fn protocol_error(&self, error: &ProtocolError) {
+        self.door.metrics().pg_protocol_error();
+        tracing::info!(%error, "Postgres client broke the protocol; its session is closed");
     }
-    Ok(true)
-}
 
-/// Sends a FATAL error and flushes: the last thing the client hears.
-pub(super) async fn refuse<W: AsyncWrite + Unpin>(
-    client: &mut BufWriter<W>,
-    code: &str,
-    text: &str,
-) -> std::io::Result<()> {
-    client.write_all(&wire::fatal(code, text)).await?;
-    client.flush().await
+    fn not_primary(&self) {
+        self.door.not_primary(self.host, "session");
+    }
 }

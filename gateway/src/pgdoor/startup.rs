@@ -8,18 +8,12 @@
 //! instead. Only one TLS negotiation per connection; a second SSLRequest inside TLS is a
 //! protocol error.
 
-use std::path::Path;
-use std::sync::Arc;
-
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 use super::wire::{self, ProtocolError, StartupPacket, WireError};
-
-/// ALPN protocol name of Postgres (PostgreSQL 17 on).
-pub(crate) const ALPN: &[u8] = b"postgresql";
 
 /// What a client asked for once negotiation is over.
 pub(crate) enum Hello {
@@ -51,7 +45,7 @@ pub(crate) async fn negotiate(
             );
         };
         let stream = acceptor.accept(tcp).await?;
-        if stream.get_ref().1.alpn_protocol() != Some(ALPN) {
+        if stream.get_ref().1.alpn_protocol() != Some(crate::tls::POSTGRES_ALPN) {
             return Err(ProtocolError::NoAlpn.into());
         }
         let mut stream = Box::new(stream);
@@ -119,66 +113,4 @@ async fn packets<'a, S: AsyncRead + AsyncWrite + Unpin>(
             _ => return Ok(Step::Hello(Hello::Startup(packet))),
         }
     }
-}
-
-/// Why the TLS certificate or key could not be loaded.
-#[derive(Debug, thiserror::Error)]
-pub enum TlsConfigError {
-    #[error("could not read {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("{path} holds no PEM {what}")]
-    Missing { path: String, what: &'static str },
-    #[error("{path}: {source}")]
-    Pem {
-        path: String,
-        source: rustls::pki_types::pem::Error,
-    },
-    #[error("the certificate and key do not make a TLS configuration: {0}")]
-    Rustls(#[from] rustls::Error),
-}
-
-/// The door's TLS acceptor from a PEM certificate chain and private key.
-pub(crate) fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsConfigError> {
-    use rustls::pki_types::pem::PemObject;
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-
-    let read = |path: &Path| {
-        std::fs::read(path).map_err(|source| TlsConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        })
-    };
-    let pem_error = |path: &Path| {
-        let path = path.display().to_string();
-        move |source| TlsConfigError::Pem {
-            path: path.clone(),
-            source,
-        }
-    };
-    let chain = CertificateDer::pem_slice_iter(&read(cert)?)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(pem_error(cert))?;
-    if chain.is_empty() {
-        return Err(TlsConfigError::Missing {
-            path: cert.display().to_string(),
-            what: "certificate",
-        });
-    }
-    let private = PrivateKeyDer::from_pem_slice(&read(key)?).map_err(|source| match source {
-        rustls::pki_types::pem::Error::NoItemsFound => TlsConfigError::Missing {
-            path: key.display().to_string(),
-            what: "private key",
-        },
-        source => pem_error(key)(source),
-    })?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(chain, private)?;
-    config.alpn_protocols = vec![ALPN.to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(config)))
 }

@@ -33,11 +33,9 @@
 //! broken off, like incomplete heads.
 
 pub mod conn;
-pub mod tls;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -50,12 +48,13 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
 
 use crate::api;
 use crate::auth::ClientCertificate;
 use crate::coordinator::Coordinator;
+use crate::tls::{self, Tls};
 use conn::{ConnState, Deadlines, Watched};
-use tls::Tls;
 
 /// File descriptors kept free of client connections: database pools, the store's
 /// file, logs, cancel requests.
@@ -141,12 +140,12 @@ impl Registry {
     }
 }
 
-/// Serves HTTP on `listener` — over TLS only if `tls` is given — until `shutdown`
-/// completes; then finishes as the module doc says.
+/// Serves HTTP on `listener` — over TLS only if `tls` is given — until `shutdown` is
+/// cancelled; then finishes as the module doc says.
 pub async fn serve(
     listener: TcpListener,
     coordinator: Arc<Coordinator>,
-    shutdown: impl Future<Output = ()>,
+    shutdown: CancellationToken,
     limits: Limits,
     tls: Option<Arc<Tls>>,
 ) {
@@ -179,26 +178,14 @@ pub async fn serve(
     });
     let graceful = GracefulShutdown::new();
     let permits = Arc::new(Semaphore::new(limits.max_connections));
-    let mut shutdown = std::pin::pin!(shutdown);
     loop {
         let permit = tokio::select! {
             permit = connection_permit(&permits, &shared.registry) => permit,
-            () = &mut shutdown => break,
+            () = shutdown.cancelled() => break,
         };
-        let (stream, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    // Typically EMFILE: back off instead of spinning on the error.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = &mut shutdown => break,
+        let Some((stream, peer)) = crate::accept::next(&listener, &shutdown, "http").await else {
+            break;
         };
-        // Small request/response exchanges: do not let Nagle hold them back.
-        let _ = stream.set_nodelay(true);
         let accepted = Accepted {
             peer,
             permit,
@@ -217,7 +204,6 @@ pub async fn serve(
         }
     }
     drop(listener);
-    coordinator.shutting_down();
     // Idle connections, and those with an incomplete head, close now; the others once
     // their request is answered.
     shared.registry.evict_all();
@@ -225,12 +211,7 @@ pub async fn serve(
         connections = graceful.count(),
         "shutting down: finishing requests in flight"
     );
-    tokio::select! {
-        () = graceful.shutdown() => {}
-        () = tokio::time::sleep(limits.grace) => {
-            tracing::warn!(grace = ?limits.grace, "shutdown grace period elapsed; closing the remaining connections");
-        }
-    }
+    crate::accept::drain(limits.grace, graceful.shutdown(), "HTTP connections").await;
 }
 
 /// What every connection's task uses.

@@ -1,10 +1,12 @@
-//! TLS on the HTTP listener (`--tls-cert`, `--tls-key`, `--tls-client-ca`), reloaded
-//! when its files change.
+//! TLS on both listeners — HTTP (`--tls-cert`, `--tls-key`, `--tls-client-ca`) and the
+//! Postgres door (`--pg-tls-cert`, `--pg-tls-key`) — loaded and reloaded one way.
 //!
 //! # Handshakes
 //!
-//! With a certificate the listener speaks TLS only, and offers HTTP/2 and HTTP/1.1 by
-//! ALPN (`h2`, `http/1.1`). With a client CA, clients *may* present a certificate: one
+//! Each listener offers its own protocols by ALPN ([`Listener::alpn`]): HTTP/2 and
+//! HTTP/1.1 (`h2`, `http/1.1`) on the HTTP listener, which with a certificate speaks
+//! TLS only; `postgresql` on the door, as direct TLS (`sslnegotiation=direct`) requires.
+//! With a client CA (HTTP only), clients *may* present a certificate: one
 //! the CA signed (for client use) is verified and its DNS names travel with each of the
 //! connection's requests ([`ClientCertificate`]), where the auth file may know them as
 //! an identity; any other certificate fails the handshake; no certificate is fine, and
@@ -31,12 +33,44 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::auth::ClientCertificate;
 
-/// ALPN protocols offered, in the server's order of preference.
-const ALPN: [&[u8]; 2] = [b"h2", b"http/1.1"];
+/// ALPN protocol name of Postgres (PostgreSQL 17 on), which a client over direct TLS
+/// requires.
+pub(crate) const POSTGRES_ALPN: &[u8] = b"postgresql";
 
-/// The files of the listener's TLS.
+/// Which listener a TLS configuration serves: its flags and its ALPN protocols.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listener {
+    Http,
+    /// The Postgres door.
+    Postgres,
+}
+
+impl Listener {
+    /// The flags of the certificate, the key and the client CA (the door takes none:
+    /// its clients log in as database roles).
+    fn flags(self) -> [&'static str; 3] {
+        match self {
+            Listener::Http => ["--tls-cert", "--tls-key", "--tls-client-ca"],
+            Listener::Postgres => ["--pg-tls-cert", "--pg-tls-key", "(no client CA)"],
+        }
+    }
+
+    /// ALPN protocols offered, in the server's order of preference. A Postgres client
+    /// over direct TLS must be offered `postgresql`; one after an SSLRequest sends no
+    /// ALPN and is served all the same.
+    fn alpn(self) -> Vec<Vec<u8>> {
+        let protocols: &[&[u8]] = match self {
+            Listener::Http => &[b"h2", b"http/1.1"],
+            Listener::Postgres => &[POSTGRES_ALPN],
+        };
+        protocols.iter().map(|protocol| protocol.to_vec()).collect()
+    }
+}
+
+/// The files of a listener's TLS.
 #[derive(Debug, Clone)]
 pub struct TlsFiles {
+    pub listener: Listener,
     /// PEM certificate chain, the server's own certificate first (`--tls-cert`).
     pub cert: PathBuf,
     /// PEM private key of that certificate (`--tls-key`).
@@ -66,15 +100,28 @@ pub enum TlsError {
         path: String,
         source: rustls::pki_types::pem::Error,
     },
-    #[error("--tls-key {key} is not the key of the certificate in --tls-cert {cert}")]
-    KeyMismatch { cert: String, key: String },
-    #[error("--tls-client-ca {path}: {reason}")]
-    ClientCa { path: String, reason: String },
-    #[error("--tls-cert and --tls-key do not make a TLS configuration: {0}")]
-    Rustls(#[from] rustls::Error),
+    #[error("{key_flag} {key} is not the key of the certificate in {cert_flag} {cert}")]
+    KeyMismatch {
+        cert_flag: &'static str,
+        cert: String,
+        key_flag: &'static str,
+        key: String,
+    },
+    #[error("{flag} {path}: {reason}")]
+    ClientCa {
+        flag: &'static str,
+        path: String,
+        reason: String,
+    },
+    #[error("{cert_flag} and {key_flag} do not make a TLS configuration: {source}")]
+    Rustls {
+        cert_flag: &'static str,
+        key_flag: &'static str,
+        source: rustls::Error,
+    },
 }
 
-/// The listener's TLS configuration in force, and the files it comes from.
+/// A listener's TLS configuration in force, and the files it comes from.
 pub struct Tls {
     files: TlsFiles,
     /// Replaced whole on reload; each handshake takes the one in force when it starts.
@@ -89,6 +136,17 @@ impl Tls {
             files,
             current: RwLock::new(acceptor),
         })
+    }
+
+    /// Loads `files`, if a listener has them, and keeps reloading them for as long as
+    /// the process runs.
+    pub fn start(files: Option<TlsFiles>) -> Result<Option<Arc<Tls>>, TlsError> {
+        let Some(files) = files else {
+            return Ok(None);
+        };
+        let tls = Arc::new(Tls::load(files)?);
+        tokio::spawn(Arc::clone(&tls).watch());
+        Ok(Some(tls))
     }
 
     /// The acceptor for a new connection's handshake.
@@ -113,12 +171,14 @@ impl Tls {
             Ok(acceptor) => {
                 *self.current.write().unwrap_or_else(|e| e.into_inner()) = acceptor;
                 tracing::info!(
+                    listener = ?self.files.listener,
                     cert = %self.files.cert.display(),
                     client_ca = self.files.client_ca.as_ref().map(|path| tracing::field::display(path.display())),
                     "tls certificate reloaded"
                 );
             }
             Err(error) => tracing::error!(
+                listener = ?self.files.listener,
                 %error,
                 "tls certificate not reloaded; the certificate in force stays"
             ),
@@ -137,33 +197,42 @@ pub fn client_certificate(connection: &ServerConnection) -> Option<ClientCertifi
 }
 
 fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, TlsError> {
-    let chain = certificates("--tls-cert", &files.cert)?;
-    let key = PrivateKeyDer::from_pem_slice(&read("--tls-key", &files.key)?).map_err(|source| {
-        match source {
-            rustls::pki_types::pem::Error::NoItemsFound => TlsError::Missing {
-                flag: "--tls-key",
-                path: files.key.display().to_string(),
-                what: "private key",
+    let [cert_flag, key_flag, client_ca_flag] = files.listener.flags();
+    let rustls_error = |source| TlsError::Rustls {
+        cert_flag,
+        key_flag,
+        source,
+    };
+    let chain = certificates(cert_flag, &files.cert)?;
+    let key =
+        PrivateKeyDer::from_pem_slice(&read(key_flag, &files.key)?).map_err(
+            |source| match source {
+                rustls::pki_types::pem::Error::NoItemsFound => TlsError::Missing {
+                    flag: key_flag,
+                    path: files.key.display().to_string(),
+                    what: "private key",
+                },
+                source => TlsError::Pem {
+                    flag: key_flag,
+                    path: files.key.display().to_string(),
+                    source,
+                },
             },
-            source => TlsError::Pem {
-                flag: "--tls-key",
-                path: files.key.display().to_string(),
-                source,
-            },
-        }
-    })?;
+        )?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
-        .with_safe_default_protocol_versions()?;
+        .with_safe_default_protocol_versions()
+        .map_err(rustls_error)?;
     let builder = match &files.client_ca {
         None => builder.with_no_client_auth(),
         Some(path) => {
             let client_ca = |reason: String| TlsError::ClientCa {
+                flag: client_ca_flag,
                 path: path.display().to_string(),
                 reason,
             };
             let mut roots = RootCertStore::empty();
-            for ca in certificates("--tls-client-ca", path)? {
+            for ca in certificates(client_ca_flag, path)? {
                 roots.add(ca).map_err(|e| client_ca(e.to_string()))?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
@@ -178,13 +247,15 @@ fn acceptor(files: &TlsFiles) -> Result<TlsAcceptor, TlsError> {
         .map_err(|error| match error {
             rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
                 TlsError::KeyMismatch {
+                    cert_flag,
                     cert: files.cert.display().to_string(),
+                    key_flag,
                     key: files.key.display().to_string(),
                 }
             }
-            error => TlsError::Rustls(error),
+            error => rustls_error(error),
         })?;
-    config.alpn_protocols = ALPN.iter().map(|protocol| protocol.to_vec()).collect();
+    config.alpn_protocols = files.listener.alpn();
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
@@ -359,6 +430,7 @@ Tf4tCCx5elijElo9mVgZk/ZNNqB+3RMXpkOzDXu+9w/Q5TMQgFv6hE+i
         ];
         for (cert, key, client_ca, flag, path, problem) in cases {
             let files = TlsFiles {
+                listener: Listener::Http,
                 cert: cert.clone(),
                 key: key.clone(),
                 client_ca: client_ca.cloned(),
@@ -370,6 +442,7 @@ Tf4tCCx5elijElo9mVgZk/ZNNqB+3RMXpkOzDXu+9w/Q5TMQgFv6hE+i
         }
         for client_ca in [None, Some(cert.clone())] {
             let tls = Tls::load(TlsFiles {
+                listener: Listener::Http,
                 cert: cert.clone(),
                 key: key.clone(),
                 client_ca: client_ca.clone(),

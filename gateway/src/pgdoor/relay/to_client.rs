@@ -2,43 +2,37 @@
 //! messages the door looks into read whole where they lie — ErrorResponse (fencegate's
 //! stale rejections are counted), ParameterStatus (a server turning read-only, with
 //! `target_session_attrs=read-write`), ReadyForQuery (the transaction status, for a
-//! clean shutdown). See [`super::session`] for the buffering and the endings.
+//! clean shutdown). See [`super`] for the buffering.
 
 use std::sync::atomic::Ordering;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::oneshot;
 
-use super::login::{NOT_PRIMARY, NOT_PRIMARY_SQLSTATE};
-use super::session::{
-    copy_body, error_code, forward, refuse, Ending, Progress, MAX_SERVER_MESSAGE,
-};
-use super::wire::{self, backend, Header, ProtocolError, WireError};
-use super::Door;
-use crate::dbfence::Reported;
+use super::super::login::{NOT_PRIMARY, NOT_PRIMARY_SQLSTATE};
+use super::super::wire::{self, backend, Header, ProtocolError, WireError};
+use super::{copy_body, forward, refuse, Ending, Observer, Progress, MAX_SERVER_MESSAGE};
 
 /// Server to client: everything relayed, errors, ParameterStatus and ReadyForQuery
 /// looked into; a client's protocol error, the gateway's shutdown of an idle session or
-/// a server that turns read-only (on host `host`) ends it with a FATAL error between two
-/// messages.
+/// a server that turns read-only ends it with a FATAL error between two messages.
 pub(super) async fn to_client<R, W>(
-    door: &Door,
+    observer: &impl Observer,
     upstream: &mut BufReader<R>,
     client: &mut BufWriter<W>,
     progress: &Progress,
     mut failure: oneshot::Receiver<ProtocolError>,
-    host: usize,
 ) -> Result<Ending, WireError>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     // Made once: each new wait on a cancellation token takes a lock to register.
-    let mut shutdown = std::pin::pin!(door.shutdown.cancelled());
+    let mut shutdown = std::pin::pin!(observer.shutdown().cancelled());
     let mut shutting_down = false;
     loop {
         if let Ok(error) = failure.try_recv() {
-            return tell_protocol_error(door, client, &error).await;
+            return tell_protocol_error(observer, client, &error).await;
         }
         if upstream.buffer().is_empty() {
             client.flush().await?;
@@ -46,7 +40,7 @@ where
                 biased;
                 error = &mut failure => {
                     if let Ok(error) = error {
-                        return tell_protocol_error(door, client, &error).await;
+                        return tell_protocol_error(observer, client, &error).await;
                     }
                     // The other direction ended; the session is ending.
                     std::future::pending::<()>().await;
@@ -76,7 +70,7 @@ where
         let mut read_only = false;
         while let Some(message) = whole.next() {
             let (header, body) = message?;
-            match look_into(door, progress, header, body) {
+            match look_into(observer, progress, header, body) {
                 Seen::ReadOnly => {
                     read_only = true;
                     break;
@@ -89,13 +83,13 @@ where
         if passed > 0 {
             client.write_all(&upstream.buffer()[..passed]).await?;
             upstream.consume(passed);
-            door.metrics().pg_bytes_to_client(passed);
+            observer.bytes_to_client(passed);
         }
         if read_only {
-            return not_primary(door, client, host).await;
+            return not_primary(observer, client).await;
         }
         if passed > 0 {
-            if ready && closes_now(door, progress, upstream) {
+            if ready && closes_now(observer, progress, upstream) {
                 refuse(client, "57P01", "fencegate is shutting down").await?;
                 return Ok(Ending::Shutdown);
             }
@@ -109,18 +103,18 @@ where
         };
         if inspected(header) {
             let body = wire::read_body(upstream, header).await?;
-            let seen = look_into(door, progress, header, &body);
+            let seen = look_into(observer, progress, header, &body);
             if seen == Seen::ReadOnly {
-                return not_primary(door, client, host).await;
+                return not_primary(observer, client).await;
             }
-            door.metrics().pg_bytes_to_client(header.body_len + 5);
+            observer.bytes_to_client(header.body_len + 5);
             forward(client, header, &body).await?;
-            if seen == Seen::Ready && closes_now(door, progress, upstream) {
+            if seen == Seen::Ready && closes_now(observer, progress, upstream) {
                 refuse(client, "57P01", "fencegate is shutting down").await?;
                 return Ok(Ending::Shutdown);
             }
         } else {
-            door.metrics().pg_bytes_to_client(header.body_len + 5);
+            observer.bytes_to_client(header.body_len + 5);
             client.write_all(&header.encode()).await?;
             if !copy_body(upstream, client, header).await? {
                 return Ok(Ending::ServerClosed);
@@ -152,21 +146,19 @@ enum Seen {
     Other,
 }
 
-/// Looks into a whole server message before it is relayed: counts fencegate's
-/// rejections, records a ReadyForQuery's transaction status, and notices a server
-/// turning read-only.
-fn look_into(door: &Door, progress: &Progress, header: Header, body: &[u8]) -> Seen {
+/// Looks into a whole server message before it is relayed: hands an error to the
+/// observer, records a ReadyForQuery's transaction status, and notices a server turning
+/// read-only.
+fn look_into(observer: &impl Observer, progress: &Progress, header: Header, body: &[u8]) -> Seen {
     if !inspected(header) {
         return Seen::Other;
     }
     match header.tag {
         backend::ERROR_RESPONSE => {
-            count_rejection(door, body);
+            observer.server_error(body);
             Seen::Other
         }
-        backend::PARAMETER_STATUS
-            if door.upstream.primary_only() && wire::reports_read_only(body) =>
-        {
+        backend::PARAMETER_STATUS if observer.primary_only() && wire::reports_read_only(body) => {
             Seen::ReadOnly
         }
         backend::PARAMETER_STATUS => Seen::Other,
@@ -178,50 +170,33 @@ fn look_into(door: &Door, progress: &Progress, header: Header, body: &[u8]) -> S
     }
 }
 
-/// Ends a session whose server (on host `host`) turned read-only: counted, logged, and
-/// the client told.
+/// Ends a session whose server turned read-only: the observer told, and the client.
 async fn not_primary<W: AsyncWrite + Unpin>(
-    door: &Door,
+    observer: &impl Observer,
     client: &mut BufWriter<W>,
-    host: usize,
 ) -> Result<Ending, WireError> {
-    door.not_primary(host, "session");
+    observer.not_primary();
     refuse(client, NOT_PRIMARY_SQLSTATE, NOT_PRIMARY).await?;
     Ok(Ending::NotPrimary)
 }
 
 /// After a ReadyForQuery: the gateway is shutting down, the session is idle and the
 /// server has sent nothing more, so the session closes now.
-fn closes_now<R: AsyncRead>(door: &Door, progress: &Progress, upstream: &BufReader<R>) -> bool {
-    door.shutdown.is_cancelled() && progress.idle() && upstream.buffer().is_empty()
+fn closes_now<R: AsyncRead>(
+    observer: &impl Observer,
+    progress: &Progress,
+    upstream: &BufReader<R>,
+) -> bool {
+    observer.shutdown().is_cancelled() && progress.idle() && upstream.buffer().is_empty()
 }
 
-/// Tells the client why its session ends, and counts it.
+/// Tells the client why its session ends, and the observer.
 async fn tell_protocol_error<W: AsyncWrite + Unpin>(
-    door: &Door,
+    observer: &impl Observer,
     client: &mut BufWriter<W>,
     error: &ProtocolError,
 ) -> Result<Ending, WireError> {
-    door.metrics().pg_protocol_error();
-    tracing::info!(%error, "Postgres client broke the protocol; its session is closed");
+    observer.protocol_error(error);
     refuse(client, "08P01", &format!("fencegate: {error}")).await?;
     Ok(Ending::ProtocolError)
-}
-
-/// Counts and logs a fencegate rejection that the server sent (a stale token, or one
-/// its issuer never issued) — if the fence's proof says the fence made it; a `ZF001` or
-/// `ZF005` that the client's own SQL raised is counted apart.
-fn count_rejection(door: &Door, body: &[u8]) {
-    let Some(code) = error_code(body) else {
-        return;
-    };
-    let detail = || {
-        wire::error_fields(body)
-            .find(|(field, _)| *field == b'D')
-            .and_then(|(_, value)| std::str::from_utf8(value).ok())
-    };
-    if let Some(reported) = Reported::read(code, detail(), door.proof_key()) {
-        door.coordinator
-            .db_refusal(&reported, None, crate::coordinator::FrontDoor::Postgres);
-    }
 }
