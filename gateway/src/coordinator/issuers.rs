@@ -34,7 +34,7 @@ use fencegate_lease::store::{etcd, zookeeper};
 use tokio::sync::OnceCell;
 
 use crate::config::{Binding, IssuerArgs, IssuerKind};
-use crate::store::postgres::{classify, new_pool};
+use crate::store::postgres::{new_pool, read_row};
 use crate::store::{Store, StoreError};
 
 /// The latest token an issuer issued for a resource, and to whom.
@@ -414,14 +414,7 @@ impl LeaderLease {
                 applied: Some(false),
             }
         })?;
-        let statement = client
-            .prepare_cached(&self.query)
-            .await
-            .map_err(|e| classify(e, false))?;
-        let row = client
-            .query_opt(&statement, &[&resource.as_str()])
-            .await
-            .map_err(|e| classify(e, false))?;
+        let row = read_row(&client, &self.query, &[&resource.as_str()]).await?;
         Ok(row.and_then(|row| {
             let epoch: i64 = row.get(0);
             let holder: Option<String> = row.get(1);

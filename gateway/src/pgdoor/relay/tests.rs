@@ -104,6 +104,23 @@ impl Relayed {
         Relayed::start(observer(), b'I', 16 << 10)
     }
 
+    /// The client sends `bytes`; the server must read them unchanged.
+    async fn client_sends(&mut self, bytes: &[u8]) {
+        self.client.write_all(bytes).await.unwrap();
+        assert_eq!(read_exactly(&mut self.server, bytes.len()).await, bytes);
+    }
+
+    /// The server sends `bytes`; the client must read them unchanged.
+    async fn server_sends(&mut self, bytes: &[u8]) {
+        self.server.write_all(bytes).await.unwrap();
+        assert_eq!(read_exactly(&mut self.client, bytes.len()).await, bytes);
+    }
+
+    /// The ErrorResponse bodies the observer was given.
+    fn server_errors(&self) -> Vec<Vec<u8>> {
+        self.observer.server_errors.lock().unwrap().clone()
+    }
+
     async fn ending(self) -> Result<Ending, WireError> {
         tokio::time::timeout(SOON, self.ended)
             .await
@@ -214,8 +231,7 @@ async fn pipelined_messages_pass_through_unchanged_both_ways_and_are_counted() {
     ));
     asked.extend(wire::message(frontend::EXECUTE, b"\0\0\0\0\0"));
     asked.extend(wire::message(frontend::SYNC, b""));
-    relayed.client.write_all(&asked).await.unwrap();
-    assert_eq!(read_exactly(&mut relayed.server, asked.len()).await, asked);
+    relayed.client_sends(&asked).await;
 
     let mut answered = Vec::new();
     answered.extend(wire::message(b'1', b""));
@@ -223,11 +239,7 @@ async fn pipelined_messages_pass_through_unchanged_both_ways_and_are_counted() {
     answered.extend(wire::message(b'D', b"\0\x01\0\0\0\x011"));
     answered.extend(command_complete("SELECT 1"));
     answered.extend(ready(b'I'));
-    relayed.server.write_all(&answered).await.unwrap();
-    assert_eq!(
-        read_exactly(&mut relayed.client, answered.len()).await,
-        answered
-    );
+    relayed.server_sends(&answered).await;
 
     let observer = Arc::clone(&relayed.observer);
     drop(relayed.client);
@@ -243,22 +255,14 @@ async fn messages_larger_than_the_buffers_stream_through_in_pieces() {
     let sql = format!("SELECT '{}'", "x".repeat(100_000));
     let asked = [query(&sql), query("SELECT 2")].concat();
     // The pipes hold a megabyte: each side writes all, then the other reads.
-    relayed.client.write_all(&asked).await.unwrap();
-    assert_eq!(read_exactly(&mut relayed.server, asked.len()).await, asked);
+    relayed.client_sends(&asked).await;
 
     let row = wire::message(b'D', &vec![7; 200_000]).to_vec();
     let error = error_response("23505", &"d".repeat(5_000));
     let answered = [row, error.clone(), ready(b'I')].concat();
-    relayed.server.write_all(&answered).await.unwrap();
-    assert_eq!(
-        read_exactly(&mut relayed.client, answered.len()).await,
-        answered
-    );
+    relayed.server_sends(&answered).await;
     // The error, read in pieces, still reached the observer whole.
-    assert_eq!(
-        relayed.observer.server_errors.lock().unwrap().as_slice(),
-        &[error[5..].to_vec()]
-    );
+    assert_eq!(relayed.server_errors(), &[error[5..].to_vec()]);
     assert_eq!(
         relayed.observer.from_client.load(Ordering::Relaxed),
         asked.len()
@@ -418,11 +422,7 @@ async fn shutdown_lets_a_running_statement_answer_before_it_closes() {
     assert!(silent(&mut relayed.client).await, "closed while running");
 
     let answered = [command_complete("UPDATE 1"), ready(b'I')].concat();
-    relayed.server.write_all(&answered).await.unwrap();
-    assert_eq!(
-        read_exactly(&mut relayed.client, answered.len()).await,
-        answered
-    );
+    relayed.server_sends(&answered).await;
     assert_eq!(read_fatal(&mut relayed.client).await, "57P01");
     assert_eq!(relayed.ending().await.unwrap(), Ending::Shutdown);
 }
@@ -482,15 +482,8 @@ async fn server_errors_reach_the_observer_and_the_client_unchanged() {
     read_message(&mut relayed.server).await;
     let error = error_response("ZF001", "resource=orders token=3 fence=4");
     let answered = [error.clone(), ready(b'I')].concat();
-    relayed.server.write_all(&answered).await.unwrap();
-    assert_eq!(
-        read_exactly(&mut relayed.client, answered.len()).await,
-        answered
-    );
-    assert_eq!(
-        relayed.observer.server_errors.lock().unwrap().as_slice(),
-        &[error[5..].to_vec()]
-    );
+    relayed.server_sends(&answered).await;
+    assert_eq!(relayed.server_errors(), &[error[5..].to_vec()]);
     // A notice (`N`) and a row are not errors.
     relayed
         .server
@@ -513,11 +506,7 @@ async fn a_server_turning_read_only_ends_a_primary_only_session_with_08006() {
     );
     // Another setting is relayed as it is.
     let timezone = parameter_status("TimeZone", "UTC");
-    relayed.server.write_all(&timezone).await.unwrap();
-    assert_eq!(
-        read_exactly(&mut relayed.client, timezone.len()).await,
-        timezone
-    );
+    relayed.server_sends(&timezone).await;
 
     relayed
         .server
@@ -539,11 +528,7 @@ async fn a_server_turning_read_only_is_relayed_when_any_server_will_do() {
         ("default_transaction_read_only", "on"),
     ] {
         let status = parameter_status(name, value);
-        relayed.server.write_all(&status).await.unwrap();
-        assert_eq!(
-            read_exactly(&mut relayed.client, status.len()).await,
-            status
-        );
+        relayed.server_sends(&status).await;
     }
     assert_eq!(relayed.observer.not_primary.load(Ordering::Relaxed), 0);
     assert!(!relayed.ended.is_finished());

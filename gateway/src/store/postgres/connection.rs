@@ -475,6 +475,23 @@ pub(crate) fn committing() {
     let _ = COMMITTING.try_with(|flag| flag.store(true, Ordering::Release));
 }
 
+/// A read of at most one row, outside any write: the statement prepared once per
+/// connection (cached), run, and its errors classified as committing nothing.
+pub(crate) async fn read_row(
+    client: &Object,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Option<tokio_postgres::Row>, StoreError> {
+    let statement = client
+        .prepare_cached(sql)
+        .await
+        .map_err(|e| classify(e, false))?;
+    client
+        .query_opt(&statement, params)
+        .await
+        .map_err(|e| classify(e, false))
+}
+
 /// Runs `statement` (a future of a statement on `client`, not yet polled) in a
 /// transaction of its own: `BEGIN` and the statement are sent together, `COMMIT` once
 /// the statement has answered ([`committing`] first). So a deadline that passes while

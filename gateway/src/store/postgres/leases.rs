@@ -109,14 +109,8 @@ pub(super) async fn read(
     client: &Object,
     resource: &ResourceName,
 ) -> Result<LeaseRecord, StoreError> {
-    let statement = client
-        .prepare_cached(statements::LEASE_READ)
-        .await
-        .map_err(|e| classify(e, false))?;
-    client
-        .query_opt(&statement, &[&resource.as_str()])
-        .await
-        .map_err(|e| classify(e, false))?
+    connection::read_row(client, statements::LEASE_READ, &[&resource.as_str()])
+        .await?
         .map_or(Ok(LeaseRecord::default()), |row| record(&row))
 }
 

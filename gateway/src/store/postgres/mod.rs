@@ -28,7 +28,7 @@ mod txn;
 mod writes;
 
 pub(crate) use connection::{
-    classify, committing, describe, error_text, server_unavailable, with_client_until,
+    classify, committing, describe, error_text, read_row, server_unavailable, with_client_until,
 };
 pub use connection::{
     migrate, new_pool, Admission, PgPool, PgStartError, ServerAuditor, ServerId, ServerWatch,
@@ -418,14 +418,9 @@ impl PgStore {
         E: Send + 'static,
     {
         self.with_client(async |client| {
-            let statement = client
-                .prepare_cached(statements::GET_OBJECT)
-                .await
-                .map_err(|e| classify(e, false))?;
-            let row = client
-                .query_opt(&statement, &[&resource.as_str(), &key.as_str()])
-                .await
-                .map_err(|e| classify(e, false))?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+                [&resource.as_str(), &key.as_str()];
+            let row = connection::read_row(client, statements::GET_OBJECT, &params).await?;
             let Some(row) = row else { return Ok(None) };
             let value: &[u8] = row.get(0);
             let permit = match admit(value.len()) {

@@ -115,14 +115,7 @@ pub(super) async fn read_fence(
     client: &Object,
     resource: &ResourceName,
 ) -> Result<Option<Token>, StoreError> {
-    let statement = client
-        .prepare_cached(statements::GET_FENCE)
-        .await
-        .map_err(|e| classify(e, false))?;
-    let row = client
-        .query_opt(&statement, &[&resource.as_str()])
-        .await
-        .map_err(|e| classify(e, false))?;
+    let row = connection::read_row(client, statements::GET_FENCE, &[&resource.as_str()]).await?;
     row.map(|row| token_from_db(row.get(0))).transpose()
 }
 
