@@ -5,7 +5,6 @@ use fencegate_proto::body::ErrorBody;
 use fencegate_proto::path::PathError;
 use fencegate_proto::{ErrorCode, ProtoError, ResourceName, Token};
 
-use crate::coordinator::Overload;
 use crate::store::StoreError;
 
 /// The message of a stale rejection. Built piece by piece rather than formatted: it is
@@ -231,5 +230,45 @@ impl ApiError {
             _ => {}
         }
         body
+    }
+}
+
+/// Why a request was turned away before any work: the gateway is at one of its bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overload {
+    /// `--max-writes-in-flight`.
+    Writes,
+    /// `--max-body-memory`.
+    BodyMemory,
+    /// The client's share of `--max-writes-in-flight`.
+    WritesShare,
+    /// The client's share of `--max-body-memory`.
+    BodyShare,
+    /// `--max-response-memory`.
+    ResponseMemory,
+    /// `--max-pending-answers` on one connection.
+    PendingAnswers,
+}
+
+impl Overload {
+    /// Every reason, as the `reason` label of `fencegate_limit_rejections_total`.
+    pub const ALL: [Overload; 6] = [
+        Overload::Writes,
+        Overload::BodyMemory,
+        Overload::WritesShare,
+        Overload::BodyShare,
+        Overload::ResponseMemory,
+        Overload::PendingAnswers,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Overload::Writes => "writes",
+            Overload::BodyMemory => "body_memory",
+            Overload::WritesShare => "writes_share",
+            Overload::BodyShare => "body_share",
+            Overload::ResponseMemory => "response_memory",
+            Overload::PendingAnswers => "pending_answers",
+        }
     }
 }

@@ -31,7 +31,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use hyper::body::{Frame, SizeHint};
 
-use crate::coordinator::Overload;
+use crate::error::Overload;
 use crate::server::conn::ConnState;
 
 /// Answers up to this size are sent whole, unclaimed.

@@ -180,10 +180,17 @@ pub async fn get(
     request: &Req,
 ) -> Result<Response<Body>, ApiError> {
     tracing::Span::current().record("resource", resource.as_str());
-    let (object, body) = coordinator
-        .get(&resource, &key, &request.conn)
+    let (responses, conn) = (
+        Arc::clone(coordinator.responses()),
+        Arc::clone(&request.conn),
+    );
+    let (mut object, admitted) = coordinator
+        .get(&resource, &key, move |length| {
+            responses.admit(length, &conn)
+        })
         .await?
         .ok_or(ApiError::NotFound("no such object"))?;
+    let body = Body::admitted(std::mem::take(&mut object.value), admitted);
     let mut response = Response::new(body);
     let headers = response.headers_mut();
     headers.insert(

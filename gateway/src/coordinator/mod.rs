@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use crate::auth::Authenticator;
 use crate::config::Config;
 use crate::dbfence::{Refusal, Reported};
-use crate::error::ApiError;
+use crate::error::{ApiError, Overload};
 use crate::log_budget::LogBudget;
 use crate::metrics::Metrics;
 use crate::sql::SqlEndpoint;
@@ -137,46 +137,6 @@ impl FrontDoor {
         match self {
             FrontDoor::Http => "http",
             FrontDoor::Postgres => "pg",
-        }
-    }
-}
-
-/// Why a request was turned away before any work: the gateway is at one of its bounds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Overload {
-    /// `--max-writes-in-flight`.
-    Writes,
-    /// `--max-body-memory`.
-    BodyMemory,
-    /// The client's share of `--max-writes-in-flight`.
-    WritesShare,
-    /// The client's share of `--max-body-memory`.
-    BodyShare,
-    /// `--max-response-memory`.
-    ResponseMemory,
-    /// `--max-pending-answers` on one connection.
-    PendingAnswers,
-}
-
-impl Overload {
-    /// Every reason, as the `reason` label of `fencegate_limit_rejections_total`.
-    pub const ALL: [Overload; 6] = [
-        Overload::Writes,
-        Overload::BodyMemory,
-        Overload::WritesShare,
-        Overload::BodyShare,
-        Overload::ResponseMemory,
-        Overload::PendingAnswers,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Overload::Writes => "writes",
-            Overload::BodyMemory => "body_memory",
-            Overload::WritesShare => "writes_share",
-            Overload::BodyShare => "body_share",
-            Overload::ResponseMemory => "response_memory",
-            Overload::PendingAnswers => "pending_answers",
         }
     }
 }
@@ -559,29 +519,23 @@ impl Coordinator {
         }
     }
 
-    /// Reads an object; `None` if it does not exist.
-    /// Reads an object, its value as the answer's body. A large value is admitted
-    /// under the response budget on `conn` ([`crate::api::body`]) before it is copied
-    /// into memory: values read but not admitted never pile up.
-    pub async fn get(
+    /// Reads an object; `None` if it does not exist. `admit` is asked, with the
+    /// value's length, before the value is copied into memory (the HTTP API admits it
+    /// under the response budget, [`crate::api::body`]): values read but not admitted
+    /// never pile up.
+    pub async fn get<P: Send + 'static>(
         self: &Arc<Self>,
         resource: &ResourceName,
         key: &ObjectKey,
-        conn: &Arc<crate::server::conn::ConnState>,
-    ) -> Result<Option<(StoredObject, crate::api::Body)>, ApiError> {
+        admit: impl FnOnce(usize) -> Result<P, Overload> + Send + 'static,
+    ) -> Result<Option<(StoredObject, P)>, ApiError> {
         let (this, resource, key) = (Arc::clone(self), resource.clone(), key.clone());
-        let (responses, conn) = (Arc::clone(&self.responses), Arc::clone(conn));
-        let admit = move |length| responses.admit(length, &conn);
         let result = self
             .store_call(async move { this.store.get(&resource, &key, admit).await })
             .await?;
         match result? {
             None => Ok(None),
-            Some(Err(overload)) => Err(overload.into()),
-            Some(Ok((mut object, admitted))) => {
-                let value = std::mem::take(&mut object.value);
-                Ok(Some((object, crate::api::Body::admitted(value, admitted))))
-            }
+            Some(found) => Ok(Some(found?)),
         }
     }
 

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use dashmap::DashMap;
 
-use super::Overload;
+use crate::error::Overload;
 
 /// Who holds a share: an identity (by a keyed hash of its name), or an address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

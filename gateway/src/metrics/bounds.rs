@@ -23,7 +23,7 @@ impl BoundMetrics {
             &["reason"],
         )
         .unwrap();
-        for reason in crate::coordinator::Overload::ALL {
+        for reason in crate::error::Overload::ALL {
             limit_rejections.with_label_values(&[reason.as_str()]);
         }
         let connections_closed = IntCounterVec::new(

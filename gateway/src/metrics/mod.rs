@@ -466,7 +466,7 @@ impl Metrics {
         self.trust.forged_refusals.with_label_values(&[door]).inc();
     }
 
-    /// Counts a request turned away at one of the bounds (an [`crate::coordinator::Overload`]).
+    /// Counts a request turned away at one of the bounds (an [`crate::error::Overload`]).
     pub fn limit_rejected(&self, reason: &str) {
         self.bounds
             .limit_rejections

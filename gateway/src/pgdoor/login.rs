@@ -12,11 +12,10 @@
 //! reports `in_hot_standby=on` or `default_transaction_read_only=on` before its first
 //! ReadyForQuery does not get the session (see [`NOT_PRIMARY`]).
 
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 
 use super::cancel::Issued;
 use super::relay::{error_code, forward, refuse};
-use super::session::Ends;
 use super::wire::{self, auth, backend, frontend, ProtocolError, WireError};
 use super::Door;
 
@@ -45,6 +44,18 @@ pub(super) const NOT_PRIMARY_SQLSTATE: &str = "08006";
 /// The message of that error.
 pub(super) const NOT_PRIMARY: &str =
     "the database server is not the primary (a failover may be under way); connect again";
+
+/// Both ends of a session, each side buffered.
+pub(super) struct Ends<'a, CR, CW, UR, UW> {
+    pub(super) client_read: &'a mut BufReader<CR>,
+    pub(super) client_write: &'a mut BufWriter<CW>,
+    pub(super) upstream_read: &'a mut BufReader<UR>,
+    pub(super) upstream_write: &'a mut BufWriter<UW>,
+    /// The upstream connection is TLS: the server supports SCRAM channel binding.
+    pub(super) upstream_tls: bool,
+    /// The index of the server's host among the URL's.
+    pub(super) upstream_host: usize,
+}
 
 /// Relays authentication between the client and the server until the server's first
 /// ReadyForQuery, or its error.

@@ -28,7 +28,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::admission::{Authenticating, Refusal};
-use super::login::{authenticate, Login};
+use super::login::{authenticate, Ends, Login};
 use super::relay::{self, refuse, Ending, Observer};
 use super::upstream::UpstreamStream;
 use super::wire::{self, ProtocolError, StartupPacket, WireError};
@@ -214,18 +214,6 @@ where
     }
     drop(key);
     ending
-}
-
-/// Both ends of a session, each side buffered.
-pub(super) struct Ends<'a, CR, CW, UR, UW> {
-    pub(super) client_read: &'a mut BufReader<CR>,
-    pub(super) client_write: &'a mut BufWriter<CW>,
-    pub(super) upstream_read: &'a mut BufReader<UR>,
-    pub(super) upstream_write: &'a mut BufWriter<UW>,
-    /// The upstream connection is TLS: the server supports SCRAM channel binding.
-    pub(super) upstream_tls: bool,
-    /// The index of the server's host among the URL's.
-    pub(super) upstream_host: usize,
 }
 
 /// The door's view of one session's relay.
