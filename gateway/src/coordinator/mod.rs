@@ -14,18 +14,35 @@
 //!   turned into the one `409 stale_token` answer.
 //! - The bounds of the process (writes in flight, request bodies in memory) are handed
 //!   out as permits that the request holds until it is answered.
+//!
+//! # Parts
+//!
+//! - `admit`: the checks before a write, in their one order.
+//! - `bounds`, `shares`: the permits, and each client's share of them.
+//! - `fence_cache`: the highest committed token per resource, for early rejections.
+//! - `rejections`: stale and unissued tokens refused, counted and logged, from either
+//!   front door.
+//! - `issuers`, `issued`: the lease stores whose tokens the gateway checks, and the
+//!   checks.
+//! - `takeover`, `audit`, `replication`, `txn`: a new term's takeover of old sessions,
+//!   the fence audit of a new server, the replication watch, multi-resource
+//!   transactions.
 
 mod admit;
 mod audit;
+mod bounds;
 mod fence_cache;
 mod issued;
 pub(crate) mod issuers;
+mod rejections;
 mod replication;
 mod shares;
 mod takeover;
 mod txn;
 
 pub use admit::Entry;
+pub use bounds::{BodyMemory, WritePermit};
+pub use rejections::FrontDoor;
 pub use shares::ClientKey;
 
 use std::future::Future;
@@ -35,12 +52,11 @@ use std::time::Duration;
 
 use fencegate_proto::headers::Fencing;
 use fencegate_proto::{ErrorCode, ObjectKey, ResourceName, Token};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Authenticator;
 use crate::config::Config;
-use crate::dbfence::{Refusal, Reported};
 use crate::error::{ApiError, Overload};
 use crate::log_budget::LogBudget;
 use crate::metrics::Metrics;
@@ -112,81 +128,11 @@ pub struct Coordinator {
     write_probe: tokio::sync::Mutex<Option<(tokio::time::Instant, Result<(), NotWritable>)>>,
 }
 
-/// `percent` of `total`, at least 1.
-fn share_of(total: usize, percent: u8) -> usize {
-    (total.saturating_mul(usize::from(percent)) / 100).max(1)
-}
-
 /// How long a write probe's outcome answers readiness before the store is probed again.
 const WRITE_PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// How often a gateway looks for fence resets made through other replicas.
 pub const RESET_POLL: Duration = Duration::from_secs(1);
-
-/// Which front door — the HTTP API or the Postgres door — a rejected write came
-/// through, for the log and the metrics. (Not `pgdoor::Door`, the Postgres
-/// door itself.)
-#[derive(Debug, Clone, Copy)]
-pub enum FrontDoor {
-    Http,
-    Postgres,
-}
-
-impl FrontDoor {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            FrontDoor::Http => "http",
-            FrontDoor::Postgres => "pg",
-        }
-    }
-}
-
-/// A write's place under `--max-writes-in-flight` and its client's share of it.
-pub struct WritePermit {
-    _global: OwnedSemaphorePermit,
-    _share: shares::Share,
-}
-
-/// Room for a request body under `--max-body-memory` and its client's share, claimed
-/// as the body arrives and given back when dropped.
-pub struct BodyMemory {
-    global: Arc<Semaphore>,
-    held: Option<OwnedSemaphorePermit>,
-    share: shares::Share,
-    bytes: usize,
-}
-
-impl BodyMemory {
-    /// Claims room for `total` bytes in all, if not claimed yet.
-    pub fn grow_to(&mut self, total: usize) -> Result<(), Overload> {
-        let more = total.saturating_sub(self.bytes);
-        if more == 0 {
-            return Ok(());
-        }
-        let permits = u32::try_from(more).map_err(|_| Overload::BodyMemory)?;
-        let permit = Arc::clone(&self.global)
-            .try_acquire_many_owned(permits)
-            .map_err(|_| Overload::BodyMemory)?;
-        self.share.grow_body(more)?;
-        match &mut self.held {
-            Some(held) => held.merge(permit),
-            None => self.held = Some(permit),
-        }
-        self.bytes = total;
-        Ok(())
-    }
-}
-
-/// The facts of a stale rejection, as logged.
-#[derive(Clone, Copy)]
-struct Rejected<'a> {
-    resource: &'a ResourceName,
-    key: Option<&'a ObjectKey>,
-    fencing: &'a Fencing,
-    /// The authenticated caller; `None` when authentication is off.
-    identity: Option<&'a str>,
-    highest: Token,
-}
 
 /// A write that was applied and committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -243,8 +189,8 @@ impl Coordinator {
             writes: Arc::new(Semaphore::new(config.max_writes_in_flight)),
             body_bytes: Arc::new(Semaphore::new(config.max_body_memory)),
             shares: shares::Shares::new(
-                share_of(config.max_writes_in_flight, config.max_client_share),
-                share_of(config.max_body_memory, config.max_client_share),
+                bounds::share_of(config.max_writes_in_flight, config.max_client_share),
+                bounds::share_of(config.max_body_memory, config.max_client_share),
             ),
             body_first_byte: config.body_first_byte_timeout,
             responses,
@@ -309,42 +255,6 @@ impl Coordinator {
         &self.responses
     }
 
-    /// The client a request counts against, for its shares.
-    pub fn client(&self, identity: Option<&str>, peer: std::net::IpAddr) -> ClientKey {
-        self.shares.client(identity, peer)
-    }
-
-    /// A place for one more write in flight of `client`, held until the permit is
-    /// dropped.
-    /// Refused while the fence database is not synchronously replicated, if the gateway
-    /// requires it ([`replication`]).
-    pub fn write_permit(&self, client: ClientKey) -> Result<WritePermit, ApiError> {
-        self.require_replication()?;
-        let share = self.shares.write(client)?;
-        let global = Arc::clone(&self.writes)
-            .try_acquire_owned()
-            .map_err(|_| Overload::Writes)?;
-        Ok(WritePermit {
-            _global: global,
-            _share: share,
-        })
-    }
-
-    /// An empty claim on body memory for `client`, grown as its body arrives.
-    pub fn body_memory(&self, client: ClientKey) -> BodyMemory {
-        BodyMemory {
-            global: Arc::clone(&self.body_bytes),
-            held: None,
-            share: self.shares.body(client),
-            bytes: 0,
-        }
-    }
-
-    /// Counts a request turned away at one of the bounds.
-    pub fn limit_rejected(&self, reason: Overload) {
-        self.metrics.limit_rejected(reason.as_str());
-    }
-
     /// Cancelled once shutdown has begun.
     pub fn shutdown(&self) -> &CancellationToken {
         &self.shutdown
@@ -359,55 +269,6 @@ impl Coordinator {
     pub fn encode_metrics(&self) -> Vec<u8> {
         self.metrics.set_cache_entries(self.cache.len());
         self.metrics.encode()
-    }
-
-    /// Logs, once a second while a stale flood lasts, how many "stale write rejected"
-    /// lines `--stale-log-limit` left out; runs until shutdown.
-    pub async fn summarise_unlogged_rejections(self: Arc<Self>) {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                () = self.shutdown.cancelled() => return,
-            }
-            let unlogged = self.stale_log.take_refused();
-            if unlogged > 0 {
-                tracing::warn!(
-                    unlogged,
-                    limit = self.stale_log.limit,
-                    "stale write rejections not logged (--stale-log-limit); metrics count every one"
-                );
-            }
-        }
-    }
-
-    /// The fast path: rejects `fencing` from memory if the cache already knows a higher
-    /// committed token. `Ok` means only "not known to be stale": the backend decides.
-    fn check_cached(
-        &self,
-        resource: &ResourceName,
-        key: Option<&ObjectKey>,
-        fencing: &Fencing,
-        identity: Option<&str>,
-    ) -> Result<(), ApiError> {
-        if self.no_cache_rejections {
-            return Ok(());
-        }
-        match self.cache.reject_below(resource, fencing.token) {
-            Some((highest, rejections)) => {
-                self.metrics.cache_rejection();
-                let rejected = Rejected {
-                    resource,
-                    key,
-                    fencing,
-                    identity,
-                    highest,
-                };
-                Err(self.rejected(&rejected, rejections))
-            }
-            None => Ok(()),
-        }
     }
 
     /// The generation of the fence cache now, for a backend call about to start.
@@ -605,129 +466,6 @@ impl Coordinator {
         }
     }
 
-    /// Counts and logs a stale rejection (within the `--stale-log-limit` budget), and
-    /// returns the error to answer with. `highest` must be a committed token above the
-    /// presented one.
-    pub fn stale(
-        &self,
-        resource: &ResourceName,
-        key: Option<&ObjectKey>,
-        fencing: &Fencing,
-        identity: Option<&str>,
-        highest: Token,
-        seen: Seen,
-    ) -> ApiError {
-        self.count_stale(resource, key, fencing, identity, highest, seen);
-        ApiError::Stale {
-            resource: resource.clone(),
-            presented: fencing.token,
-            highest,
-        }
-    }
-
-    /// Counts and logs a stale rejection as [`Coordinator::stale`] does, for an answer
-    /// built elsewhere (a transaction's, rendered from its outcome).
-    pub fn count_stale(
-        &self,
-        resource: &ResourceName,
-        key: Option<&ObjectKey>,
-        fencing: &Fencing,
-        identity: Option<&str>,
-        highest: Token,
-        seen: Seen,
-    ) {
-        let rejections = self.cache.count_rejection(resource, highest, seen);
-        let rejected = Rejected {
-            resource,
-            key,
-            fencing,
-            identity,
-            highest,
-        };
-        self.record_stale(&rejected, FrontDoor::Http, rejections);
-    }
-
-    /// Counts and logs `rejected`, the resource's `rejections`-th, and returns the error
-    /// to answer with.
-    fn rejected(&self, rejected: &Rejected<'_>, rejections: u64) -> ApiError {
-        self.record_stale(rejected, FrontDoor::Http, rejections);
-        ApiError::Stale {
-            resource: rejected.resource.clone(),
-            presented: rejected.fencing.token,
-            highest: rejected.highest,
-        }
-    }
-
-    /// Counts and logs what the in-database fence reported to `/v1/sql` or to a client of
-    /// the Postgres door: a refusal the fence proved — a stale token, counted and logged
-    /// as every stale rejection, or a token its issuer never issued — or a `ZF001`/`ZF005`
-    /// that anyone's SQL raised, which is counted apart and changes no rejection count.
-    /// The fence cache never learns from either: the database reports from inside the
-    /// failed transaction, which may itself have raised the fence — and that raise is
-    /// rolled back with it.
-    pub fn db_refusal(&self, reported: &Reported, holder: Option<String>, door: FrontDoor) {
-        match reported {
-            Reported::Proven(Refusal::Stale(rejection)) => {
-                let fencing = Fencing {
-                    token: rejection.presented,
-                    holder,
-                };
-                let resource = &rejection.resource;
-                let rejections = self.cache.count_reported_rejection(resource);
-                let rejected = Rejected {
-                    resource,
-                    key: None,
-                    fencing: &fencing,
-                    identity: None,
-                    highest: rejection.highest,
-                };
-                self.record_stale(&rejected, door, rejections);
-            }
-            Reported::Proven(Refusal::NotIssued(rejection)) => {
-                self.not_issued_in_database(rejection, door)
-            }
-            Reported::Unproven { code } => {
-                self.metrics.forged_refusal(door.as_str());
-                if self.stale_log.admit().is_some() {
-                    tracing::warn!(
-                        sqlstate = *code,
-                        door = door.as_str(),
-                        "a fence error without the fence's proof: raised by SQL, not by the fence; not counted as a rejection"
-                    );
-                }
-            }
-        }
-    }
-
-    fn record_stale(&self, rejected: &Rejected<'_>, door: FrontDoor, rejections: u64) {
-        let Rejected {
-            resource,
-            key,
-            fencing,
-            identity,
-            highest,
-        } = *rejected;
-        self.metrics
-            .stale_rejected(resource, fencing.token, highest);
-        if let Some(unlogged) = self.stale_log.admit() {
-            tracing::warn!(
-                resource = resource.as_str(),
-                key = key.map(ObjectKey::as_str),
-                presented = fencing.token.get(),
-                highest = highest.get(),
-                holder = fencing.holder.as_deref(),
-                identity,
-                outcome = "stale_token",
-                door = door.as_str(),
-                rejections,
-                // Only present when the cap left lines out.
-                unlogged = (unlogged > 0).then_some(unlogged),
-                "stale write rejected"
-            );
-        }
-    }
-
-    /// The metrics, for the Postgres door's own.
     /// The key of the in-database fence's proofs (the Postgres backend only).
     pub fn proof_key(&self) -> Option<&crate::dbfence::ProofKey> {
         match &self.store {
@@ -736,6 +474,7 @@ impl Coordinator {
         }
     }
 
+    /// The metrics, for the Postgres door's own.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
