@@ -246,6 +246,6 @@ mod tests {
     #[test]
     fn every_reason_is_a_label_of_the_metric() {
         let reasons: Vec<&str> = Refusal::ALL.iter().map(|r| r.reason()).collect();
-        assert_eq!(reasons, crate::metrics::PG_REFUSAL_REASONS);
+        assert_eq!(reasons, crate::metrics::door::PG_REFUSAL_REASONS);
     }
 }

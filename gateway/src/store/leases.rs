@@ -22,7 +22,7 @@
 //!
 //! Releasing a lease clears its holder and ends its term, but keeps its last token and
 //! the identity that token was issued to, durably: the token stays bound to that
-//! identity ([`crate::coordinator::issuers`]) on every replica and across restarts, until a new term
+//! identity (the coordinator's `issuers`) on every replica and across restarts, until a new term
 //! replaces both.
 //!
 //! # Epochs
