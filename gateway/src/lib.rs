@@ -211,6 +211,8 @@ pub async fn run(
         http2_keep_alive_interval: config.http2_keepalive_interval,
         http2_keep_alive_timeout: config.http2_keepalive_timeout,
         grace: config.shutdown_timeout,
+        max_response_memory: config.max_response_memory,
+        max_pending_answers: config.max_pending_answers,
     };
     let door = match (config.pg_door(), config.database_url.as_deref()) {
         (Some(addr), Some(url)) => {

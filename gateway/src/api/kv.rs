@@ -180,10 +180,7 @@ pub async fn get(
     request: &Req,
 ) -> Result<Response<Body>, ApiError> {
     tracing::Span::current().record("resource", resource.as_str());
-    let (responses, conn) = (
-        Arc::clone(coordinator.responses()),
-        Arc::clone(&request.conn),
-    );
+    let (responses, conn) = (Arc::clone(&request.responses), Arc::clone(&request.conn));
     let (mut object, admitted) = coordinator
         .get(&resource, &key, move |length| {
             responses.admit(length, &conn)

@@ -60,7 +60,7 @@ use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 
 use crate::server::conn::ConnState;
-pub use body::Body;
+pub use body::{Body, ResponseBudget};
 use request::Req;
 use response::error_response;
 
@@ -70,8 +70,9 @@ pub async fn handle(
     request: Request<Incoming>,
     peer: IpAddr,
     conn: &Arc<ConnState>,
+    responses: &Arc<ResponseBudget>,
 ) -> Response<Body> {
-    let mut request = Req::new(request, peer, Arc::clone(conn));
+    let mut request = Req::new(request, peer, Arc::clone(conn), Arc::clone(responses));
     let mut response = answer(&coordinator, &mut request).await;
     if request.head.version < Version::HTTP_2 {
         if !request.keeps_connection(&coordinator).await {

@@ -17,6 +17,7 @@ use http::Request;
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Incoming};
 
+use crate::api::body::ResponseBudget;
 use crate::coordinator::{BodyMemory, ClientKey, Coordinator, Entry, WritePermit};
 use crate::error::ApiError;
 use crate::server::conn::ConnState;
@@ -37,6 +38,8 @@ pub struct Req {
     pub peer: IpAddr,
     /// Its connection, for the answers paced on it ([`crate::api::body`]).
     pub conn: Arc<ConnState>,
+    /// The budget of answers waiting for their clients (`--max-response-memory`).
+    pub responses: Arc<ResponseBudget>,
 }
 
 /// A request body in memory, and the room it takes under `--max-body-memory`.
@@ -46,7 +49,12 @@ pub struct ReadBody {
 }
 
 impl Req {
-    pub fn new(request: Request<Incoming>, peer: IpAddr, conn: Arc<ConnState>) -> Req {
+    pub fn new(
+        request: Request<Incoming>,
+        peer: IpAddr,
+        conn: Arc<ConnState>,
+        responses: Arc<ResponseBudget>,
+    ) -> Req {
         let (head, body) = request.into_parts();
         Req {
             head,
@@ -55,6 +63,7 @@ impl Req {
             identity: None,
             peer,
             conn,
+            responses,
         }
     }
 

@@ -114,7 +114,7 @@ pub async fn post(
             stored: None,
         } => {
             let (head, body) = accepted(resource, token, results).into_parts();
-            let body = body.paced_committed(coordinator.responses(), &request.conn);
+            let body = body.paced_committed(&request.responses, &request.conn);
             Ok(Response::from_parts(head, body))
         }
         Answered::Ran {
@@ -136,7 +136,7 @@ pub async fn post(
         answered => {
             let response = keyed::answer(answered, &render)?;
             let (head, body) = response.into_parts();
-            let body = body.paced_committed(coordinator.responses(), &request.conn);
+            let body = body.paced_committed(&request.responses, &request.conn);
             Ok(Response::from_parts(head, body))
         }
     }

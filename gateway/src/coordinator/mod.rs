@@ -89,8 +89,6 @@ pub struct Coordinator {
     shares: Arc<shares::Shares>,
     /// How long a request body may take to send its first byte.
     body_first_byte: Duration,
-    /// Large answers waiting for their clients (`--max-response-memory`).
-    responses: Arc<crate::api::body::ResponseBudget>,
     /// Cancelled when shutdown begins: requests still receiving their body stop.
     shutdown: CancellationToken,
     stale_log: LogBudget,
@@ -172,11 +170,6 @@ impl Coordinator {
             .as_deref()
             .map(crate::auth::AdminKey::load)
             .transpose()?;
-        let responses = crate::api::body::ResponseBudget::new(
-            config.max_response_memory,
-            config.max_pending_answers,
-            metrics.response_bytes(),
-        );
         Ok(Coordinator {
             auth,
             store,
@@ -193,7 +186,6 @@ impl Coordinator {
                 bounds::share_of(config.max_body_memory, config.max_client_share),
             ),
             body_first_byte: config.body_first_byte_timeout,
-            responses,
             shutdown,
             stale_log: LogBudget::new(config.stale_log_limit),
             issuers,
@@ -248,11 +240,6 @@ impl Coordinator {
     /// (`--body-first-byte-timeout`).
     pub fn body_first_byte(&self) -> Duration {
         self.body_first_byte
-    }
-
-    /// The budget of large answers waiting for their clients.
-    pub fn responses(&self) -> &Arc<crate::api::body::ResponseBudget> {
-        &self.responses
     }
 
     /// Cancelled once shutdown has begun.

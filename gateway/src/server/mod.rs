@@ -50,7 +50,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
-use crate::api;
+use crate::api::{self, ResponseBudget};
 use crate::auth::ClientCertificate;
 use crate::coordinator::Coordinator;
 use crate::tls::{self, Tls};
@@ -69,6 +69,10 @@ pub struct Limits {
     pub http2_keep_alive_interval: Duration,
     pub http2_keep_alive_timeout: Duration,
     pub grace: Duration,
+    /// `--max-response-memory`: answers waiting for their clients, in all.
+    pub max_response_memory: usize,
+    /// `--max-pending-answers`: answers waiting on one connection.
+    pub max_pending_answers: usize,
 }
 
 /// Raises the soft open-file limit to the hard one, and returns how many connections
@@ -170,9 +174,15 @@ pub async fn serve(
         .keep_alive_interval(limits.http2_keep_alive_interval)
         .keep_alive_timeout(limits.http2_keep_alive_timeout)
         .max_header_list_size(u32::try_from(limits.max_header_size).unwrap_or(u32::MAX));
+    let responses = ResponseBudget::new(
+        limits.max_response_memory,
+        limits.max_pending_answers,
+        coordinator.metrics().response_bytes(),
+    );
     let shared = Arc::new(Shared {
         builder,
         coordinator: Arc::clone(&coordinator),
+        responses,
         registry: Registry::default(),
         deadlines: limits.deadlines,
     });
@@ -218,6 +228,8 @@ pub async fn serve(
 struct Shared {
     builder: auto::Builder<TokioExecutor>,
     coordinator: Arc<Coordinator>,
+    /// The budget of answers waiting for their clients, shared by every connection.
+    responses: Arc<ResponseBudget>,
     registry: Registry,
     deadlines: Deadlines,
 }
@@ -282,14 +294,16 @@ impl Shared {
         let peer = accepted.peer.ip();
         let service = {
             let (coordinator, state) = (Arc::clone(&self.coordinator), Arc::clone(&state));
+            let responses = Arc::clone(&self.responses);
             service_fn(move |mut request| {
                 let (coordinator, conn) = (Arc::clone(&coordinator), Arc::clone(&state));
+                let responses = Arc::clone(&responses);
                 let in_flight = state.request();
                 if let Some(certificate) = &certificate {
                     request.extensions_mut().insert(certificate.clone());
                 }
                 async move {
-                    let response = api::handle(coordinator, request, peer, &conn).await;
+                    let response = api::handle(coordinator, request, peer, &conn, &responses).await;
                     drop(in_flight);
                     Ok::<_, Infallible>(response)
                 }
