@@ -13,13 +13,13 @@
 use std::sync::Arc;
 
 use fencegate_proto::body::ErrorBody;
-use fencegate_proto::headers::{idempotency_key, IDEMPOTENCY_REPLAYED};
+use fencegate_proto::headers::idempotency_key;
 use fencegate_proto::ErrorCode;
-use http::{HeaderName, HeaderValue, Response, StatusCode};
+use http::Response;
 use ring::digest;
 
 use crate::api::request::Req;
-use crate::api::response::error_response;
+use crate::api::response::{error_response, respond};
 use crate::api::Body;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
@@ -93,27 +93,6 @@ fn store(response: Response<Body>) -> StoredAnswer {
             .collect(),
         body: body.into_bytes(),
     }
-}
-
-/// The response of a stored answer; marked as replayed if it is one.
-pub fn respond(answer: &StoredAnswer, replayed: bool) -> Response<Body> {
-    let mut response = Response::new(Body::whole(answer.body.clone()));
-    *response.status_mut() =
-        StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    for (name, value) in &answer.headers {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_str(value),
-        ) {
-            response.headers_mut().append(name, value);
-        }
-    }
-    if replayed {
-        response
-            .headers_mut()
-            .insert(IDEMPOTENCY_REPLAYED, HeaderValue::from_static("true"));
-    }
-    response
 }
 
 /// A stored answer as the handler's result: an error answer goes the way of every error

@@ -1,13 +1,14 @@
 //! Responses: JSON bodies, and every error as its status, body and headers.
 
 use bytes::Bytes;
-use fencegate_proto::headers::FENCING_HIGHEST;
+use fencegate_proto::headers::{FENCING_HIGHEST, IDEMPOTENCY_REPLAYED};
 use fencegate_proto::{ErrorCode, ResourceName, Token};
 use http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
-use http::{HeaderValue, Response, StatusCode};
+use http::{HeaderName, HeaderValue, Response, StatusCode};
 
 use super::Body;
 use crate::error::ApiError;
+use crate::store::txn::StoredAnswer;
 
 /// A number as a header value, in one allocation (`HeaderValue::from(u64)` takes two).
 pub fn number_value(number: u64) -> HeaderValue {
@@ -41,7 +42,7 @@ pub fn error_response(error: &ApiError) -> Response<Body> {
         answer, replayed, ..
     } = error
     {
-        return super::keyed::respond(answer, *replayed);
+        return respond(answer, *replayed);
     }
     let code = error.code();
     let status = StatusCode::from_u16(code.status()).expect("error codes carry valid statuses");
@@ -129,6 +130,27 @@ const STALE_BODY_FIXED: usize = "{\"error\":\"".len()
     + "\",\"presented\":".len()
     + ",\"highest\":".len()
     + "}".len();
+
+/// The response of a stored answer; marked as replayed if it is one.
+pub fn respond(answer: &StoredAnswer, replayed: bool) -> Response<Body> {
+    let mut response = Response::new(Body::whole(answer.body.clone()));
+    *response.status_mut() =
+        StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    for (name, value) in &answer.headers {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_str(value),
+        ) {
+            response.headers_mut().append(name, value);
+        }
+    }
+    if replayed {
+        response
+            .headers_mut()
+            .insert(IDEMPOTENCY_REPLAYED, HeaderValue::from_static("true"));
+    }
+    response
+}
 
 #[cfg(test)]
 mod tests {

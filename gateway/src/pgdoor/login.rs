@@ -15,7 +15,7 @@
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 
 use super::cancel::Issued;
-use super::relay::{error_code, forward, refuse};
+use super::relay::{error_code, forward, refuse, NOT_PRIMARY, NOT_PRIMARY_SQLSTATE};
 use super::wire::{self, auth, backend, frontend, ProtocolError, WireError};
 use super::Door;
 
@@ -32,18 +32,6 @@ pub(super) enum Login {
     /// The server is not the primary; the client was told so ([`NOT_PRIMARY`]).
     NotPrimary,
 }
-
-/// The SQLSTATE of the FATAL error that ends a session whose server is not, or no
-/// longer, the primary: `08006` (connection_failure). Class 08 is what drivers and pools
-/// take for "this connection is gone, open another" — which is the remedy, since the
-/// door's next session goes to the primary. `25006` (read_only_sql_transaction) would
-/// name the cause, but it is what the server itself sends for one refused statement on a
-/// connection that stays usable, and pools do not drop a connection for it.
-pub(super) const NOT_PRIMARY_SQLSTATE: &str = "08006";
-
-/// The message of that error.
-pub(super) const NOT_PRIMARY: &str =
-    "the database server is not the primary (a failover may be under way); connect again";
 
 /// Both ends of a session, each side buffered.
 pub(super) struct Ends<'a, CR, CW, UR, UW> {

@@ -14,7 +14,7 @@
 //! does, with `target_session_attrs=read-write`, a server that reports
 //! `default_transaction_read_only=on` or `in_hot_standby=on` mid-session: the door relays
 //! nothing more from it and tells the client with FATAL `08006`
-//! ([`super::login::NOT_PRIMARY`]) in place of that ParameterStatus
+//! ([`super::relay::NOT_PRIMARY`]) in place of that ParameterStatus
 //! ([`super::to_client`]). The server sends it just before the ReadyForQuery of the
 //! first statement it ran after the change: new transactions are read-only from then on,
 //! and one left open is rolled back when the door closes the connection (a COMMIT that

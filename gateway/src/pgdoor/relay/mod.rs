@@ -90,6 +90,18 @@ pub(crate) enum Ending {
 /// messages are streamed, never held whole, except the few small ones the relay reads.
 pub(super) const MAX_SERVER_MESSAGE: usize = 1 << 30;
 
+/// The SQLSTATE of the FATAL error that ends a session whose server is not, or no
+/// longer, the primary: `08006` (connection_failure). Class 08 is what drivers and pools
+/// take for "this connection is gone, open another" — which is the remedy, since the
+/// door's next session goes to the primary. `25006` (read_only_sql_transaction) would
+/// name the cause, but it is what the server itself sends for one refused statement on a
+/// connection that stays usable, and pools do not drop a connection for it.
+pub(super) const NOT_PRIMARY_SQLSTATE: &str = "08006";
+
+/// The message of that error.
+pub(super) const NOT_PRIMARY: &str =
+    "the database server is not the primary (a failover may be under way); connect again";
+
 /// Counts a session's requests and replies, so that shutdown can tell an idle session
 /// (nothing asked and unanswered, no transaction open) from a busy one.
 struct Progress {

@@ -9,9 +9,11 @@ use std::sync::atomic::Ordering;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::sync::oneshot;
 
-use super::super::login::{NOT_PRIMARY, NOT_PRIMARY_SQLSTATE};
 use super::super::wire::{self, backend, Header, ProtocolError, WireError};
-use super::{copy_body, forward, refuse, Ending, Observer, Progress, MAX_SERVER_MESSAGE};
+use super::{
+    copy_body, forward, refuse, Ending, Observer, Progress, MAX_SERVER_MESSAGE, NOT_PRIMARY,
+    NOT_PRIMARY_SQLSTATE,
+};
 
 /// Server to client: everything relayed, errors, ParameterStatus and ReadyForQuery
 /// looked into; a client's protocol error, the gateway's shutdown of an idle session or
