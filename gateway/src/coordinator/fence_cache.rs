@@ -261,6 +261,44 @@ mod tests {
     }
 
     #[test]
+    fn snapshot_holds_every_entry_in_batches_of_at_most_the_size() {
+        let cache = FenceCache::new(100);
+        assert!(cache.snapshot(2).is_empty());
+        for i in 1..=5 {
+            cache.raise(&res(&format!("r{i}")), tok(i * 10));
+        }
+        let batches = cache.snapshot(2);
+        let mut sizes: Vec<usize> = batches.iter().map(Vec::len).collect();
+        sizes.sort_unstable();
+        assert_eq!(sizes, [1, 2, 2]);
+        let mut all: Vec<(ResourceName, Token)> = batches.into_iter().flatten().collect();
+        all.sort_by_key(|(_, token)| *token);
+        let expected: Vec<(ResourceName, Token)> = (1..=5)
+            .map(|i| (res(&format!("r{i}")), tok(i * 10)))
+            .collect();
+        assert_eq!(all, expected);
+        assert_eq!(cache.snapshot(5).len(), 1);
+    }
+
+    /// At the capacity, the next new resource evicts an eighth: the cache then holds
+    /// `capacity - capacity / 8` entries, its count matching its map.
+    #[test]
+    fn a_full_cache_evicts_an_eighth_for_a_new_resource() {
+        let cache = FenceCache::new(64);
+        for i in 0..64 {
+            cache.raise(&res(&format!("r{i}")), tok(i + 1));
+        }
+        assert_eq!(cache.len(), 64, "full, nothing evicted yet");
+        // A raise of a resource already cached makes no room.
+        cache.raise(&res("r0"), tok(100));
+        assert_eq!(cache.len(), 64);
+        cache.raise(&res("new"), tok(1));
+        assert_eq!(cache.len(), 64 - 64 / 8);
+        assert_eq!(cache.len(), cache.map.len());
+        assert_eq!(cache.highest(&res("new")), Some(tok(1)));
+    }
+
+    #[test]
     fn stays_within_capacity() {
         let cache = FenceCache::new(100);
         for i in 0..1000 {

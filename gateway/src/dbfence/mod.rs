@@ -294,6 +294,12 @@ mod tests {
         }
     }
 
+    /// The key never shows in a log line or a panic message.
+    #[test]
+    fn a_proof_key_debugs_without_its_secret() {
+        assert_eq!(format!("{:?}", key()), "ProofKey(..)");
+    }
+
     /// The SQL raises the codes this module names, and nothing else in class ZF.
     #[test]
     fn the_sql_raises_the_named_codes() {
