@@ -22,6 +22,7 @@ mod connection;
 mod group;
 mod leases;
 pub mod replication;
+mod server_watch;
 pub(crate) mod session;
 pub mod statements;
 mod txn;
@@ -30,9 +31,8 @@ mod writes;
 pub(crate) use connection::{
     classify, committing, describe, error_text, read_row, server_unavailable, with_client_until,
 };
-pub use connection::{
-    migrate, new_pool, Admission, PgPool, PgStartError, ServerAuditor, ServerId, ServerWatch,
-};
+pub use connection::{migrate, new_pool, PgPool, PgStartError};
+pub use server_watch::{Admission, ServerAuditor, ServerId, ServerWatch};
 pub(crate) use txn::{stored_answer, IN_FLIGHT_WAIT};
 
 use std::sync::Arc;
