@@ -24,7 +24,9 @@ mod leases;
 pub mod replication;
 mod server_watch;
 pub(crate) mod session;
+mod settings;
 pub mod statements;
+mod terms;
 mod txn;
 mod writes;
 
@@ -33,6 +35,7 @@ pub(crate) use connection::{
 };
 pub use connection::{migrate, new_pool, PgPool, PgStartError};
 pub use server_watch::{Admission, ServerAuditor, ServerId, ServerWatch};
+pub use terms::Takeover;
 pub(crate) use txn::{stored_answer, IN_FLIGHT_WAIT};
 
 use std::sync::Arc;
@@ -137,17 +140,6 @@ pub struct PgStore {
     keys: Option<Arc<GatewayKeys>>,
 }
 
-/// An older-term session that a new term ended (`fencegate.takeovers`).
-#[derive(Debug, Clone)]
-pub struct Takeover {
-    pub id: i64,
-    pub resource: String,
-    pub token: i64,
-    pub pid: i32,
-    pub role: String,
-    pub ended_by: String,
-}
-
 /// The secrets of schema `fencegate` that the gateway uses (`fencegate.keys`).
 #[derive(Clone, Debug)]
 pub struct GatewayKeys {
@@ -245,80 +237,6 @@ impl PgStore {
         Ok(store)
     }
 
-    /// The values of the server settings `names`, in order; `None` for a setting the
-    /// server does not have.
-    pub async fn server_settings(&self, names: &[&str]) -> Result<Vec<Option<String>>, StoreError> {
-        self.with_client(async |client| {
-            let mut values = Vec::with_capacity(names.len());
-            for name in names {
-                let row = client
-                    .query_one("SELECT current_setting($1, true)", &[name])
-                    .await
-                    .map_err(|e| classify(e, false))?;
-                values.push(row.get(0));
-            }
-            Ok(values)
-        })
-        .await
-    }
-
-    /// The name of the database the store is in.
-    pub async fn database(&self) -> Result<String, StoreError> {
-        self.with_client(async |client| {
-            let row = client
-                .query_one("SELECT current_database()::text", &[])
-                .await
-                .map_err(|e| classify(e, false))?;
-            Ok(row.get(0))
-        })
-        .await
-    }
-
-    /// Lets the SQL login `role` take the fence step of `/v1/sql` (`fencegate.sql_fence()`,
-    /// which also needs the gateway's key), and nothing more: not `fencegate.fence()`,
-    /// which earlier versions granted it.
-    pub async fn grant_sql_fence(&self, role: &str) -> Result<(), StoreError> {
-        self.with_client(async |client| {
-            for grant in [
-                "SELECT format('GRANT USAGE ON SCHEMA fencegate TO %I', $1::text)",
-                "SELECT format('GRANT EXECUTE ON FUNCTION fencegate.sql_fence(text, bigint, bytea) TO %I', $1::text)",
-                "SELECT format('GRANT EXECUTE ON FUNCTION fencegate.sql_idempotency_claim(text, text, bytea, bigint, bigint, bytea) TO %I', $1::text)",
-                "SELECT format('GRANT EXECUTE ON FUNCTION fencegate.sql_idempotency_record(text, text, smallint, text, bytea, bytea) TO %I', $1::text)",
-                "SELECT format('REVOKE EXECUTE ON FUNCTION fencegate.fence(text, bigint) FROM %I', $1::text)",
-            ] {
-                let statement: String = client
-                    .query_one(grant, &[&role])
-                    .await
-                    .map_err(|e| classify(e, false))?
-                    .get(0);
-                client
-                    .batch_execute(&statement)
-                    .await
-                    .map_err(|e| classify(e, false))?;
-            }
-            Ok(())
-        })
-        .await
-    }
-
-    /// The roles that `login` can act as and that hold resources in
-    /// `fencegate.authority`, comma-separated; `None` if there are none.
-    pub async fn authority_reached_by(&self, login: &str) -> Result<Option<String>, StoreError> {
-        self.with_client(async |client| {
-            let row = client
-                .query_one(
-                    "SELECT string_agg(DISTINCT r.rolname, ', ')
-                     FROM fencegate.authority a JOIN pg_roles r ON r.oid = a.role
-                     WHERE pg_has_role($1::text::name, r.oid, 'MEMBER')",
-                    &[&login],
-                )
-                .await
-                .map_err(|e| classify(e, false))?;
-            Ok(row.get(0))
-        })
-        .await
-    }
-
     pub fn describe(&self) -> String {
         self.description.clone()
     }
@@ -326,18 +244,6 @@ impl PgStore {
     /// The schema's keys.
     pub fn keys(&self) -> &GatewayKeys {
         self.keys.as_ref().expect("read when the store connected")
-    }
-
-    /// Records a setting that the schema's functions read (`fencegate.settings`).
-    pub async fn set_setting(&self, name: &str, value: &str) -> Result<(), StoreError> {
-        self.with_client(async |client| {
-            client
-                .execute(statements::SET_SETTING, &[&name, &value])
-                .await
-                .map_err(|e| classify(e, false))?;
-            Ok(())
-        })
-        .await
     }
 
     /// The paths a write rarely takes — a precondition, a stale token — are boxed: the
@@ -472,61 +378,6 @@ impl PgStore {
     ) -> Result<bindings::Drift, StoreError> {
         self.with_client(async |client| bindings::follow(client, bindings, generation).await)
             .await
-    }
-
-    /// The older-term sessions ended since `after` (`fencegate.takeovers`), in order:
-    /// id, resource, token, pid, role, who ended them.
-    pub async fn takeovers_since(&self, after: i64) -> Result<Vec<Takeover>, StoreError> {
-        self.with_client(async |client| {
-            let rows = client
-                .query(statements::TAKEOVERS_SINCE, &[&after])
-                .await
-                .map_err(|e| classify(e, false))?;
-            Ok(rows
-                .iter()
-                .map(|row| Takeover {
-                    id: row.get(0),
-                    resource: row.get(1),
-                    token: row.get(2),
-                    pid: row.get(3),
-                    role: row.get(4),
-                    ended_by: row.get(5),
-                })
-                .collect())
-        })
-        .await
-    }
-
-    /// The id of the last entry of the takeover log (0 if none).
-    pub async fn last_takeover(&self) -> Result<i64, StoreError> {
-        self.with_client(async |client| {
-            let row = client
-                .query_one("SELECT coalesce(max(id), 0) FROM fencegate.takeovers", &[])
-                .await
-                .map_err(|e| classify(e, false))?;
-            Ok(row.get(0))
-        })
-        .await
-    }
-
-    /// Ends the sessions that hold `resource`'s fence for a term older than `token`
-    /// (`fencegate.end_older_terms()`); returns how many.
-    pub async fn end_older_terms(
-        &self,
-        resource: &ResourceName,
-        token: Token,
-    ) -> Result<i32, StoreError> {
-        self.with_client(async |client| {
-            let row = client
-                .query_one(
-                    statements::END_OLDER_TERMS,
-                    &[&resource.as_str(), &token.as_i64()],
-                )
-                .await
-                .map_err(|e| classify(e, false))?;
-            Ok(row.get(0))
-        })
-        .await
     }
 
     /// Whether `table` (in the database of `client`) is guarded
