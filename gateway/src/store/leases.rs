@@ -177,10 +177,6 @@ impl Epoch {
     pub fn first_token(self) -> u64 {
         (self.0 << EPOCH_BITS) + 1
     }
-
-    pub fn get(self) -> u64 {
-        self.0
-    }
 }
 
 /// The token a new term gets: above the lease's last token and the fence, and not
@@ -392,11 +388,21 @@ mod tests {
         );
         let floored = Reset {
             floor: Some(tok(12)),
-            ..reset
+            ..reset.clone()
         };
         assert_eq!(
             check_reset(&floored, Some(Token::MAX), &[Some(tok(3))]),
             Err(ResetOutcome::BelowFloor { floor: tok(12) })
         );
+        // A reset may go down to a floor, not below it.
+        assert_eq!(
+            check_reset(&reset, Some(tok(30)), &[Some(tok(10)), Some(tok(4))]),
+            Ok(tok(30))
+        );
+        let at_floor = Reset {
+            floor: Some(tok(10)),
+            ..floored
+        };
+        assert_eq!(check_reset(&at_floor, Some(tok(30)), &[None]), Ok(tok(30)));
     }
 }
