@@ -24,8 +24,11 @@
 //!   early) and `issuers` (the lease stores whose tokens the gateway checks).
 //! - [`store`]: the backends, with the contract every one of them keeps.
 //! - [`dbfence`]: the fence check inside Postgres, for writers' own tables: the
-//!   `fencegate.fence()` function, the triggers of protected tables, and the
-//!   `protect`/`unprotect`/`check` commands.
+//!   `fencegate.fence()` function, the triggers of protected tables, and how its
+//!   refusals are read and proven.
+//! - [`admin`]: the operator's commands on a database (`protect`, `unprotect`,
+//!   `check`, `grant`, `leader-lease guard`…), above the store whose schema they
+//!   migrate first.
 //! - `sql`: fenced SQL transactions (`/v1/sql`) on a writer-only login.
 //! - `pgdoor`: the Postgres door, a session relay for writers that keep their own
 //!   Postgres driver; the fence runs in the database, the door counts its rejections.
@@ -47,6 +50,7 @@
 #![forbid(unsafe_code)]
 
 pub(crate) mod accept;
+pub mod admin;
 pub(crate) mod api;
 pub mod auth;
 pub mod config;

@@ -5,9 +5,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
+use fencegate_gateway::admin;
 use fencegate_gateway::auth;
 use fencegate_gateway::config::{Cli, Command, Config, KeyCommand, LogFormat, TablesCommand};
-use fencegate_gateway::dbfence::admin;
 use fencegate_gateway::telemetry;
 
 fn main() -> anyhow::Result<ExitCode> {

@@ -24,12 +24,12 @@ pub struct FencedDb {
 impl FencedDb {
     pub async fn create() -> FencedDb {
         let db = TestDb::create().await;
-        let admin = fencegate_gateway::dbfence::admin::connect(&db.url())
+        let admin = fencegate_gateway::admin::connect(&db.url())
             .await
             .unwrap_or_else(|e| panic!("migrating {}: {e}", db.name()));
         let writer = db.writer().await;
         let everything = [Pattern::parse("*").expect("a pattern")];
-        fencegate_gateway::dbfence::admin::grant(&admin, &db.writer_role(), &everything, false)
+        fencegate_gateway::admin::grant(&admin, &db.writer_role(), &everything, false)
             .await
             .unwrap_or_else(|e| panic!("granting the writer every resource: {e}"));
         FencedDb { db, admin, writer }
@@ -50,7 +50,7 @@ impl FencedDb {
             .iter()
             .map(|p| Pattern::parse(p).expect("a pattern"))
             .collect();
-        fencegate_gateway::dbfence::admin::grant(&self.admin, &role, &patterns, false)
+        fencegate_gateway::admin::grant(&self.admin, &role, &patterns, false)
             .await
             .unwrap_or_else(|e| panic!("granting {role}: {e}"));
         self.db.url_as(&role)
@@ -80,7 +80,7 @@ impl FencedDb {
 
     /// `fencegate protect TABLE --resource RESOURCE`, in-process.
     pub async fn protect(&self, table: &str, resource: &str) -> Vec<String> {
-        fencegate_gateway::dbfence::admin::protect(&self.admin, table, resource)
+        fencegate_gateway::admin::protect(&self.admin, table, resource)
             .await
             .unwrap_or_else(|e| panic!("protecting {table}: {e}"))
     }

@@ -115,7 +115,7 @@ async fn membership_grants_and_revoke_takes_back() {
         .query_one("SELECT fencegate.fence('b', 4)", &[])
         .await
         .expect("carol can act as bob");
-    fencegate_gateway::dbfence::admin::revoke(&tenants.fenced.admin, &bob_role, &[], false)
+    fencegate_gateway::admin::revoke(&tenants.fenced.admin, &bob_role, &[], false)
         .await
         .unwrap();
     let refused = carol
@@ -201,7 +201,7 @@ async fn a_trigger_of_ones_own_cannot_reach_another_fence() {
     assert_eq!(sqlstate(alice.batch_execute(create).await), "42501");
 
     // Even a role that may fence its own tables gets nothing from an unregistered one.
-    fencegate_gateway::dbfence::admin::grant(&tenants.fenced.admin, &alice_role, &[], true)
+    fencegate_gateway::admin::grant(&tenants.fenced.admin, &alice_role, &[], true)
         .await
         .unwrap();
     alice
@@ -219,7 +219,7 @@ async fn a_trigger_of_ones_own_cannot_reach_another_fence() {
     let error = fence_error(&refused);
     assert_eq!(error.code().code(), "ZF007");
     assert_eq!(tenants.fenced.highest("b").await, Some(3));
-    let findings = fencegate_gateway::dbfence::admin::audit(&tenants.fenced.admin)
+    let findings = fencegate_gateway::admin::audit(&tenants.fenced.admin)
         .await
         .unwrap();
     assert!(
@@ -230,13 +230,9 @@ async fn a_trigger_of_ones_own_cannot_reach_another_fence() {
     );
     // Protecting its own table for another tenant's resource changes nothing either:
     // writing it then needs that resource.
-    fencegate_gateway::dbfence::admin::protect(
-        &connect_with(&tenants.alice, "").await,
-        "mine",
-        "b",
-    )
-    .await
-    .unwrap();
+    fencegate_gateway::admin::protect(&connect_with(&tenants.alice, "").await, "mine", "b")
+        .await
+        .unwrap();
     assert_eq!(
         sqlstate(alice.batch_execute("INSERT INTO mine VALUES (2)").await),
         "ZF006"
@@ -355,7 +351,7 @@ async fn writes_through_an_unfenced_parent_are_fenced() {
              DROP TRIGGER fencegate_fence_row ON shard_b;",
         )
         .await;
-    let findings = fencegate_gateway::dbfence::admin::audit(&tenants.fenced.admin)
+    let findings = fencegate_gateway::admin::audit(&tenants.fenced.admin)
         .await
         .unwrap();
     let found = |finding: &str, object: &str| {
@@ -375,7 +371,7 @@ async fn writes_through_an_unfenced_parent_are_fenced() {
     assert!(found("unfenced_ancestor", "public.jobs"), "{findings:?}");
     // protect puts it back.
     tenants.fenced.protect("shard_b", "b").await;
-    let findings = fencegate_gateway::dbfence::admin::audit(&tenants.fenced.admin)
+    let findings = fencegate_gateway::admin::audit(&tenants.fenced.admin)
         .await
         .unwrap();
     assert!(
@@ -438,7 +434,7 @@ async fn electors_cannot_forge_a_guarded_leader_lease() {
             db.name()
         ))
         .await;
-    fencegate_gateway::dbfence::admin::guard_leader_lease(&tenants.fenced.admin, "leader_lease")
+    fencegate_gateway::admin::guard_leader_lease(&tenants.fenced.admin, "leader_lease")
         .await
         .unwrap();
 
@@ -515,9 +511,7 @@ async fn electors_cannot_forge_a_guarded_leader_lease() {
             "UPDATE leader_lease SET epoch = {MAX} WHERE name = 'b'"
         ))
         .await;
-    let mut owner = fencegate_gateway::dbfence::admin::connect(&db.url())
-        .await
-        .unwrap();
+    let mut owner = fencegate_gateway::admin::connect(&db.url()).await.unwrap();
     let refused = tenants
         .fenced
         .admin
@@ -529,7 +523,7 @@ async fn electors_cannot_forge_a_guarded_leader_lease() {
         "ZF008",
         "a reason is required"
     );
-    let retired = fencegate_gateway::dbfence::admin::retire_lease(
+    let retired = fencegate_gateway::admin::retire_lease(
         &mut owner,
         "leader_lease",
         "b",
@@ -676,7 +670,7 @@ async fn with_a_sql_role_too() {
     assert_eq!(crossed.json()["sqlstate"], "ZF006", "{:?}", crossed.json());
     drop(gateway);
 
-    fencegate_gateway::dbfence::admin::grant(
+    fencegate_gateway::admin::grant(
         &tenants.fenced.admin,
         &sql_role,
         &[fencegate_gateway::auth::Pattern::parse("a-*").unwrap()],
@@ -706,25 +700,21 @@ async fn revoke_and_grants_cover_every_kind() {
     let db = &tenants.fenced.db;
     let admin = &tenants.fenced.admin;
     let alice_role = format!("{}_alice", db.name());
-    fencegate_gateway::dbfence::admin::grant(admin, &alice_role, &[], true)
+    fencegate_gateway::admin::grant(admin, &alice_role, &[], true)
         .await
         .unwrap();
-    let listed = fencegate_gateway::dbfence::admin::grants(admin)
-        .await
-        .unwrap();
-    let has = |listed: &[fencegate_gateway::dbfence::admin::Held], role: &str, pattern: &str| {
+    let listed = fencegate_gateway::admin::grants(admin).await.unwrap();
+    let has = |listed: &[fencegate_gateway::admin::Held], role: &str, pattern: &str| {
         listed
             .iter()
             .any(|h| h.role == role && h.pattern == pattern)
     };
     assert!(has(&listed, &alice_role, "a-*"), "{listed:?}");
     assert!(has(&listed, &alice_role, "--tables"), "{listed:?}");
-    fencegate_gateway::dbfence::admin::revoke(admin, &alice_role, &[], true)
+    fencegate_gateway::admin::revoke(admin, &alice_role, &[], true)
         .await
         .unwrap();
-    let listed = fencegate_gateway::dbfence::admin::grants(admin)
-        .await
-        .unwrap();
+    let listed = fencegate_gateway::admin::grants(admin).await.unwrap();
     assert!(has(&listed, &alice_role, "a-*"), "{listed:?}");
     assert!(!has(&listed, &alice_role, "--tables"), "{listed:?}");
     tenants
@@ -736,7 +726,7 @@ async fn revoke_and_grants_cover_every_kind() {
 
     // A dropped role's grant stays until revoked by its oid.
     let gone = db.create_role("gone", "").await;
-    fencegate_gateway::dbfence::admin::grant(
+    fencegate_gateway::admin::grant(
         admin,
         &gone,
         &[fencegate_gateway::auth::Pattern::parse("z").unwrap()],
@@ -755,22 +745,18 @@ async fn revoke_and_grants_cover_every_kind() {
          DROP ROLE {gone};"
     ))
     .await;
-    let findings = fencegate_gateway::dbfence::admin::audit(admin)
-        .await
-        .unwrap();
+    let findings = fencegate_gateway::admin::audit(admin).await.unwrap();
     assert!(
         findings
             .iter()
             .any(|f| f.finding == "authority_of_missing_role" && f.object == oid.to_string()),
         "{findings:?}"
     );
-    let taken = fencegate_gateway::dbfence::admin::revoke(admin, &oid.to_string(), &[], false)
+    let taken = fencegate_gateway::admin::revoke(admin, &oid.to_string(), &[], false)
         .await
         .unwrap();
     assert_eq!(taken, 1);
-    let findings = fencegate_gateway::dbfence::admin::audit(admin)
-        .await
-        .unwrap();
+    let findings = fencegate_gateway::admin::audit(admin).await.unwrap();
     assert!(
         !findings
             .iter()
@@ -792,12 +778,10 @@ async fn a_gateway_login_that_is_not_a_superuser_upgrades_around_the_guard() {
     ))
     .await;
     let url = db.url_as(&login);
-    fencegate_gateway::dbfence::admin::connect(&url)
+    fencegate_gateway::admin::connect(&url)
         .await
         .expect("the gateway's login creates the schema");
-    let superuser = fencegate_gateway::dbfence::admin::connect(&db.url())
-        .await
-        .unwrap();
+    let superuser = fencegate_gateway::admin::connect(&db.url()).await.unwrap();
     superuser
         .batch_execute("SELECT fencegate.install_partition_guard()")
         .await
@@ -805,21 +789,19 @@ async fn a_gateway_login_that_is_not_a_superuser_upgrades_around_the_guard() {
     // A later version of the functions, applied by the gateway's login.
     db.execute("UPDATE fencegate.schema_functions SET digest = 'an earlier version'")
         .await;
-    let gateway = fencegate_gateway::dbfence::admin::connect(&url)
+    let gateway = fencegate_gateway::admin::connect(&url)
         .await
         .expect("the functions are applied around the superuser's");
     let applied: String = db
         .value("SELECT digest FROM fencegate.schema_functions")
         .await;
     assert_ne!(applied, "an earlier version");
-    let outdated = |findings: &[fencegate_gateway::dbfence::admin::Finding]| {
+    let outdated = |findings: &[fencegate_gateway::admin::Finding]| {
         findings
             .iter()
             .any(|f| f.finding == "partition_guard_outdated")
     };
-    let findings = fencegate_gateway::dbfence::admin::audit(&gateway)
-        .await
-        .unwrap();
+    let findings = fencegate_gateway::admin::audit(&gateway).await.unwrap();
     assert!(!outdated(&findings), "{findings:?}");
     // An earlier body, as a superuser of an earlier version left it.
     superuser
@@ -829,16 +811,12 @@ async fn a_gateway_login_that_is_not_a_superuser_upgrades_around_the_guard() {
         )
         .await
         .unwrap();
-    let findings = fencegate_gateway::dbfence::admin::audit(&gateway)
-        .await
-        .unwrap();
+    let findings = fencegate_gateway::admin::audit(&gateway).await.unwrap();
     assert!(outdated(&findings), "{findings:?}");
     superuser
         .batch_execute("SELECT fencegate.install_partition_guard()")
         .await
         .unwrap();
-    let findings = fencegate_gateway::dbfence::admin::audit(&gateway)
-        .await
-        .unwrap();
+    let findings = fencegate_gateway::admin::audit(&gateway).await.unwrap();
     assert!(!outdated(&findings), "{findings:?}");
 }

@@ -425,9 +425,7 @@ async fn check_refuses_prepared_transactions() {
         .start()
         .await;
     let url = cluster.url();
-    let admin = fencegate_gateway::dbfence::admin::connect(&url)
-        .await
-        .unwrap();
+    let admin = fencegate_gateway::admin::connect(&url).await.unwrap();
     admin
         .query_one("SELECT fencegate.fence('orders', 3)", &[])
         .await
@@ -436,9 +434,7 @@ async fn check_refuses_prepared_transactions() {
         .batch_execute("BEGIN; SELECT fencegate.fence('orders', 3); PREPARE TRANSACTION 'held';")
         .await
         .unwrap();
-    let findings = fencegate_gateway::dbfence::admin::audit(&admin)
-        .await
-        .unwrap();
+    let findings = fencegate_gateway::admin::audit(&admin).await.unwrap();
     let problem = |name: &str| findings.iter().any(|f| f.finding == name && f.is_problem());
     assert!(problem("prepared_transactions_enabled"), "{findings:?}");
     assert!(problem("prepared_transaction_holds_fence"), "{findings:?}");
@@ -446,9 +442,7 @@ async fn check_refuses_prepared_transactions() {
         .batch_execute("ROLLBACK PREPARED 'held'")
         .await
         .unwrap();
-    let findings = fencegate_gateway::dbfence::admin::audit(&admin)
-        .await
-        .unwrap();
+    let findings = fencegate_gateway::admin::audit(&admin).await.unwrap();
     assert!(
         !findings
             .iter()

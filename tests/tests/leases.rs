@@ -405,10 +405,8 @@ async fn the_leader_lease_table_is_an_issuer() {
         unguarded.logs.contains("table leader_lease is not guarded"),
         "{unguarded}"
     );
-    let admin = fencegate_gateway::dbfence::admin::connect(&db.url())
-        .await
-        .unwrap();
-    fencegate_gateway::dbfence::admin::guard_leader_lease(&admin, "leader_lease")
+    let admin = fencegate_gateway::admin::connect(&db.url()).await.unwrap();
+    fencegate_gateway::admin::guard_leader_lease(&admin, "leader_lease")
         .await
         .unwrap();
     let (node_a, node_b) = (new_key(), new_key());

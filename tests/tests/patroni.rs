@@ -944,7 +944,7 @@ async fn fenced_table(superuser_url: &str, resource: &str) -> String {
         ))
         .await
         .expect("the door's table is created");
-    fencegate_gateway::dbfence::admin::protect(&admin, &table, resource)
+    fencegate_gateway::admin::protect(&admin, &table, resource)
         .await
         .expect("the door's table is protected");
     table

@@ -38,11 +38,9 @@ async fn sweeper() -> (TestDb, Gateway, Gateway) {
     };
     let gateway = start().await;
     let replica = start().await;
-    let admin = fencegate_gateway::dbfence::admin::connect(&db.url())
-        .await
-        .unwrap();
+    let admin = fencegate_gateway::admin::connect(&db.url()).await.unwrap();
     for table in ["sweep_state", "invoices"] {
-        fencegate_gateway::dbfence::admin::protect(&admin, table, "sweeper")
+        fencegate_gateway::admin::protect(&admin, table, "sweeper")
             .await
             .unwrap();
     }

@@ -15,7 +15,7 @@ async fn start_as(db: &TestDb, sql_url: &str) -> Result<Gateway, StartFailure> {
 /// A fresh database with the gateway's schema in it.
 async fn migrated() -> TestDb {
     let db = TestDb::create().await;
-    fencegate_gateway::dbfence::admin::connect(&db.url())
+    fencegate_gateway::admin::connect(&db.url())
         .await
         .expect("the schema migrates");
     db

@@ -25,7 +25,7 @@ pub enum KeyCommand {
     Hash,
 }
 
-/// The commands for fenced tables ([`crate::dbfence::admin`]).
+/// The commands for fenced tables ([`crate::admin`]).
 #[derive(Debug, Subcommand)]
 pub enum TablesCommand {
     /// Fence a table of your own: from now on every INSERT, UPDATE, DELETE, TRUNCATE and

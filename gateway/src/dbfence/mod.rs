@@ -19,7 +19,7 @@
 //!   setting; the authority from the writing role, or from the gateway's fence step of
 //!   a `/v1/sql` transaction (`fencegate.sql_fence`, which only the gateway's key opens).
 //! - `fencegate.protect(table, resource)`, `unprotect(table)`, `audit()`: what the
-//!   `fencegate protect`, `unprotect` and `check` commands run ([`admin`]), and
+//!   `fencegate protect`, `unprotect` and `check` commands run ([`crate::admin`]), and
 //!   `fencegate.guard_leader_lease()`, the trigger that keeps electors of a seed
 //!   `leader_lease` table from forging epochs.
 //!
@@ -36,8 +36,6 @@
 //! an HMAC-SHA256 of the fields before it under a key that only the gateway and the
 //! schema's functions read. Anyone who can run SQL can `RAISE` a `ZF001`; only the
 //! fence can prove one. [`Reported::read`] tells them apart, once, for every front door.
-
-pub mod admin;
 
 use fencegate_proto::{ResourceName, Token};
 

@@ -14,7 +14,7 @@
 
 use tokio_postgres::Client;
 
-use super::connection::{self, classify};
+use super::{connection, errors::classify};
 use crate::config::Binding;
 use crate::store::StoreError;
 

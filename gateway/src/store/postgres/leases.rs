@@ -10,9 +10,9 @@ use deadpool_postgres::{Object, Transaction};
 use fencegate_proto::{ResourceName, Token};
 use tokio_postgres::Row;
 
-use super::connection::{self, classify};
 use super::statements;
 use super::writes::token_from_db;
+use super::{connection, errors::classify};
 use crate::store::leases::{
     check_reset, decide, next_token, Claimant, Decision, Epoch, LeaseOp, LeaseOutcome, LeaseRecord,
     Reset, ResetOutcome, ResetRecord,

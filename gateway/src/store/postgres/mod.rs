@@ -19,6 +19,7 @@
 
 pub mod bindings;
 mod connection;
+mod errors;
 mod group;
 mod leases;
 pub mod replication;
@@ -30,10 +31,9 @@ mod terms;
 mod txn;
 mod writes;
 
-pub(crate) use connection::{
-    classify, committing, describe, error_text, read_row, server_unavailable, with_client_until,
-};
+pub(crate) use connection::{committing, describe, read_row, with_client_until};
 pub use connection::{migrate, new_pool, PgPool, PgStartError};
+pub(crate) use errors::{classify, error_text, server_unavailable};
 pub use server_watch::{Admission, ServerAuditor, ServerId, ServerWatch};
 pub use terms::Takeover;
 pub(crate) use txn::{stored_answer, IN_FLIGHT_WAIT};

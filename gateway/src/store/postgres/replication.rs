@@ -19,7 +19,7 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 
-use super::connection::classify;
+use super::errors::classify;
 use crate::store::StoreError;
 
 /// The settings and standbys of the primary, as one store connection reads them.

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use super::connection::classify;
+use super::errors::classify;
 use super::statements;
 use crate::store::{StoreError, UnavailableReason};
 

@@ -8,9 +8,9 @@ use deadpool_postgres::{Object, Transaction};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
-use super::connection::{self, classify};
 use super::statements;
 use super::writes::{applied, non_negative, token_from_db, Attempt};
+use super::{connection, errors::classify};
 use crate::store::txn::{
     found_answer, replay, Answered, Hold, Keyed, OpDone, StaleMember, StoredAnswer, Txn, TxnOp,
     TxnOutcome,

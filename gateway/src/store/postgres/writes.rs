@@ -6,8 +6,8 @@ use deadpool_postgres::Object;
 use fencegate_proto::{ResourceName, Token};
 use tokio_postgres::types::ToSql;
 
-use super::connection::{self, classify};
 use super::statements;
+use super::{connection, errors::classify};
 use crate::store::{precondition_holds, StoreError, Write, WriteOp};
 
 /// What a fenced write did. `Stale` carries no highest token: the statement that saw

@@ -12,7 +12,7 @@ use fencegate_proto::ResourceName;
 use futures_util::future::{maybe_done, MaybeDone};
 
 use super::Answer;
-use crate::store::postgres::connection::classify;
+use crate::store::postgres::errors::classify;
 use crate::store::postgres::statements;
 use crate::store::postgres::writes::{applied, write_unconditional, Attempt};
 use crate::store::{StoreError, UnavailableReason, Write, WriteOp};
