@@ -70,9 +70,9 @@ pub async fn handle(
     request: Request<Incoming>,
     peer: IpAddr,
     conn: &Arc<ConnState>,
-    responses: &Arc<ResponseBudget>,
+    responses: Arc<ResponseBudget>,
 ) -> Response<Body> {
-    let mut request = Req::new(request, peer, Arc::clone(conn), Arc::clone(responses));
+    let mut request = Req::new(request, peer, Arc::clone(conn), responses);
     let mut response = answer(&coordinator, &mut request).await;
     if request.head.version < Version::HTTP_2 {
         if !request.keeps_connection(&coordinator).await {

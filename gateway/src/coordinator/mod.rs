@@ -381,10 +381,7 @@ impl Coordinator {
         let result = self
             .store_call(async move { this.store.get(&resource, &key, admit).await })
             .await?;
-        match result? {
-            None => Ok(None),
-            Some(found) => Ok(Some(found?)),
-        }
+        Ok(result?.transpose()?)
     }
 
     /// Reads a resource's committed highest token, and caches it.

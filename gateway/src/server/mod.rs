@@ -303,7 +303,7 @@ impl Shared {
                     request.extensions_mut().insert(certificate.clone());
                 }
                 async move {
-                    let response = api::handle(coordinator, request, peer, &conn, &responses).await;
+                    let response = api::handle(coordinator, request, peer, &conn, responses).await;
                     drop(in_flight);
                     Ok::<_, Infallible>(response)
                 }

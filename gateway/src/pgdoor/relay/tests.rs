@@ -68,11 +68,16 @@ const A_WHILE: Duration = Duration::from_millis(200);
 
 impl Relayed {
     /// The relay of a session whose login left it in `status`, each of its four buffers
-    /// `buffer` bytes long.
+    /// `buffer` bytes long, over pipes that hold a megabyte each way.
     fn start(observer: Recorder, status: u8, buffer: usize) -> Relayed {
+        Relayed::over_pipes(observer, status, buffer, 1 << 20)
+    }
+
+    /// The same, over pipes that hold `pipe` bytes each way.
+    fn over_pipes(observer: Recorder, status: u8, buffer: usize, pipe: usize) -> Relayed {
         let observer = Arc::new(observer);
-        let (client, door_client) = tokio::io::duplex(1 << 20);
-        let (server, door_server) = tokio::io::duplex(1 << 20);
+        let (client, door_client) = tokio::io::duplex(pipe);
+        let (server, door_server) = tokio::io::duplex(pipe);
         let ended = tokio::spawn({
             let observer = Arc::clone(&observer);
             async move {
@@ -538,29 +543,12 @@ async fn a_server_turning_read_only_is_relayed_when_any_server_will_do() {
 async fn a_slow_client_stops_the_relay_reading_from_the_server() {
     // Small pipes: the server's row fills the client's pipe and the relay's buffers,
     // and then the server's writes wait, rather than the door holding the row.
-    let observer = Arc::new(observer());
-    let (mut client, door_client) = tokio::io::duplex(4 << 10);
-    let (mut server, door_server) = tokio::io::duplex(4 << 10);
-    let relaying = tokio::spawn({
-        let observer = Arc::clone(&observer);
-        async move {
-            let (client_read, client_write) = tokio::io::split(door_client);
-            let (upstream_read, upstream_write) = tokio::io::split(door_server);
-            relay(
-                &*observer,
-                (
-                    &mut BufReader::with_capacity(4 << 10, client_read),
-                    &mut BufWriter::with_capacity(4 << 10, client_write),
-                ),
-                (
-                    &mut BufReader::with_capacity(4 << 10, upstream_read),
-                    &mut BufWriter::with_capacity(4 << 10, upstream_write),
-                ),
-                b'I',
-            )
-            .await
-        }
-    });
+    let Relayed {
+        mut client,
+        mut server,
+        ended,
+        ..
+    } = Relayed::over_pipes(observer(), b'I', 4 << 10, 4 << 10);
     let row = wire::message(b'D', &vec![9; 1 << 20]).to_vec();
     let writing = tokio::spawn({
         let row = row.clone();
@@ -577,5 +565,5 @@ async fn a_slow_client_stops_the_relay_reading_from_the_server() {
     // Once the client reads, it all arrives, and the server's write completes.
     assert_eq!(read_exactly(&mut client, row.len()).await, row);
     let _server = tokio::time::timeout(SOON, writing).await.unwrap().unwrap();
-    relaying.abort();
+    ended.abort();
 }
