@@ -136,6 +136,7 @@ pub async fn run(
                     write_lanes: config.write_lanes,
                     group_commit_max: config.group_commit_max,
                     lane_lock_timeout: config.write_lock_timeout,
+                    term_takeover: config.term_takeover_timeout,
                     group_size: metrics.commit_group_size(),
                     off_lanes: metrics.writes_off_lanes(),
                 },

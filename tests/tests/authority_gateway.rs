@@ -237,9 +237,10 @@ where
 }
 
 /// An older term's session holds the fence row in an open transaction (through the
-/// door, by fence() or by its per-connection token): a new term's raise — over HTTP or
-/// in the database — ends it after --term-takeover-timeout, and completes; the old
-/// transaction is rolled back, counted and logged.
+/// door, by fence() or by its per-connection token): a new term's raise — over HTTP,
+/// keyed or not, in a /v1/txn, or in the database — ends it after
+/// --term-takeover-timeout, and completes; the old transaction is rolled back, counted
+/// and logged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_older_term_cannot_hold_a_new_one_off() {
     let door = SweeperDoor::start_with(&["--term-takeover-timeout", "300ms"]).await;
@@ -272,48 +273,91 @@ async fn an_older_term_cannot_hold_a_new_one_off() {
         "the old term's write is rolled back"
     );
 
+    // A keyed advance and a /v1/txn: the paths every client takes, through the same
+    // takeover.
+    let raises: [(u64, &str); 2] = [(9, "advance"), (10, "txn")];
+    for (token, path) in raises {
+        let old = door.writer("").await;
+        old.batch_execute(&format!(
+            "BEGIN; SELECT fencegate.fence('sweeper', {}); UPDATE sweep_state SET note = 'old'",
+            token - 1
+        ))
+        .await
+        .unwrap();
+        let started = Instant::now();
+        let raised = match path {
+            "advance" => {
+                let token = token.to_string();
+                client
+                    .request(
+                        Method::POST,
+                        "/v1/fences/sweeper/advance",
+                        &[("fencing-token", &token), ("idempotency-key", "raise-9")],
+                        "",
+                    )
+                    .await
+            }
+            _ => {
+                let body = json!({"operations": [
+                    {"op": "put", "resource": "sweeper", "key": "k", "token": token, "value": "ten"}
+                ]});
+                client
+                    .request(Method::POST, "/v1/txn", &[], body.to_string())
+                    .await
+            }
+        };
+        assert_eq!(raised.status, 200, "{path}: {:?}", raised.json());
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{path} waited {:?}, past the backend timeout",
+            started.elapsed()
+        );
+        assert!(old.batch_execute("COMMIT").await.is_err(), "{path}");
+        assert_eq!(door.note().await, "initial", "{path}: rolled back");
+    }
+
     // In the database: a new leader's fence() through the door ends the session that
     // holds the row by its per-connection token.
-    let holder = door.writer("-c fencegate.token=sweeper=8").await;
+    let holder = door.writer("-c fencegate.token=sweeper=10").await;
     holder
-        .batch_execute("BEGIN; UPDATE sweep_state SET note = 'eight'")
+        .batch_execute("BEGIN; UPDATE sweep_state SET note = 'ten'")
         .await
         .unwrap();
     let leader = door.writer("").await;
     tokio::time::timeout(
         Duration::from_secs(10),
         leader.batch_execute(
-            "BEGIN; SELECT fencegate.fence('sweeper', 9); UPDATE sweep_state SET note = 'nine'; COMMIT;",
+            "BEGIN; SELECT fencegate.fence('sweeper', 11); UPDATE sweep_state SET note = 'eleven'; COMMIT;",
         ),
     )
     .await
     .expect("the raise ends the older term's session instead of waiting for it")
     .expect("the raise completes");
     assert!(holder.batch_execute("COMMIT").await.is_err());
-    assert_eq!(door.note().await, "nine");
-    assert_eq!(door.db.highest("sweeper").await, Some(9));
+    assert_eq!(door.note().await, "eleven");
+    assert_eq!(door.db.highest("sweeper").await, Some(11));
 
     let takeovers: i64 = door
         .db
         .db
         .value("SELECT count(*) FROM fencegate.takeovers")
         .await;
-    assert_eq!(takeovers, 2);
-    wait_for(|| async { client.metric("fencegate_term_takeovers_total").await == Some(2.0) }).await;
+    assert_eq!(takeovers, 4);
+    wait_for(|| async { client.metric("fencegate_term_takeovers_total").await == Some(4.0) }).await;
     assert_eq!(
         door.gateway
             .events("a new term ended a session of an older term that held its fence")
             .len(),
-        2
+        4
     );
     // A session of the current term is never ended: the same token waits its turn.
     let current = door.writer("").await;
     current
-        .batch_execute("BEGIN; SELECT fencegate.fence('sweeper', 9)")
+        .batch_execute("BEGIN; SELECT fencegate.fence('sweeper', 11)")
         .await
         .unwrap();
     let same = door.writer("").await;
-    same.batch_execute("BEGIN; SELECT fencegate.fence('sweeper', 9); COMMIT;")
+    same.batch_execute("BEGIN; SELECT fencegate.fence('sweeper', 11); COMMIT;")
         .await
         .unwrap();
     current.batch_execute("COMMIT").await.unwrap();

@@ -239,6 +239,153 @@ async fn only_the_allowed_database_and_role_pairs_get_in() {
     assert_eq!(metric(&gateway, &refusals("not_allowed")).await, 1.0);
 }
 
+/// A StartupMessage of protocol 3.0 with `pairs` as its parameters, as sent.
+fn startup_with(pairs: &[(&str, &str)]) -> Vec<u8> {
+    let mut body = vec![0, 3, 0, 0];
+    for (name, value) in pairs {
+        for part in [name, value] {
+            body.extend_from_slice(part.as_bytes());
+            body.push(0);
+        }
+    }
+    body.push(0);
+    let mut packet = ((body.len() + 4) as u32).to_be_bytes().to_vec();
+    packet.extend_from_slice(&body);
+    packet
+}
+
+/// Runs `sql` as a simple query on a logged-in raw session; the first column of its
+/// first row.
+async fn simple_query(stream: &mut TcpStream, sql: &str) -> String {
+    let mut query = vec![b'Q'];
+    query.extend_from_slice(&((sql.len() + 5) as u32).to_be_bytes());
+    query.extend_from_slice(sql.as_bytes());
+    query.push(0);
+    stream.write_all(&query).await.unwrap();
+    let mut value = None;
+    loop {
+        let tag = stream.read_u8().await.expect("a message");
+        let len = stream.read_u32().await.unwrap();
+        let mut body = vec![0u8; len as usize - 4];
+        stream.read_exact(&mut body).await.unwrap();
+        match tag {
+            b'D' if value.is_none() => {
+                let len = u32::from_be_bytes([body[2], body[3], body[4], body[5]]) as usize;
+                value = Some(String::from_utf8_lossy(&body[6..6 + len]).into_owned());
+            }
+            b'E' => panic!("{sql}: {}", String::from_utf8_lossy(&body)),
+            b'Z' => return value.expect("a row"),
+            _ => {}
+        }
+    }
+}
+
+/// Reads a raw session's login up to its first ReadyForQuery (the server trusts the
+/// door); panics on an error.
+async fn logged_in(stream: &mut TcpStream) {
+    let (tags, code) = tokio::time::timeout(PATIENCE, async {
+        let mut tags = Vec::new();
+        loop {
+            let tag = stream.read_u8().await.expect("a message");
+            tags.push(char::from(tag));
+            let len = stream.read_u32().await.unwrap();
+            let mut body = vec![0u8; len as usize - 4];
+            stream.read_exact(&mut body).await.unwrap();
+            match tag {
+                b'E' => return (tags, Some(String::from_utf8_lossy(&body).into_owned())),
+                b'Z' => return (tags, None),
+                _ => {}
+            }
+        }
+    })
+    .await
+    .expect("a login within the test's patience");
+    assert_eq!(code, None, "{tags:?}");
+}
+
+/// The door reads a StartupMessage as Postgres will: a parameter named twice — a second
+/// `user` or `database` past `--pg-allow`, a second `options` past the door's own — is
+/// refused (08P01) before anything reaches the server, and the door's
+/// `idle_in_transaction_session_timeout` holds over the client's, however it is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_up_packet_is_judged_as_postgres_reads_it() {
+    let db = TestDb::create().await;
+    let name = db.name().to_owned();
+    let allowed = format!("{name}/postgres");
+    let gateway = Gateway::builder()
+        .database(&db.url())
+        .args(&[
+            "--pg-allow",
+            &format!("{name}/alice"),
+            "--pg-allow",
+            &allowed,
+        ])
+        .spawn()
+        .await;
+    let door = gateway.pg_addr();
+    let protocol_errors = "fencegate_pg_protocol_errors_total";
+
+    let twice: [&[(&str, &str)]; 4] = [
+        &[("user", "alice"), ("database", &name), ("user", "postgres")],
+        &[
+            ("user", "alice"),
+            ("database", &name),
+            ("database", "postgres"),
+        ],
+        &[
+            ("user", "postgres"),
+            ("database", &name),
+            ("options", "-c idle_in_transaction_session_timeout=0"),
+            ("options", "-c statement_timeout=0"),
+        ],
+        &[
+            ("user", "postgres"),
+            ("database", &name),
+            ("application_name", "a"),
+            ("application_name", "b"),
+        ],
+    ];
+    for (sent, pairs) in twice.iter().enumerate() {
+        let mut stream = TcpStream::connect(door).await.unwrap();
+        stream.write_all(&startup_with(pairs)).await.unwrap();
+        assert_eq!(
+            refused_within(&mut stream, PATIENCE).await,
+            "08P01",
+            "{pairs:?}"
+        );
+        assert_eq!(metric(&gateway, protocol_errors).await, (sent + 1) as f64);
+    }
+    // Bytes after the terminator are not forwarded unjudged either.
+    let mut trailing = startup_with(&[("user", "alice"), ("database", &name)]);
+    trailing.extend_from_slice(b"user\0postgres\0\0");
+    let len = (trailing.len() as u32).to_be_bytes();
+    trailing[..4].copy_from_slice(&len);
+    let mut stream = TcpStream::connect(door).await.unwrap();
+    stream.write_all(&trailing).await.unwrap();
+    assert_eq!(refused_within(&mut stream, PATIENCE).await, "08P01");
+    // The allowed pair, asking for no idle timeout both ways Postgres reads.
+    let mut stream = TcpStream::connect(door).await.unwrap();
+    stream
+        .write_all(&startup_with(&[
+            ("user", "postgres"),
+            ("database", &name),
+            ("options", "-c idle_in_transaction_session_timeout=0"),
+            ("idle_in_transaction_session_timeout", "0"),
+        ]))
+        .await
+        .unwrap();
+    logged_in(&mut stream).await;
+    assert_eq!(
+        simple_query(&mut stream, "SHOW idle_in_transaction_session_timeout").await,
+        "1min",
+        "the door's --pg-idle-in-transaction-timeout"
+    );
+    assert_eq!(
+        simple_query(&mut stream, "SELECT current_user").await,
+        "postgres"
+    );
+}
+
 /// A throwaway server with 20 connection slots, 3 of them for superusers.
 async fn small_server() -> Cluster {
     Cluster::builder()

@@ -44,16 +44,10 @@ impl Coordinator {
         let outcome = self
             .detached(async move {
                 let was_keyed = keyed.is_some();
-                let step = this
+                let outcome = this
                     .store
-                    .lease(&task_resource, &op, &claimant, keyed.as_ref());
-                let outcome = match op {
-                    // A new term's token is above every token of the fence.
-                    LeaseOp::Acquire { .. } => {
-                        this.taking_over(&task_resource, Token::MAX, step).await
-                    }
-                    _ => step.await,
-                };
+                    .lease(&task_resource, &op, &claimant, keyed.as_ref())
+                    .await;
                 this.backend_result(&outcome);
                 if let Ok(answered) = &outcome {
                     if was_keyed {

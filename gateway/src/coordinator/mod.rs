@@ -24,9 +24,9 @@
 //!   front door.
 //! - `issuers`, `issued`: the lease stores whose tokens the gateway checks, and the
 //!   checks.
-//! - `takeover`, `audit`, `replication`, `txn`: a new term's takeover of old sessions,
-//!   the fence audit of a new server, the replication watch, multi-resource
-//!   transactions.
+//! - `takeover`, `audit`, `replication`, `txn`: the older-term sessions that new terms
+//!   ended (the store ends them) and the issuer bindings, followed; the fence audit of a
+//!   new server, the replication watch, multi-resource transactions.
 
 mod admit;
 mod audit;
@@ -98,9 +98,6 @@ pub struct Coordinator {
     resets_followed: AtomicU64,
     /// The database connection failed since the last fence audit ([`audit`]).
     fences_suspect: AtomicBool,
-    /// How long a raise waits for older terms before ending them (Postgres; zero:
-    /// never); see [`takeover`].
-    term_takeover: Duration,
     /// The last entry of the takeover log this gateway has counted.
     takeovers_followed: AtomicI64,
     /// The generation of the issuer bindings this gateway adopted (Postgres).
@@ -191,7 +188,6 @@ impl Coordinator {
             issuers,
             resets_followed: AtomicU64::new(0),
             fences_suspect: AtomicBool::new(false),
-            term_takeover: config.term_takeover_timeout,
             takeovers_followed: AtomicI64::new(0),
             bindings_generation,
             bindings_replaced: AtomicBool::new(false),
@@ -305,16 +301,9 @@ impl Coordinator {
     ) -> Result<Applied, ApiError> {
         let this = Arc::clone(self);
         let seen = self.seen();
-        let raising = self.may_raise(&write.resource, write.token);
         let (write, outcome) = self
             .detached(async move {
-                let outcome = match raising {
-                    true => {
-                        this.taking_over(&write.resource, write.token, this.store.write(&write))
-                            .await
-                    }
-                    false => this.store.write(&write).await,
-                };
+                let outcome = this.store.write(&write).await;
                 if let Ok(WriteOutcome::Applied { .. }) = outcome {
                     this.committed(&write.resource, write.token, seen);
                 }
@@ -346,13 +335,7 @@ impl Coordinator {
         let seen = self.seen();
         let outcome = self
             .store_call(async move {
-                let outcome = this
-                    .taking_over(
-                        &task_resource,
-                        token,
-                        this.store.advance(&task_resource, token),
-                    )
-                    .await;
+                let outcome = this.store.advance(&task_resource, token).await;
                 if let Ok(AdvanceOutcome::Applied) = outcome {
                     this.committed(&task_resource, token, seen);
                 }

@@ -1,79 +1,22 @@
-//! Authority that outlives a term, bounded: the sessions of older terms that hold a
-//! fence a new term raises, and the issuer bindings every replica follows.
+//! Authority that outlives a term, followed: the sessions of older terms that new
+//! terms ended, and the issuer bindings every replica follows.
 //!
 //! # Behavior
 //!
-//! - A backend call that may raise a fence (an advance, a write whose token is above
-//!   the highest this gateway knows, a lease acquire) and has not completed after
-//!   `--term-takeover-timeout` ends, on Postgres, the sessions that hold the fence for an
-//!   older term (`fencegate.end_older_terms()`): open transactions through the Postgres
-//!   door, `/v1/sql`, or writers' own connections. Their transactions roll back; the
-//!   raise then completes. The in-database fence does the same for raises through
-//!   `fencegate.fence()` and fenced tables.
+//! - The store ends the sessions of older terms that hold a fence a new term raises,
+//!   on every path that raises one (`store::postgres::terms`).
 //! - Every second the gateway reads the sessions ended since it last looked (by any
 //!   replica or by the in-database fence), counts them
 //!   (`fencegate_term_takeovers_total`) and logs each; and compares the issuer bindings
 //!   in the database with its own flags ([`crate::store::postgres::bindings`]).
 
-use std::future::Future;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
-
-use fencegate_proto::{ResourceName, Token};
 
 use super::Coordinator;
 use crate::store::postgres::bindings::{describe, Drift};
 use crate::store::Store;
 
 impl Coordinator {
-    /// Runs `call`, which may raise `resource`'s fence to `token`; see the module doc.
-    pub(super) async fn taking_over<T>(
-        self: &Arc<Self>,
-        resource: &ResourceName,
-        token: Token,
-        call: impl Future<Output = T>,
-    ) -> T {
-        if !matches!(self.store, Store::Postgres(_)) || self.term_takeover.is_zero() {
-            return call.await;
-        }
-        let call = std::pin::pin!(call);
-        let mut call = call;
-        tokio::select! {
-            biased;
-            done = &mut call => return done,
-            () = tokio::time::sleep(self.term_takeover) => {}
-        }
-        let (this, resource) = (Arc::clone(self), resource.clone());
-        tokio::spawn(async move {
-            let Store::Postgres(pg) = &this.store else {
-                return;
-            };
-            match pg.end_older_terms(&resource, token).await {
-                Ok(0) => {}
-                Ok(ended) => tracing::warn!(
-                    resource = resource.as_str(),
-                    token = token.get(),
-                    ended,
-                    "ended sessions of an older term that held the fence a new term raises"
-                ),
-                Err(error) => tracing::warn!(
-                    resource = resource.as_str(),
-                    %error,
-                    "could not end the sessions of an older term"
-                ),
-            }
-        });
-        call.await
-    }
-
-    /// Whether a write of `token` may raise `resource`'s fence: its token is above the
-    /// highest this gateway knows committed, or it knows none.
-    pub(super) fn may_raise(&self, resource: &ResourceName, token: Token) -> bool {
-        self.cache
-            .highest(resource)
-            .is_none_or(|highest| token > highest)
-    }
-
     /// Starts following the takeover log from its end.
     pub(super) async fn start_following_takeovers(&self) {
         if let Store::Postgres(pg) = &self.store {

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use super::startup::StartupMessage;
 use super::wire;
 use crate::config::DoorGrant;
 
@@ -181,32 +182,29 @@ impl Drop for Authenticating {
     }
 }
 
-/// Whether `--pg-allow` (empty: everyone) admits the StartupMessage's role into its
-/// database (by default the role's name, as in Postgres).
-pub(crate) fn allowed(grants: &[DoorGrant], startup: &wire::StartupPacket) -> bool {
-    if grants.is_empty() {
-        return true;
-    }
-    let role = startup.parameter("user").unwrap_or_default();
-    let database = startup
-        .parameter("database")
-        .filter(|database| !database.is_empty())
-        .unwrap_or_else(|| role.clone());
-    grants.iter().any(|grant| grant.admits(&database, &role))
+/// Whether `--pg-allow` (empty: everyone) admits the role and database Postgres will
+/// log the StartupMessage into.
+pub(crate) fn allowed(grants: &[DoorGrant], startup: &StartupMessage) -> bool {
+    grants.is_empty()
+        || grants
+            .iter()
+            .any(|grant| grant.admits(&startup.database(), &startup.user()))
 }
 
 /// How long a refused client may take to read its error and close.
 const TURN_AWAY_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// Tells the client `refusal` as a FATAL ErrorResponse and closes: our side first, then
+/// Tells the client a FATAL ErrorResponse and closes: our side first, then
 /// whatever the client still sends is read and dropped until it closes too (for a
 /// moment at most), so that its unread bytes do not reset the connection before it has
 /// read the error.
-pub(crate) async fn turn_away<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, refusal: Refusal) {
+pub(crate) async fn turn_away<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
+    sqlstate: &str,
+    message: &str,
+) {
     let _ = tokio::time::timeout(TURN_AWAY_TIMEOUT, async {
-        stream
-            .write_all(&wire::fatal(refusal.sqlstate(), refusal.message()))
-            .await?;
+        stream.write_all(&wire::fatal(sqlstate, message)).await?;
         stream.shutdown().await?;
         let mut sink = [0u8; 1024];
         let mut left = 64 << 10;

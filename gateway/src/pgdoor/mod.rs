@@ -62,7 +62,7 @@ use admission::{Admission, Authenticating, Refusal};
 use cancel::CancelKeys;
 use logs::{DoorLogs, Kind};
 use relay::Ending;
-use startup::{ClientStream, Hello};
+use startup::{ClientStream, Hello, StartupMessage};
 use upstream::Upstream;
 
 /// The door's settings, from the command line.
@@ -213,8 +213,8 @@ impl Door {
                 return;
             }
         };
-        let startup = match hello {
-            Hello::Startup(startup) => startup,
+        let packet = match hello {
+            Hello::Startup(packet) => packet,
             Hello::Cancel(key) => {
                 drop(authenticating);
                 self.cancel(&key, peer).await;
@@ -222,6 +222,24 @@ impl Door {
                 match stream {
                     ClientStream::Plain(mut stream) => session::close(&mut stream).await,
                     ClientStream::Tls(mut stream) => session::close(&mut stream).await,
+                }
+                return;
+            }
+        };
+        // Judged as Postgres reads it, and what is judged is what is forwarded.
+        let startup = match StartupMessage::parse(&packet) {
+            Ok(startup) => startup,
+            Err(error) => {
+                self.protocol_error(peer, None, &error);
+                let sqlstate = error.sqlstate();
+                let message = format!("fencegate: {error}");
+                match stream {
+                    ClientStream::Plain(mut stream) => {
+                        admission::turn_away(&mut stream, sqlstate, &message).await
+                    }
+                    ClientStream::Tls(mut stream) => {
+                        admission::turn_away(&mut stream, sqlstate, &message).await
+                    }
                 }
                 return;
             }
@@ -239,14 +257,18 @@ impl Door {
         };
         if let Some(refusal) = refusal {
             self.refused(refusal, peer);
+            let (sqlstate, message) = (refusal.sqlstate(), refusal.message());
             match stream {
-                ClientStream::Plain(mut stream) => admission::turn_away(&mut stream, refusal).await,
-                ClientStream::Tls(mut stream) => admission::turn_away(&mut stream, refusal).await,
+                ClientStream::Plain(mut stream) => {
+                    admission::turn_away(&mut stream, sqlstate, message).await
+                }
+                ClientStream::Tls(mut stream) => {
+                    admission::turn_away(&mut stream, sqlstate, message).await
+                }
             }
             return;
         }
-        let user = startup.parameter("user");
-        let database = startup.parameter("database");
+        let (user, database) = (Some(startup.user()), Some(startup.database()));
         let ended = match stream {
             // A TCP stream splits into halves without a lock between them.
             ClientStream::Plain(stream) => {
@@ -375,7 +397,8 @@ pub(crate) async fn serve(listener: TcpListener, door: Arc<Door>, options: DoorO
                 door.refused(refusal, peer);
                 if let Ok(turning) = Arc::clone(&turning_away).try_acquire_owned() {
                     tokio::spawn(async move {
-                        admission::turn_away(&mut stream, refusal).await;
+                        admission::turn_away(&mut stream, refusal.sqlstate(), refusal.message())
+                            .await;
                         drop(turning);
                     });
                 }

@@ -30,8 +30,9 @@ use tokio_util::sync::CancellationToken;
 use super::admission::{Authenticating, Refusal};
 use super::login::{authenticate, Ends, Login};
 use super::relay::{self, refuse, Ending, Observer};
+use super::startup::StartupMessage;
 use super::upstream::UpstreamStream;
-use super::wire::{self, ProtocolError, StartupPacket, WireError};
+use super::wire::{self, ProtocolError, WireError};
 use super::Door;
 use crate::dbfence::Reported;
 
@@ -44,7 +45,7 @@ const BUFFER: usize = 16 << 10;
 pub(crate) async fn run<R, W>(
     door: &Door,
     (client_read, client_write): (R, W),
-    startup: StartupPacket,
+    startup: StartupMessage,
     deadline: Instant,
     authenticating: Authenticating,
 ) -> Result<Ending, WireError>
@@ -80,7 +81,7 @@ async fn session<CR, CW>(
     door: &Door,
     client_read: &mut BufReader<CR>,
     client_write: &mut BufWriter<CW>,
-    startup: StartupPacket,
+    startup: StartupMessage,
     deadline: Instant,
     authenticating: Authenticating,
 ) -> Result<Ending, WireError>
@@ -88,15 +89,6 @@ where
     CR: AsyncRead + Unpin + Send,
     CW: AsyncWrite + Unpin + Send,
 {
-    let minor = startup.code & 0xffff;
-    if startup.code >> 16 != wire::PROTOCOL_MAJOR {
-        let error = ProtocolError::Version {
-            major: startup.code >> 16,
-            minor,
-        };
-        refuse(client_write, "0A000", &error.to_string()).await?;
-        return Err(error.into());
-    }
     let (host, upstream) = match tokio::time::timeout_at(deadline, door.upstream.connect()).await {
         Ok(Ok(upstream)) => upstream,
         Ok(Err(error)) => {
@@ -139,7 +131,7 @@ where
 /// its place among the connections still authenticating, and the index of the host it
 /// is connected to.
 struct Session {
-    startup: StartupPacket,
+    startup: StartupMessage,
     deadline: Instant,
     authenticating: Authenticating,
     host: usize,
@@ -168,13 +160,13 @@ where
     let mut upstream_read = BufReader::with_capacity(BUFFER, upstream_read);
     let mut upstream_write = BufWriter::with_capacity(BUFFER, upstream_write);
     let startup = match door.idle_in_transaction {
-        Some(timeout) => startup.with_options(&format!(
-            "-c idle_in_transaction_session_timeout={}",
-            timeout.as_millis().max(1)
-        )),
+        Some(timeout) => startup.with_parameter(
+            "idle_in_transaction_session_timeout",
+            &timeout.as_millis().max(1).to_string(),
+        ),
         None => startup,
     };
-    upstream_write.write_all(&startup.raw).await?;
+    upstream_write.write_all(&startup.encode()).await?;
     upstream_write.flush().await?;
 
     let mut ends = Ends {

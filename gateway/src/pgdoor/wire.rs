@@ -114,10 +114,23 @@ pub(crate) enum ProtocolError {
     UnexpectedType(u8),
     #[error("malformed {0}")]
     Malformed(&'static str),
+    #[error("invalid start-up packet layout: parameter {0:?} is sent more than once")]
+    RepeatedParameter(String),
     #[error("{0} after TLS was set up")]
     SecondNegotiation(&'static str),
     #[error("direct TLS without ALPN protocol \"postgresql\"")]
     NoAlpn,
+}
+
+impl ProtocolError {
+    /// The SQLSTATE the client is told, as Postgres would: an unsupported protocol
+    /// version, else a protocol violation.
+    pub(crate) fn sqlstate(&self) -> &'static str {
+        match self {
+            ProtocolError::Version { .. } => "0A000",
+            _ => "08P01",
+        }
+    }
 }
 
 /// Why a connection ended early: the client broke the protocol, or a socket failed.
@@ -142,63 +155,6 @@ impl StartupPacket {
     /// The bytes after the code.
     pub(crate) fn body(&self) -> &[u8] {
         &self.raw[8..]
-    }
-
-    /// The StartupMessage's parameter `name`, if present.
-    pub(crate) fn parameter(&self, name: &str) -> Option<String> {
-        let mut fields = self.body().split(|b| *b == 0);
-        while let Some(key) = fields.next() {
-            if key.is_empty() {
-                return None;
-            }
-            let value = fields.next()?;
-            if key == name.as_bytes() {
-                return Some(String::from_utf8_lossy(value).into_owned());
-            }
-        }
-        None
-    }
-}
-
-impl StartupPacket {
-    /// The packet with `extra` appended to its `options` parameter (added if absent),
-    /// so that the server applies it after whatever options the client sent: a
-    /// later `-c` of the same setting wins.
-    pub(crate) fn with_options(&self, extra: &str) -> StartupPacket {
-        let mut pairs: Vec<(&[u8], Vec<u8>)> = Vec::new();
-        let mut fields = self.body().split(|b| *b == 0);
-        while let Some(key) = fields.next() {
-            if key.is_empty() {
-                break;
-            }
-            let Some(value) = fields.next() else {
-                break;
-            };
-            pairs.push((key, value.to_vec()));
-        }
-        match pairs.iter_mut().find(|(key, _)| *key == b"options") {
-            Some((_, value)) => {
-                value.push(b' ');
-                value.extend_from_slice(extra.as_bytes());
-            }
-            None => pairs.push((b"options", extra.as_bytes().to_vec())),
-        }
-        let mut raw = BytesMut::with_capacity(self.raw.len() + extra.len() + 16);
-        raw.extend_from_slice(&[0; 4]);
-        raw.extend_from_slice(&self.code.to_be_bytes());
-        for (key, value) in &pairs {
-            raw.extend_from_slice(key);
-            raw.extend_from_slice(&[0]);
-            raw.extend_from_slice(value);
-            raw.extend_from_slice(&[0]);
-        }
-        raw.extend_from_slice(&[0]);
-        let len = u32::try_from(raw.len()).expect("a start-up packet is small");
-        raw[..4].copy_from_slice(&len.to_be_bytes());
-        StartupPacket {
-            raw: raw.freeze(),
-            code: self.code,
-        }
     }
 }
 
@@ -479,43 +435,6 @@ mod tests {
                 "{len}: {error:?}"
             );
         }
-    }
-
-    #[tokio::test]
-    async fn startup_parameters_read_back() {
-        let mut packet = Vec::new();
-        let body = b"\0\x03\0\0user\0alice\0options\0-c fencegate.token=7\0\0";
-        packet.extend_from_slice(&u32::try_from(4 + body.len()).unwrap().to_be_bytes());
-        packet.extend_from_slice(body);
-        let startup = read_startup(&mut packet.as_slice()).await.unwrap();
-        assert_eq!(startup.code >> 16, PROTOCOL_MAJOR);
-        assert_eq!(startup.parameter("user").as_deref(), Some("alice"));
-        assert_eq!(
-            startup.parameter("options").as_deref(),
-            Some("-c fencegate.token=7")
-        );
-        assert_eq!(startup.parameter("database"), None);
-        assert_eq!(&startup.raw[..], &packet[..], "forwarded unchanged");
-
-        let pinned = startup.with_options("-c idle_in_transaction_session_timeout=60000");
-        assert_eq!(pinned.code, startup.code);
-        assert_eq!(pinned.parameter("user").as_deref(), Some("alice"));
-        assert_eq!(
-            pinned.parameter("options").as_deref(),
-            Some("-c fencegate.token=7 -c idle_in_transaction_session_timeout=60000")
-        );
-        let mut reread = pinned.raw.as_ref();
-        let reread = read_startup(&mut reread).await.unwrap();
-        assert_eq!(reread.raw, pinned.raw, "a well-formed packet");
-
-        let mut bare = Vec::new();
-        let body = b"\0\x03\0\0user\0bob\0\0";
-        bare.extend_from_slice(&u32::try_from(4 + body.len()).unwrap().to_be_bytes());
-        bare.extend_from_slice(body);
-        let bare = read_startup(&mut bare.as_slice()).await.unwrap();
-        let pinned = bare.with_options("-c x=1");
-        assert_eq!(pinned.parameter("options").as_deref(), Some("-c x=1"));
-        assert_eq!(pinned.parameter("user").as_deref(), Some("bob"));
     }
 
     #[tokio::test]

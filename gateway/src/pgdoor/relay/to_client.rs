@@ -199,6 +199,6 @@ async fn tell_protocol_error<W: AsyncWrite + Unpin>(
     error: &ProtocolError,
 ) -> Result<Ending, WireError> {
     observer.protocol_error(error);
-    refuse(client, "08P01", &format!("fencegate: {error}")).await?;
+    refuse(client, error.sqlstate(), &format!("fencegate: {error}")).await?;
     Ok(Ending::ProtocolError)
 }

@@ -88,6 +88,9 @@ pub struct PgOptions {
     pub group_commit_max: usize,
     /// How long a write lane waits for a fence lock (`--write-lock-timeout`).
     pub lane_lock_timeout: Duration,
+    /// How long a call that may raise a fence waits for older terms before it ends
+    /// their sessions (`--term-takeover-timeout`; zero: never); see [`terms`].
+    pub term_takeover: Duration,
     /// Observes the size of every group applied.
     pub group_size: prometheus::Histogram,
     /// Counts the writes of locked resources waiting off the write lanes.
@@ -136,6 +139,8 @@ pub struct PgStore {
     description: String,
     /// Which server the pools reach, for the fence audit after a failover.
     watch: Arc<ServerWatch>,
+    /// `--term-takeover-timeout`; see [`terms`].
+    term_takeover: Duration,
     /// The schema's keys, read once the schema is in place.
     keys: Option<Arc<GatewayKeys>>,
 }
@@ -158,6 +163,7 @@ impl PgStore {
             write_lanes,
             group_commit_max,
             lane_lock_timeout,
+            term_takeover,
             group_size,
             off_lanes,
         } = options;
@@ -217,6 +223,7 @@ impl PgStore {
             timeout,
             description: String::new(),
             watch,
+            term_takeover,
             keys: None,
         };
         store
@@ -250,11 +257,14 @@ impl PgStore {
     /// future of every write, moved into its task and out again, is then the size of
     /// the group path's, not of the largest.
     pub async fn write(&self, write: &Write) -> Result<WriteOutcome, StoreError> {
+        let raises = || vec![(write.resource.clone(), write.token)];
         let attempt = if write.precondition == Precondition::None {
-            self.group.write(write.clone()).await?
-        } else {
-            Box::pin(self.with_client(async |client| write_conditional(client, write).await))
+            self.taking_over(raises, self.group.write(write.clone()))
                 .await?
+        } else {
+            let conditional =
+                self.with_client(async |client| write_conditional(client, write).await);
+            Box::pin(self.taking_over(raises, conditional)).await?
         };
         Ok(match attempt {
             Attempt::Applied { version, created } => WriteOutcome::Applied { version, created },
@@ -271,7 +281,15 @@ impl PgStore {
         txn: &crate::store::txn::Txn,
         keyed: Option<&crate::store::txn::Keyed>,
     ) -> Result<crate::store::txn::Answered, StoreError> {
-        Box::pin(self.with_client(async |client| txn::run(client, txn, keyed).await)).await
+        let raises = || {
+            txn.involved()
+                .iter()
+                .filter(|involved| involved.hold == crate::store::txn::Hold::Raise)
+                .map(|involved| (involved.resource.clone(), involved.token))
+                .collect()
+        };
+        let run = self.with_client(async |client| txn::run(client, txn, keyed).await);
+        Box::pin(self.taking_over(raises, run)).await
     }
 
     /// Removes up to `limit` expired idempotency records; returns how many went.
@@ -290,20 +308,19 @@ impl PgStore {
         resource: &ResourceName,
         token: Token,
     ) -> Result<AdvanceOutcome, StoreError> {
-        let raised = self
-            .with_client(async |client| {
-                let statement = client
-                    .prepare_cached(statements::FENCE_ADVANCE)
-                    .await
-                    .map_err(|e| classify(e, false))?;
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
-                    [&resource.as_str(), &token.as_i64()];
-                let row =
-                    connection::in_own_transaction(client, client.query_opt(&statement, &params))
-                        .await?;
-                Ok(row.is_some())
-            })
-            .await?;
+        let raises = || vec![(resource.clone(), token)];
+        let advance = self.with_client(async |client| {
+            let statement = client
+                .prepare_cached(statements::FENCE_ADVANCE)
+                .await
+                .map_err(|e| classify(e, false))?;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+                [&resource.as_str(), &token.as_i64()];
+            let row = connection::in_own_transaction(client, client.query_opt(&statement, &params))
+                .await?;
+            Ok(row.is_some())
+        });
+        let raised = self.taking_over(raises, advance).await?;
         if raised {
             Ok(AdvanceOutcome::Applied)
         } else {
@@ -355,8 +372,16 @@ impl PgStore {
         claimant: &Claimant,
         keyed: Option<&crate::store::txn::Keyed<LeaseOutcome>>,
     ) -> Result<crate::store::txn::Answered<LeaseOutcome>, StoreError> {
-        self.with_client(async |client| leases::step(client, resource, op, claimant, keyed).await)
-            .await
+        let step = self
+            .with_client(async |client| leases::step(client, resource, op, claimant, keyed).await);
+        match op {
+            // A new term's token is above every token of the fence.
+            LeaseOp::Acquire { .. } => {
+                self.taking_over(|| vec![(resource.clone(), Token::MAX)], step)
+                    .await
+            }
+            LeaseOp::Renew { .. } | LeaseOp::Release { .. } => step.await,
+        }
     }
 
     /// Adopts the recorded issuer bindings, or writes `bindings`; see [`bindings`].
