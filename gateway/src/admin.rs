@@ -134,7 +134,7 @@ const TABLE_OWNER_GRANTS: &[&str] = &[
          fencegate.install_trigger(regclass), fencegate.cover_family(regclass),
          fencegate.family(regclass), fencegate.ancestors(regclass),
          fencegate.reachable_from_above(), fencegate.unprotected_descendants(),
-         fencegate.family_coverage(regclass),
+         fencegate.family_coverage(regclass), fencegate.fence_trigger(regclass, boolean),
          fencegate.require_resource(text), fencegate.valid_resource(text),
          fencegate.audit(), fencegate.enforce(), fencegate.guard_leader_lease() TO %I",
     "GRANT SELECT ON fencegate.protected TO %I",

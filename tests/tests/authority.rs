@@ -415,6 +415,279 @@ async fn an_owner_cannot_take_the_fence_off() {
     );
 }
 
+/// The owner of a fenced table disguises a trigger of its own as the fence's: the real
+/// one renamed and disabled, a decoy under its name. The partition guard tells the fence's
+/// own trigger by its function, events and timing, not by its name: it drops the decoy
+/// and the renamed copy and puts the fence back, so a holder's write without a token is
+/// refused again.
+#[tokio::test]
+async fn a_decoy_of_the_fence_trigger_is_not_taken_for_it() {
+    let tenants = Tenants::create().await;
+    let db = &tenants.fenced.db;
+    let owner = db.create_role("owner", "LOGIN").await;
+    tenants
+        .fenced
+        .execute(&format!(
+            "CREATE TABLE owned (id int); ALTER TABLE owned OWNER TO {owner};
+             GRANT INSERT ON owned TO {}_alice;",
+            db.name()
+        ))
+        .await;
+    tenants.fenced.protect("owned", "a-1").await;
+    let owner = connect_with(&db.url_as(&owner), "").await;
+    let decoys = [
+        // Another function under the fence's name.
+        "CREATE FUNCTION nothing() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
+         CREATE TRIGGER fencegate_fence BEFORE INSERT ON owned FOR EACH STATEMENT EXECUTE FUNCTION nothing();",
+        // The fence's function, never firing.
+        "CREATE TRIGGER fencegate_fence BEFORE INSERT ON owned FOR EACH STATEMENT WHEN (false)
+             EXECUTE FUNCTION fencegate.enforce();",
+        // The fence's function, for DELETE only.
+        "CREATE TRIGGER fencegate_fence BEFORE DELETE ON owned FOR EACH STATEMENT
+             EXECUTE FUNCTION fencegate.enforce();",
+    ];
+    db.execute(&format!(
+        "GRANT CREATE ON SCHEMA public TO {}_owner",
+        db.name()
+    ))
+    .await;
+    tenants
+        .fenced
+        .execute(&format!(
+            "GRANT USAGE ON SCHEMA fencegate TO {0}_owner;
+             GRANT EXECUTE ON FUNCTION fencegate.enforce() TO {0}_owner",
+            db.name()
+        ))
+        .await;
+    let alice = tenants.alice("").await;
+    for (round, decoy) in decoys.iter().enumerate() {
+        owner
+            .batch_execute(&format!(
+                "ALTER TRIGGER fencegate_fence ON owned RENAME TO real_{round}; {decoy}
+                 ALTER TABLE owned DISABLE TRIGGER real_{round};"
+            ))
+            .await
+            .unwrap_or_else(|e| panic!("{decoy}: {e:?}"));
+        let triggers: Vec<String> = db
+            .client()
+            .await
+            .query(
+                "SELECT tgname || ' ' || tgfoid::regproc::text || ' ' || tgtype || ' ' || tgenabled::text
+                 FROM pg_trigger WHERE tgrelid = 'owned'::regclass ORDER BY tgname",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        assert_eq!(
+            triggers,
+            ["fencegate_fence fencegate.enforce 62 A"],
+            "{decoy}"
+        );
+        assert_eq!(
+            sqlstate(alice.batch_execute("INSERT INTO owned VALUES (1)").await),
+            "ZF002",
+            "{decoy}: a holder's write without a token"
+        );
+        owner
+            .batch_execute("DROP FUNCTION IF EXISTS nothing()")
+            .await
+            .unwrap();
+    }
+}
+
+/// Code that is not the holder's own, run inside the holder's transaction, may not raise
+/// the holder's fences: a writer of `b` owns an inbox that the holder of `a-*` writes,
+/// and its statement trigger calls `fencegate.fence()` for `a-x`; the owner of a fenced
+/// table, who holds no resource, adds a trigger that does the same on every fenced
+/// write. Both are refused (ZF006) and the fences stay; the holder's own statements
+/// raise as ever; `fencegate check` names the code that calls the fence.
+#[tokio::test]
+async fn another_roles_code_cannot_raise_a_holders_fence() {
+    let tenants = Tenants::create().await;
+    let fenced = &tenants.fenced;
+    let db = &fenced.db;
+    let (alice_role, bob_role) = (format!("{}_alice", db.name()), format!("{}_bob", db.name()));
+    let stranger = db.create_role("stranger", "LOGIN").await;
+    fenced
+        .execute(&format!(
+            "CREATE TABLE inbox (id int); ALTER TABLE inbox OWNER TO {bob_role};
+             GRANT INSERT ON inbox TO {alice_role};
+             GRANT CREATE ON SCHEMA public TO {bob_role}, {stranger};
+             CREATE TABLE a_stranger (id int); ALTER TABLE a_stranger OWNER TO {stranger};
+             GRANT INSERT ON a_stranger TO {alice_role};"
+        ))
+        .await;
+    fenced.protect("a_stranger", "a-1").await;
+    fenced.raise("a-1", 5).await;
+    let bob = tenants.bob("").await;
+    bob.batch_execute(&format!(
+        "CREATE FUNCTION raise_a() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN PERFORM fencegate.fence('a-x', {MAX}); RETURN NULL; END $$;
+         CREATE FUNCTION raise_a_as_bob() RETURNS trigger LANGUAGE plpgsql SECURITY DEFINER AS $$
+         BEGIN PERFORM fencegate.fence('a-x', {MAX}); RETURN NULL; END $$;
+         CREATE TRIGGER plain AFTER INSERT ON inbox FOR EACH STATEMENT EXECUTE FUNCTION raise_a();"
+    ))
+    .await
+    .unwrap();
+    let alice = tenants.alice("").await;
+    for trigger in ["plain", "definer"] {
+        if trigger == "definer" {
+            bob.batch_execute(
+                "DROP TRIGGER plain ON inbox;
+                 CREATE TRIGGER definer AFTER INSERT ON inbox FOR EACH STATEMENT
+                     EXECUTE FUNCTION raise_a_as_bob();",
+            )
+            .await
+            .unwrap();
+        }
+        let refused = alice
+            .batch_execute("INSERT INTO inbox VALUES (1)")
+            .await
+            .unwrap_err();
+        assert_eq!(fence_error(&refused).code().code(), "ZF006", "{trigger}");
+        assert_eq!(fenced.highest("a-x").await, None, "{trigger}");
+    }
+
+    // The owner of a fenced table adds a trigger that raises before the fence's.
+    let stranger = connect_with(&db.url_as(&stranger), "").await;
+    stranger
+        .batch_execute(&format!(
+            "CREATE FUNCTION first() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM fencegate.fence('a-1', {MAX}); RETURN NULL; END $$;
+             CREATE TRIGGER a_first BEFORE INSERT ON a_stranger FOR EACH STATEMENT
+                 EXECUTE FUNCTION first();"
+        ))
+        .await
+        .unwrap();
+    let refused = alice
+        .batch_execute("BEGIN; SELECT fencegate.fence('a-1', 5); INSERT INTO a_stranger VALUES (1)")
+        .await
+        .unwrap_err();
+    assert_eq!(fence_error(&refused).code().code(), "ZF006");
+    alice.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(fenced.highest("a-1").await, Some(5));
+    let findings = fencegate_gateway::admin::audit(&fenced.admin)
+        .await
+        .unwrap();
+    assert!(
+        findings
+            .iter()
+            .any(|f| f.finding == "foreign_trigger_on_fenced_table"
+                && f.object == "public.a_stranger"
+                && f.severity == "problem"),
+        "{findings:?}"
+    );
+
+    // The holder's own statements raise as ever, and a trigger may present the current
+    // token: the fence's own trigger on the fenced table checks it at depth one.
+    stranger
+        .batch_execute("DROP TRIGGER a_first ON a_stranger")
+        .await
+        .unwrap();
+    alice
+        .batch_execute(
+            "BEGIN; SELECT fencegate.fence('a-1', 6); INSERT INTO a_stranger VALUES (2); COMMIT;",
+        )
+        .await
+        .unwrap();
+    assert_eq!(fenced.highest("a-1").await, Some(6));
+
+    let findings = fencegate_gateway::admin::audit(&fenced.admin)
+        .await
+        .unwrap();
+    for function in ["raise_a()", "raise_a_as_bob()", "first()"] {
+        assert!(
+            findings.iter().any(|f| f.finding == "code_calls_fence"
+                && f.object == format!("function public.{function}")
+                && f.severity == "warning"),
+            "{function}: {findings:?}"
+        );
+    }
+}
+
+/// A role that holds no resource takes a fence's takeover key exclusively, where
+/// `pg_locks` showed it, so that the current term's writers cannot mark themselves and
+/// a new term's takeover finds no one to end. The fence ends that session as the next
+/// writer marks itself, and the new term ends the older term's open transaction after
+/// the takeover timeout as ever.
+#[tokio::test]
+async fn no_role_can_hide_an_older_term_from_a_takeover() {
+    let tenants = Tenants::create().await;
+    let fenced = &tenants.fenced;
+    fenced
+        .execute("INSERT INTO fencegate.settings VALUES ('term_takeover_timeout_ms', '300')")
+        .await;
+    fenced.raise("a-1", 7).await;
+    let key: i64 = fenced
+        .db
+        .value("SELECT lock_key FROM fencegate.fences WHERE resource = 'a-1'")
+        .await;
+    let mallory = fenced.tenant("mallory", &[]).await;
+    let mallory = connect_with(&mallory, "").await;
+    mallory
+        .query_one("SELECT pg_advisory_lock($1)", &[&key])
+        .await
+        .unwrap();
+
+    // A writer of term 7 marks itself, ending mallory's session; mallory comes back.
+    tenants
+        .alice("")
+        .await
+        .batch_execute("BEGIN; SELECT fencegate.fence('a-1', 7); COMMIT;")
+        .await
+        .unwrap();
+    assert!(
+        mallory.batch_execute("SELECT 1").await.is_err(),
+        "the session that held the key exclusively is ended"
+    );
+    let mallory = fenced.tenant("mallory2", &[]).await;
+    let mallory = connect_with(&mallory, "").await;
+    mallory
+        .query_one("SELECT pg_advisory_lock($1)", &[&key])
+        .await
+        .unwrap();
+    let old = tenants.alice("").await;
+    old.batch_execute(
+        "BEGIN; SELECT fencegate.fence('a-1', 7); INSERT INTO a_rows VALUES (1, 'old')",
+    )
+    .await
+    .unwrap();
+    assert!(mallory.batch_execute("SELECT 1").await.is_err());
+    let new = tenants.alice("").await;
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        new.batch_execute(
+            "BEGIN; SELECT fencegate.fence('a-1', 8); INSERT INTO a_rows VALUES (2, 'new'); COMMIT;",
+        ),
+    )
+    .await
+    .expect("the new term ends the older one instead of waiting for it")
+    .expect("the raise completes");
+    assert!(old.batch_execute("COMMIT").await.is_err());
+    assert_eq!(fenced.count("a_rows").await, 1);
+    let ended: Vec<String> = fenced
+        .db
+        .client()
+        .await
+        .query("SELECT ended_by FROM fencegate.takeovers ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    // The second key holder's record rolled back with the old term's transaction it was
+    // ended in; the log's sequence counts it.
+    assert_eq!(ended, ["key_holder", "fence"]);
+    let issued: i64 = fenced
+        .db
+        .value("SELECT pg_sequence_last_value('fencegate.takeovers_id_seq')")
+        .await;
+    assert_eq!(issued, 3);
+}
+
 /// The seed's `leader_lease` table, guarded: the seed's statements (through the lease
 /// client's store) still elect; an elector cannot write an epoch of its own choosing,
 /// take a lease another role holds, elect for a resource it does not hold, or delete;

@@ -169,7 +169,7 @@ async fn check_finds_the_holes() {
              ALTER TABLE owned OWNER TO {writer};
              GRANT UPDATE ON fencegate.fences TO {intruder};
              GRANT CREATE ON SCHEMA fencegate TO {intruder};
-             GRANT EXECUTE ON FUNCTION fencegate.fence_check(text, bigint, regclass, text) TO PUBLIC;
+             GRANT EXECUTE ON FUNCTION fencegate.fence_check(text, bigint, regclass, text, integer) TO PUBLIC;
              CREATE TABLE rogue (id int);
              CREATE TRIGGER sneaky BEFORE INSERT ON rogue FOR EACH STATEMENT EXECUTE FUNCTION fencegate.enforce();"
         ))
@@ -183,7 +183,7 @@ async fn check_finds_the_holes() {
         &format!("problem  writer_owns_protected_table  public.owned: writer role {writer}"),
         &format!("problem  role_can_write_fences        {intruder}:"),
         &format!("problem  role_can_create_in_fencegate {intruder}:"),
-        "problem  public_can_execute           fencegate.fence_check(text,bigint,regclass,text):",
+        "problem  public_can_execute           fencegate.fence_check(text,bigint,regclass,text,integer):",
         "problem  unregistered_fence_trigger   public.rogue: trigger sneaky calls fencegate.enforce()",
         "warning  no_partition_guard           fencegate_partitions:",
         "7 problems, 1 warnings",

@@ -36,19 +36,39 @@ impl Coordinator {
         let after = self.takeovers_followed.load(Ordering::Acquire);
         match pg.takeovers_since(after).await {
             Ok(ended) => {
-                for takeover in &ended {
+                for takeover in &ended.records {
+                    let (resource, token) = (takeover.resource.as_str(), takeover.token);
+                    let (pid, role) = (takeover.pid, takeover.role.as_str());
+                    match takeover.ended_by.as_str() {
+                        "key_holder" => tracing::warn!(
+                            resource,
+                            token,
+                            pid,
+                            role,
+                            "the fence ended a session that held a resource's takeover key exclusively, which keeps writers from being found by a new term"
+                        ),
+                        ended_by => tracing::warn!(
+                            resource,
+                            token,
+                            pid,
+                            role,
+                            ended_by,
+                            "a new term ended a session of an older term that held its fence"
+                        ),
+                    }
+                }
+                let issued = u64::try_from(ended.last_id - after).unwrap_or(0);
+                let unrecorded = issued.saturating_sub(ended.records.len() as u64);
+                if unrecorded > 0 {
                     tracing::warn!(
-                        resource = takeover.resource.as_str(),
-                        token = takeover.token,
-                        pid = takeover.pid,
-                        role = takeover.role.as_str(),
-                        ended_by = takeover.ended_by.as_str(),
-                        "a new term ended a session of an older term that held its fence"
+                        ended = unrecorded,
+                        "sessions were ended whose records are not in the takeover log: their raise failed and rolled the record back, or had not committed yet"
                     );
                 }
-                if let Some(last) = ended.last() {
-                    self.takeovers_followed.store(last.id, Ordering::Release);
-                    self.metrics.terms_taken_over(ended.len() as u64);
+                if issued > 0 {
+                    self.takeovers_followed
+                        .store(ended.last_id, Ordering::Release);
+                    self.metrics.terms_taken_over(issued);
                 }
             }
             Err(error) => tracing::debug!(%error, "could not read the takeover log"),

@@ -21,8 +21,14 @@
 -- one term run side by side; a higher token takes it exclusively (the upsert), so a new
 -- term waits for the open transactions of the old one, and their later statements then
 -- find the raised fence and fail. Every session that holds a fence row for its term
--- also holds a shared advisory lock on the row's lock_key, so that a new term that
--- waited --term-takeover-timeout can find those sessions and end them.
+-- also holds a shared advisory lock on the row's lock_key (hold_key), so that a new term
+-- that waited --term-takeover-timeout can find those sessions and end them. The fence
+-- never takes a key exclusively: a session that holds one so, or waits to, would keep
+-- writers from marking themselves, and is ended (clear_key).
+--
+-- Raises come from the holder's own statements only: code that runs inside a trigger
+-- (another role's trigger on a table the holder writes, or on a fenced table) may
+-- present the fence's token, never raise it (ZF006).
 --
 -- Errors use SQLSTATE class ZF, which no driver or ORM retries by itself:
 --   ZF001 stale token       DETAIL 'resource=<r> presented=<n> highest=<n> proof=<hex>'
@@ -38,6 +44,7 @@
 
 -- Bodies of earlier versions with other arguments or results.
 DROP FUNCTION IF EXISTS fencegate.fence_check(text, bigint, regclass);
+DROP FUNCTION IF EXISTS fencegate.fence_check(text, bigint, regclass, text);
 DROP FUNCTION IF EXISTS fencegate.holds(name, text);
 
 -- A resource name as the HTTP API accepts it: 1-200 bytes of [A-Za-z0-9._-], not only dots.
@@ -278,6 +285,87 @@ BEGIN
 END
 $fn$;
 
+-- Ends the sessions that hold, or wait to hold, `resource`'s advisory key `key`
+-- exclusively: the fence never takes it so, and such a session keeps the writers of
+-- the current term from marking themselves (hold_key). Then takes the key shared,
+-- waiting a moment for the ended sessions to let it go. Always true: a writer that
+-- cannot mark itself still writes (a WARNING says so), only unseen by a takeover.
+-- Each ended session is recorded as a takeover by `token`, ended_by `key_holder`.
+CREATE OR REPLACE FUNCTION fencegate.clear_key(resource text, token bigint, key bigint)
+    RETURNS boolean
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    owner oid := (SELECT n.nspowner FROM pg_namespace n WHERE n.nspname = 'fencegate');
+    holder record;
+    before text := current_setting('lock_timeout');
+BEGIN
+    FOR holder IN
+        SELECT DISTINCT l.pid, a.usename::text AS role
+        FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+        WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.mode = 'ExclusiveLock'
+          AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+          AND l.classid = ((key >> 32) & 4294967295)::oid AND l.objid = (key & 4294967295)::oid
+          AND l.pid <> pg_backend_pid()
+          AND NOT pg_has_role(a.usesysid, owner, 'MEMBER')
+    LOOP
+        BEGIN
+            IF pg_terminate_backend(holder.pid) THEN
+                RAISE LOG 'fencegate: ended session % of role %, which held the advisory key of resource "%" exclusively',
+                    holder.pid, holder.role, clear_key.resource;
+                INSERT INTO fencegate.takeovers (resource, token, pid, role, ended_by)
+                    VALUES (clear_key.resource, clear_key.token, holder.pid, holder.role, 'key_holder');
+            END IF;
+        EXCEPTION WHEN insufficient_privilege THEN
+            NULL;
+        END;
+    END LOOP;
+    BEGIN
+        PERFORM set_config('lock_timeout', '1s', true);
+        PERFORM pg_advisory_xact_lock_shared(key);
+        PERFORM set_config('lock_timeout', before, true);
+    EXCEPTION WHEN lock_not_available THEN
+        RAISE WARNING 'fencegate: another session holds the advisory key of resource "%" exclusively; this transaction writes unseen by a new term''s takeover', clear_key.resource
+            USING HINT = 'Grant pg_signal_backend to the owner of schema fencegate, so that the fence can end such sessions.';
+    END;
+    RETURN true;
+END
+$fn$;
+
+-- Marks this transaction as a holder of `resource`'s fence for `token`: the shared
+-- advisory key, taken at once, or after clear_key ended whoever held it exclusively.
+-- Always true; a SQL function, so that the fast paths inline it.
+CREATE OR REPLACE FUNCTION fencegate.hold_key(resource text, token bigint, key bigint)
+    RETURNS boolean
+    LANGUAGE sql
+AS $fn$
+    SELECT pg_catalog.pg_try_advisory_xact_lock_shared(key) OR fencegate.clear_key(resource, token, key)
+$fn$;
+
+-- ZF006 for a raise of `resource`'s fence from code that is not the holder's own
+-- statement: anything run by a trigger deeper than `depth` (0 for fence(), 1 for the
+-- trigger of a fenced table) — another role's trigger on a table the holder writes, a
+-- trigger on a fenced table that presents a token of its own choosing.
+CREATE OR REPLACE FUNCTION fencegate.require_own_statement(resource text, depth integer)
+    RETURNS void
+    LANGUAGE plpgsql STABLE
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    who name;
+BEGIN
+    IF pg_trigger_depth() > depth THEN
+        who := fencegate.caller();
+        RAISE EXCEPTION USING ERRCODE = 'ZF006',
+            MESSAGE = format('fencegate: the fence of resource "%s" is raised only by the holder''s own statements, not from inside a trigger', resource),
+            DETAIL = format('resource=%s role=%s', resource, who),
+            HINT = 'Raise the fence with SELECT fencegate.fence(...) at the start of the transaction; code that triggers run may present the current token, not raise it.',
+            CONSTRAINT = 'fencegate_fence';
+    END IF;
+END
+$fn$;
+
 -- Raises `resource`'s fence to `token` (created if missing), recording `path`, if
 -- `token` is above it; returns the new highest and the row's lock key, or NULLs if the
 -- fence was already at or above `token`. Waits at most the term takeover timeout for
@@ -318,10 +406,12 @@ $fn$;
 
 -- The check itself: raises the fence to `token` or checks it, leaving the row locked
 -- (FOR SHARE when equal, exclusively when raised) and the row's advisory key held;
--- ZF001 if the token is stale, ZF005 if its issuer never issued it. `tbl` names the
+-- ZF001 if the token is stale, ZF005 if its issuer never issued it, ZF006 for a raise
+-- from a trigger deeper than `depth` (require_own_statement). `tbl` names the
 -- protected table whose trigger asked (NULL: none), `path` the path that raises.
 -- Callers are SECURITY DEFINER functions of this schema that checked the authority.
-CREATE OR REPLACE FUNCTION fencegate.fence_check(resource text, token bigint, tbl regclass, path text)
+CREATE OR REPLACE FUNCTION fencegate.fence_check(resource text, token bigint, tbl regclass, path text,
+                                                 depth integer)
     RETURNS bigint
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
@@ -341,15 +431,17 @@ BEGIN
             SELECT f.highest, f.lock_key INTO highest, key FROM fencegate.fences f
                 WHERE f.resource = fence_check.resource FOR SHARE;
         ELSIF highest IS NULL OR highest < fence_check.token THEN
-            -- A new term: only if its issuer issued it; then the exclusive upsert, which
-            -- waits for every open transaction that holds the row, old term or new.
+            -- A new term: only from the holder's own statement, only if its issuer
+            -- issued it; then the exclusive upsert, which waits for every open
+            -- transaction that holds the row, old term or new.
+            PERFORM fencegate.require_own_statement(fence_check.resource, fence_check.depth);
             PERFORM fencegate.require_issued(fence_check.resource, fence_check.token);
             SELECT r.highest, r.lock_key INTO highest, key
                 FROM fencegate.raise_fence(fence_check.resource, fence_check.token, fence_check.path) r;
             CONTINUE WHEN highest IS NULL;
         END IF;
         IF highest = fence_check.token THEN
-            PERFORM pg_try_advisory_xact_lock_shared(key);
+            PERFORM fencegate.hold_key(fence_check.resource, highest, key);
             RETURN highest;
         ELSIF highest > fence_check.token THEN
             PERFORM fencegate.refuse_stale(fence_check.resource, fence_check.token, highest, tbl);
@@ -380,13 +472,13 @@ BEGIN
     SELECT f.highest INTO highest FROM fencegate.fences f
         WHERE f.resource = fence.resource AND f.highest = fence.token
           AND EXISTS (SELECT FROM fencegate.holding(fencegate.caller(), fence.resource) h WHERE h.held)
-          AND pg_try_advisory_xact_lock_shared(f.lock_key) IS NOT NULL
+          AND fencegate.hold_key(f.resource, f.highest, f.lock_key)
         FOR SHARE OF f;
     IF NOT FOUND THEN
         PERFORM fencegate.require_resource(fence.resource);
         PERFORM fencegate.require_holds(fence.resource);
         PERFORM fencegate.parse_token(fence.resource, fence.token::text, NULL);
-        highest := fencegate.fence_check(fence.resource, fence.token, NULL, 'door');
+        highest := fencegate.fence_check(fence.resource, fence.token, NULL, 'door', 0);
     END IF;
     -- Newest first: fencegate.presented() reads the first entry of a resource.
     IF strpos(' ' || fenced, ' ' || fence.resource || '=' || fence.token || ' ') <> 1 THEN
@@ -415,12 +507,12 @@ BEGIN
     END IF;
     SELECT f.highest INTO highest FROM fencegate.fences f
         WHERE f.resource = sql_fence.resource AND f.highest = sql_fence.token
-          AND pg_try_advisory_xact_lock_shared(f.lock_key) IS NOT NULL
+          AND fencegate.hold_key(f.resource, f.highest, f.lock_key)
         FOR SHARE;
     IF NOT FOUND THEN
         PERFORM fencegate.require_resource(sql_fence.resource);
         PERFORM fencegate.parse_token(sql_fence.resource, sql_fence.token::text, NULL);
-        highest := fencegate.fence_check(sql_fence.resource, sql_fence.token, NULL, 'sql');
+        highest := fencegate.fence_check(sql_fence.resource, sql_fence.token, NULL, 'sql', 0);
     END IF;
     INSERT INTO fencegate.sql_grants AS g (pid, xact, resource, token)
         VALUES (pg_backend_pid(), pg_current_xact_id(), sql_fence.resource, sql_fence.token)
@@ -520,13 +612,13 @@ BEGIN
                 DETAIL = format('resource=%s role=%s', resource, who),
                 CONSTRAINT = 'fencegate_fence';
         END IF;
-        PERFORM fencegate.fence_check(resource, granted_token, tbl, 'sql');
+        PERFORM fencegate.fence_check(resource, granted_token, tbl, 'sql', 1);
         RETURN;
     END IF;
     PERFORM fencegate.require_holds(resource);
     PERFORM fencegate.fence_check(resource,
                                   fencegate.parse_token(resource, fencegate.presented(resource), tbl),
-                                  tbl, 'door');
+                                  tbl, 'door', 1);
 END
 $fn$;
 
@@ -557,7 +649,7 @@ BEGIN
             JOIN fencegate.sql_grants g ON g.resource = p.resource AND g.token = f.highest
             WHERE p.tbl = TG_RELID
               AND g.pid = pg_backend_pid() AND g.xact = pg_current_xact_id_if_assigned()
-              AND pg_try_advisory_xact_lock_shared(f.lock_key) IS NOT NULL
+              AND fencegate.hold_key(f.resource, f.highest, f.lock_key)
             FOR SHARE OF f;
     ELSE
         PERFORM FROM fencegate.protected_tables p
@@ -565,7 +657,7 @@ BEGIN
             WHERE p.tbl = TG_RELID
               AND f.highest::text = fencegate.presented(p.resource)
               AND EXISTS (SELECT FROM fencegate.holding(fencegate.caller(), p.resource) h WHERE h.held)
-              AND pg_try_advisory_xact_lock_shared(f.lock_key) IS NOT NULL
+              AND fencegate.hold_key(f.resource, f.highest, f.lock_key)
             FOR SHARE OF f;
     END IF;
     IF NOT FOUND THEN
@@ -607,14 +699,31 @@ AS $fn$
     SELECT rel::regclass FROM up
 $fn$;
 
+-- The state of the fence's own trigger on `rel` — the statement trigger
+-- fencegate_fence, or with `row_level` the row-level fencegate_fence_row: its
+-- tgenabled; 'X' if the trigger of that name is not the fence's own (another function,
+-- other events or timing, a WHEN condition, columns or arguments: a decoy); NULL if
+-- there is none.
+CREATE OR REPLACE FUNCTION fencegate.fence_trigger(rel regclass, row_level boolean) RETURNS "char"
+    LANGUAGE sql STABLE
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT CASE WHEN t.tgfoid = 'fencegate.enforce()'::regprocedure
+                     -- BEFORE, FOR EACH ROW: INSERT, UPDATE, DELETE; FOR EACH STATEMENT: also TRUNCATE.
+                     AND t.tgtype = CASE WHEN row_level THEN 31 ELSE 62 END
+                     AND t.tgqual IS NULL AND t.tgnargs = 0 AND t.tgattr = ''::int2vector
+                THEN t.tgenabled ELSE 'X' END
+    FROM pg_trigger t
+    WHERE t.tgrelid = rel
+      AND t.tgname = CASE WHEN row_level THEN 'fencegate_fence_row' ELSE 'fencegate_fence' END
+$fn$;
+
 -- Protected tables: every registered table, with its resource and the state of its
--- statement trigger (NULL: the trigger is missing).
+-- statement trigger (fence_trigger: NULL missing, 'X' a decoy of its name).
 CREATE OR REPLACE VIEW fencegate.protected AS
-    SELECT p.tbl, p.resource COLLATE "C" AS resource, t.tgenabled AS enabled
+    SELECT p.tbl, p.resource COLLATE "C" AS resource, fencegate.fence_trigger(p.tbl, false) AS enabled
     FROM fencegate.protected_tables p
-    JOIN pg_class c ON c.oid = p.tbl
-    LEFT JOIN pg_trigger t ON t.tgrelid = p.tbl AND t.tgname = 'fencegate_fence'
-                          AND t.tgfoid = 'fencegate.enforce()'::regprocedure;
+    JOIN pg_class c ON c.oid = p.tbl;
 
 -- Records `rel` as fenced for `resource`, for a caller that can act as its owner.
 CREATE OR REPLACE FUNCTION fencegate.register_table(rel regclass, resource text) RETURNS void
@@ -654,21 +763,33 @@ END
 $fn$;
 
 -- Puts the statement trigger on a registered table, ENABLE ALWAYS (so that
--- session_replication_role = replica does not skip it). Runs with the caller's
+-- session_replication_role = replica does not skip it), in place of a decoy of its
+-- name; and drops the fence's own function from triggers of other names (a fence
+-- trigger renamed, disabled, and replaced by a decoy). Runs with the caller's
 -- privileges: only a table's owner may change its triggers.
 CREATE OR REPLACE FUNCTION fencegate.install_trigger(rel regclass) RETURNS void
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    enabled "char" := (SELECT t.tgenabled FROM pg_trigger t WHERE t.tgrelid = rel AND t.tgname = 'fencegate_fence');
+    stray name;
 BEGIN
     -- No DDL when there is nothing to do: the partition guard runs after every ALTER
-    -- TABLE, and calls this.
-    IF enabled IS NULL THEN
+    -- TABLE and DROP TRIGGER, and calls this — also inside the DDL below, so the state
+    -- is read again after each step.
+    FOR stray IN SELECT t.tgname FROM pg_trigger t
+                 WHERE t.tgrelid = rel AND NOT t.tgisinternal
+                   AND t.tgfoid = 'fencegate.enforce()'::regprocedure
+                   AND t.tgname NOT IN ('fencegate_fence', 'fencegate_fence_row') LOOP
+        EXECUTE format('DROP TRIGGER IF EXISTS %I ON %s', stray, rel);
+    END LOOP;
+    IF fencegate.fence_trigger(rel, false) = 'X' THEN
+        EXECUTE format('DROP TRIGGER fencegate_fence ON %s', rel);
+    END IF;
+    IF fencegate.fence_trigger(rel, false) IS NULL THEN
         EXECUTE format('CREATE TRIGGER fencegate_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON %s FOR EACH STATEMENT EXECUTE FUNCTION fencegate.enforce()', rel);
     END IF;
-    IF enabled IS DISTINCT FROM 'A' THEN
+    IF fencegate.fence_trigger(rel, false) IS DISTINCT FROM 'A' THEN
         EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER fencegate_fence', rel);
     END IF;
 END
@@ -700,7 +821,7 @@ CREATE OR REPLACE FUNCTION fencegate.family_coverage(tbl regclass)
 AS $fn$
     SELECT DISTINCT m.rel,
            m.rel IN (SELECT r.tbl FROM fencegate.reachable_from_above() r),
-           (SELECT t.tgenabled FROM pg_trigger t WHERE t.tgrelid = m.rel AND t.tgname = 'fencegate_fence_row')
+           fencegate.fence_trigger(m.rel, true)
     FROM fencegate.ancestors(tbl) AS a(top)
     CROSS JOIN LATERAL fencegate.family(a.top) AS m(rel)
     WHERE EXISTS (SELECT FROM fencegate.protected_tables p WHERE p.tbl = m.rel)
@@ -717,13 +838,17 @@ DECLARE
 BEGIN
     -- No DDL when there is nothing to do: the partition guard runs after every ALTER
     -- TABLE and DROP TRIGGER, and calls this.
+    -- (The DDL below runs the guard too, so each state is read again before each step.)
     FOR member IN SELECT * FROM fencegate.family_coverage(tbl) LOOP
-        IF member.needed AND member.enabled IS NULL THEN
-            EXECUTE format('CREATE TRIGGER fencegate_fence_row BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION fencegate.enforce()', member.rel);
-        ELSIF NOT member.needed AND member.enabled IS NOT NULL THEN
-            EXECUTE format('DROP TRIGGER fencegate_fence_row ON %s', member.rel);
+        IF fencegate.fence_trigger(member.rel, true) = 'X'
+           OR (NOT member.needed AND fencegate.fence_trigger(member.rel, true) IS NOT NULL) THEN
+            -- A decoy of the row-level trigger's name, or a trigger no longer needed.
+            EXECUTE format('DROP TRIGGER IF EXISTS fencegate_fence_row ON %s', member.rel);
         END IF;
-        IF member.needed AND member.enabled IS DISTINCT FROM 'A' THEN
+        IF member.needed AND fencegate.fence_trigger(member.rel, true) IS NULL THEN
+            EXECUTE format('CREATE TRIGGER fencegate_fence_row BEFORE INSERT OR UPDATE OR DELETE ON %s FOR EACH ROW EXECUTE FUNCTION fencegate.enforce()', member.rel);
+        END IF;
+        IF member.needed AND fencegate.fence_trigger(member.rel, true) IS DISTINCT FROM 'A' THEN
             EXECUTE format('ALTER TABLE %s ENABLE ALWAYS TRIGGER fencegate_fence_row', member.rel);
         END IF;
     END LOOP;
@@ -813,7 +938,7 @@ DECLARE
     missing record;
     repaired record;
 BEGIN
-    -- fencegate partition guard 4 (fencegate.audit() looks for this line)
+    -- fencegate partition guard 5 (fencegate.audit() looks for this line)
     DELETE FROM fencegate.protected_tables p WHERE NOT EXISTS (SELECT FROM pg_class c WHERE c.oid = p.tbl);
     FOR missing IN SELECT * FROM fencegate.unprotected_descendants() LOOP
         INSERT INTO fencegate.protected_tables (tbl, resource) VALUES (missing.tbl, missing.resource)
@@ -829,7 +954,7 @@ BEGIN
         END LOOP;
     END IF;
     FOR missing IN SELECT DISTINCT r.tbl FROM fencegate.reachable_from_above() r
-                   WHERE NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = r.tbl AND t.tgname = 'fencegate_fence_row' AND t.tgenabled = 'A') LOOP
+                   WHERE fencegate.fence_trigger(r.tbl, true) IS DISTINCT FROM 'A' LOOP
         PERFORM fencegate.cover_family(missing.tbl);
     END LOOP;
 END
@@ -870,19 +995,32 @@ BEGIN
 END
 $fn$;
 
--- Records every raise of a fence (fencegate.raises), keeping the latest 32 per resource.
+-- Records every raise of a fence (fencegate.raises), keeping the latest 32 per
+-- resource; the highest raise it lets go of becomes the resource's floor
+-- (fencegate.raise_floors), which no reset goes below, so that no number of raises
+-- pushes the current term out of a reset's reach.
 CREATE OR REPLACE FUNCTION fencegate.log_raise() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
 AS $fn$
+DECLARE
+    evicted bigint;
 BEGIN
     INSERT INTO fencegate.raises (resource, token, path)
         VALUES (NEW.resource, NEW.highest, NEW.raised_by)
         ON CONFLICT (resource, token) DO NOTHING;
-    DELETE FROM fencegate.raises r
-        WHERE r.resource = NEW.resource
-          AND r.token < (SELECT k.token FROM fencegate.raises k WHERE k.resource = NEW.resource
-                         ORDER BY k.token DESC OFFSET 31 LIMIT 1);
+    WITH gone AS (
+        DELETE FROM fencegate.raises r
+            WHERE r.resource = NEW.resource
+              AND r.token < (SELECT k.token FROM fencegate.raises k WHERE k.resource = NEW.resource
+                             ORDER BY k.token DESC OFFSET 31 LIMIT 1)
+            RETURNING r.token
+    )
+    SELECT max(gone.token) INTO evicted FROM gone;
+    IF evicted IS NOT NULL THEN
+        INSERT INTO fencegate.raise_floors AS f (resource, token) VALUES (NEW.resource, evicted)
+            ON CONFLICT (resource) DO UPDATE SET token = greatest(f.token, EXCLUDED.token);
+    END IF;
     RETURN NULL;
 END
 $fn$;
@@ -1020,7 +1158,7 @@ AS $fn$
            format('fenced for resource "%s", but a write through %s, which is not fenced for it, reaches its rows and it has no row-level fence trigger (fencegate protect %s --resource %s)',
                   r.resource, r.ancestor, r.tbl, r.resource)
         FROM fencegate.reachable_from_above() r
-        WHERE NOT EXISTS (SELECT FROM pg_trigger t WHERE t.tgrelid = r.tbl AND t.tgname = 'fencegate_fence_row' AND t.tgenabled = 'A')
+        WHERE fencegate.fence_trigger(r.tbl, true) IS DISTINCT FROM 'A'
     UNION ALL
     SELECT DISTINCT 'warning', 'unfenced_ancestor', r.ancestor::text,
            format('above %s, which is fenced for resource "%s": its own rows are not fenced (writes through it into fenced tables are, row by row)',
@@ -1029,7 +1167,8 @@ AS $fn$
     UNION ALL
     SELECT 'problem', 'trigger_not_always', p.tbl::text,
            format('the fencegate trigger is %s, not ENABLE ALWAYS (fencegate protect %s --resource %s)',
-                  CASE p.enabled WHEN 'D' THEN 'disabled' WHEN 'R' THEN 'enabled for replicas only' WHEN 'O' THEN 'enabled for origin sessions only' ELSE 'missing' END,
+                  CASE p.enabled WHEN 'D' THEN 'disabled' WHEN 'R' THEN 'enabled for replicas only' WHEN 'O' THEN 'enabled for origin sessions only'
+                                 WHEN 'X' THEN 'replaced by another trigger of its name' ELSE 'missing' END,
                   p.tbl, p.resource)
         FROM fencegate.protected p WHERE p.enabled IS DISTINCT FROM 'A'
     UNION ALL
@@ -1038,6 +1177,46 @@ AS $fn$
                   quote_ident(ft.tgname))
         FROM fence_triggers ft
         WHERE NOT EXISTS (SELECT FROM fencegate.protected_tables p WHERE p.tbl = ft.tbl)
+    UNION ALL
+    SELECT CASE WHEN f.prosrc ~* 'fencegate' THEN 'problem' ELSE 'warning' END,
+           'foreign_trigger_on_fenced_table', t.tgrelid::regclass::text,
+           format('trigger %s runs %s, of role %s, inside every write to this table, with the writer''s authority%s',
+                  quote_ident(t.tgname), f.oid::regprocedure, quote_ident(pg_get_userbyid(f.proowner)),
+                  CASE WHEN f.prosrc ~* 'fencegate'
+                       THEN ': it calls the fence or sets its token, and may present a token of its own choosing before the fence''s trigger reads it (drop it)'
+                       ELSE ': check that the writers trust its owner' END)
+        FROM pg_trigger t
+        JOIN fencegate.protected_tables p ON p.tbl = t.tgrelid
+        JOIN pg_proc f ON f.oid = t.tgfoid
+        WHERE NOT t.tgisinternal AND t.tgfoid <> 'fencegate.enforce()'::regprocedure
+    UNION ALL
+    SELECT 'warning', 'code_calls_fence', c.object,
+           format('%s, of role %s, calls the fence or sets its token: it runs with the authority of whoever runs it, so a holder that writes through it, reads it or fires it raises and presents its own fences as this code says; a raise from a trigger is refused (ZF006), from a view, rule, default or function called directly it is not',
+                  c.object, quote_ident(c.owner))
+        FROM (
+            SELECT format('function %s', p.oid::regprocedure) AS object, pg_get_userbyid(p.proowner) AS owner, p.prosrc AS code
+                FROM pg_proc p
+                WHERE p.pronamespace NOT IN ('fencegate'::regnamespace, 'pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+                  AND p.prolang IN (SELECT l.oid FROM pg_language l WHERE l.lanname NOT IN ('c', 'internal'))
+            UNION ALL
+            SELECT format('view %s', c.oid::regclass), pg_get_userbyid(c.relowner), pg_get_viewdef(c.oid)
+                FROM pg_class c
+                WHERE c.relkind IN ('v', 'm')
+                  AND c.relnamespace NOT IN ('fencegate'::regnamespace, 'pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+            UNION ALL
+            SELECT format('rule %s on %s', quote_ident(r.rulename), r.ev_class::regclass), pg_get_userbyid(c.relowner), pg_get_ruledef(r.oid)
+                FROM pg_rewrite r JOIN pg_class c ON c.oid = r.ev_class
+                WHERE r.rulename <> '_RETURN'
+                  AND c.relnamespace NOT IN ('fencegate'::regnamespace, 'pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+            UNION ALL
+            SELECT format('the default of column %s of %s', quote_ident(a.attname), d.adrelid::regclass), pg_get_userbyid(c.relowner),
+                   pg_get_expr(d.adbin, d.adrelid)
+                FROM pg_attrdef d
+                JOIN pg_attribute a ON a.attrelid = d.adrelid AND a.attnum = d.adnum
+                JOIN pg_class c ON c.oid = d.adrelid
+                WHERE c.relnamespace NOT IN ('fencegate'::regnamespace, 'pg_catalog'::regnamespace, 'information_schema'::regnamespace)
+        ) c
+        WHERE c.code ~* 'fencegate\s*\.\s*(fence|sql_fence)\s*\(|fencegate\.token'
     UNION ALL
     SELECT 'problem', 'writer_owns_protected_table', p.tbl::text,
            format('writer role %s can act as the owner %s of this table, and so drop or disable its trigger',
@@ -1112,7 +1291,7 @@ AS $fn$
            'the partition guard runs a function of an earlier version (it belongs to the superuser who installed it): a superuser runs SELECT fencegate.install_partition_guard() to bring it up to date'
         FROM pg_event_trigger e JOIN pg_proc p ON p.oid = e.evtfoid
         WHERE e.evtname = 'fencegate_partitions'
-          AND p.prosrc NOT LIKE '%fencegate partition guard 4 %'
+          AND p.prosrc NOT LIKE '%fencegate partition guard 5 %'
     UNION ALL
     SELECT 'warning', 'no_partition_guard', 'fencegate_partitions',
            'no event trigger fences new partitions of protected tables as they are created or puts back a fence trigger that was dropped: run SELECT fencegate.install_partition_guard() as a superuser, or run fencegate check after changing fenced tables'
@@ -1134,6 +1313,21 @@ BEGIN
 END
 $do$;
 REVOKE ALL ON ALL TABLES IN SCHEMA fencegate FROM PUBLIC;
+
+-- Roles granted the right to fence their tables before fence_trigger() existed call it
+-- through protect(): they get it as the grant gives it now.
+DO $do$
+DECLARE
+    grantee regrole;
+BEGIN
+    FOR grantee IN SELECT DISTINCT a.grantee::regrole
+                   FROM pg_proc p, aclexplode(p.proacl) a
+                   WHERE p.oid = 'fencegate.protect(regclass, text)'::regprocedure
+                     AND a.privilege_type = 'EXECUTE' AND a.grantee <> 0 AND a.grantee <> p.proowner LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION fencegate.fence_trigger(regclass, boolean) TO %s', grantee);
+    END LOOP;
+END
+$do$;
 
 DO $do$
 BEGIN

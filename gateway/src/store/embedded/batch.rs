@@ -9,7 +9,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::store::embedded::{
     lease_record, now_ms, IdempotencyRow, LeaseRow, ObjectRow, ResetRow, FENCES, IDEMPOTENCY,
-    IDEMPOTENCY_EXPIRY, LEASES, OBJECTS, RAISES, RAISES_KEPT, RESETS,
+    IDEMPOTENCY_EXPIRY, LEASES, OBJECTS, RAISES, RAISES_KEPT, RAISE_FLOORS, RESETS,
 };
 use crate::store::leases::{
     check_reset, decide, next_token, Claimant, Decision, Epoch, LeaseOp, LeaseOutcome, Reset,
@@ -189,24 +189,30 @@ struct Tables<'txn> {
     leases: Table<'txn, &'static str, LeaseRow>,
     resets: Table<'txn, u64, ResetRow>,
     raises: Table<'txn, (&'static str, u64), (&'static str, u64)>,
+    raise_floors: Table<'txn, &'static str, u64>,
     idempotency: Table<'txn, (&'static str, &'static str), IdempotencyRow>,
     idempotency_expiry: Table<'txn, (u64, &'static str, &'static str), ()>,
 }
 
 impl Tables<'_> {
-    /// Sets `resource`'s fence to `token`, recording a raise (by `path`) if it rises.
+    /// Sets `resource`'s fence to `token`, recording a raise (by `path`) if it rises;
+    /// the highest raise the log lets go of becomes the resource's floor.
     fn set_fence(&mut self, resource: &str, token: u64, path: &str) -> Result<(), redb::Error> {
         let previous = self.fences.insert(resource, token)?.map(|old| old.value());
         if previous.is_none_or(|previous| previous < token) {
             self.raises.insert((resource, token), (path, now_ms()))?;
-            let kept: Vec<u64> = self
+            let evicted: Vec<u64> = self
                 .raises
                 .range((resource, 0)..=(resource, u64::MAX))?
                 .rev()
                 .skip(RAISES_KEPT)
                 .map(|entry| entry.map(|(key, _)| key.value().1))
                 .collect::<Result<_, _>>()?;
-            for old in kept {
+            if let Some(&highest) = evicted.first() {
+                let floor = self.raise_floors.get(resource)?.map_or(0, |f| f.value());
+                self.raise_floors.insert(resource, floor.max(highest))?;
+            }
+            for old in evicted {
                 self.raises.remove((resource, old))?;
             }
         }
@@ -268,6 +274,7 @@ fn apply_batch(
             leases: txn.open_table(LEASES)?,
             resets: txn.open_table(RESETS)?,
             raises: txn.open_table(RAISES)?,
+            raise_floors: txn.open_table(RAISE_FLOORS)?,
             idempotency: txn.open_table(IDEMPOTENCY)?,
             idempotency_expiry: txn.open_table(IDEMPOTENCY_EXPIRY)?,
         };
@@ -397,8 +404,17 @@ fn apply_reset(tables: &mut Tables<'_>, reset: &Reset) -> Result<ResetOutcome, r
         .get(resource)?
         .and_then(|entry| Token::new(entry.value().2).ok());
     // The token a reset goes past is the fence's: the one it declares forged. Every
-    // other token the resource accepted, on any path, is a floor.
+    // other token the resource accepted, on any path, is a floor — but the tokens
+    // earlier resets declared forged, which objects may still carry.
     let forged = highest.map_or(0, Token::get);
+    let mut declared = vec![forged];
+    for entry in tables.resets.iter()? {
+        let (_, row) = entry?;
+        let (reset_resource, from, ..) = row.value();
+        if reset_resource == resource {
+            declared.push(from);
+        }
+    }
     let mut written = 0;
     for entry in tables.objects.range((resource, "")..)? {
         let (key, row) = entry?;
@@ -406,11 +422,11 @@ fn apply_reset(tables: &mut Tables<'_>, reset: &Reset) -> Result<ResetOutcome, r
             break;
         }
         let token = row.value().0;
-        if token != forged {
+        if !declared.contains(&token) {
             written = written.max(token);
         }
     }
-    let mut raised = 0;
+    let mut raised = tables.raise_floors.get(resource)?.map_or(0, |f| f.value());
     for entry in tables.raises.range((resource, 0)..=(resource, u64::MAX))? {
         let token = entry?.0.value().1;
         if token != forged {

@@ -9,7 +9,7 @@ use super::identity::{self, Reconciled, StoreId};
 use super::{
     now_ms, EmbeddedStartError, FENCES, FORMAT_KEY, FORMAT_VERSION, IDEMPOTENCY,
     IDEMPOTENCY_EXPIRY, IDENTITY, LEASES, META, OBJECTS, PROBE_FILE_BYTES, RAISES,
-    RAISES_SEEDED_KEY, READINESS, RESETS, STORE_ID_KEY,
+    RAISES_SEEDED_KEY, RAISE_FLOORS, READINESS, RESETS, STORE_ID_KEY,
 };
 use crate::store::NotWritable;
 
@@ -79,6 +79,8 @@ pub(super) fn initialise(
         txn.open_table(OBJECTS).map_err(|e| open_error(e.into()))?;
         txn.open_table(LEASES).map_err(|e| open_error(e.into()))?;
         txn.open_table(RESETS).map_err(|e| open_error(e.into()))?;
+        txn.open_table(RAISE_FLOORS)
+            .map_err(|e| open_error(e.into()))?;
         txn.open_table(READINESS)
             .map_err(|e| open_error(e.into()))?;
         txn.open_table(IDEMPOTENCY)

@@ -77,6 +77,9 @@ const RESETS: TableDefinition<u64, ResetRow> = TableDefinition::new("fence_reset
 const RAISES: TableDefinition<(&str, u64), (&str, u64)> = TableDefinition::new("raises");
 /// Raises kept per resource.
 const RAISES_KEPT: usize = 32;
+/// resource -> the highest raise the raise log let go of: a floor of every reset, so
+/// that no number of raises pushes a term out of a reset's reach.
+const RAISE_FLOORS: TableDefinition<&str, u64> = TableDefinition::new("raise_floors");
 /// Set once the raise log holds every fence the store had before it existed.
 const RAISES_SEEDED_KEY: &str = "raises_seeded";
 /// (fingerprint, expiry in ms since the Unix epoch, status, headers, body) of the answer

@@ -35,7 +35,7 @@ pub(crate) use connection::{committing, describe, read_row, with_client_until};
 pub use connection::{migrate, new_pool, PgPool, PgStartError};
 pub(crate) use errors::{classify, error_text, server_unavailable};
 pub use server_watch::{Admission, ServerAuditor, ServerId, ServerWatch};
-pub use terms::Takeover;
+pub use terms::{Takeover, Takeovers};
 pub(crate) use txn::{stored_answer, IN_FLIGHT_WAIT};
 
 use std::sync::Arc;

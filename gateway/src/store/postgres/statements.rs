@@ -73,6 +73,16 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
      ALTER TABLE fencegate.issuer_bindings ADD CONSTRAINT issuer_bindings_issuer_check
          CHECK (issuer IN ('gateway', 'leader_lease', 'etcd', 'zookeeper'));",
     ),
+    (
+        8,
+        "-- The highest raise of each resource that the raise log let go of: a floor of
+     -- every reset, so that no number of raises pushes a term out of a reset's reach.
+     CREATE TABLE fencegate.raise_floors (
+         resource text PRIMARY KEY,
+         token    bigint NOT NULL
+     );
+     REVOKE ALL ON fencegate.raise_floors FROM PUBLIC;",
+    ),
 ];
 
 /// The readiness probe: a real write, committed on its own.
@@ -94,6 +104,9 @@ pub const KEYS: &str = "SELECT name, key FROM fencegate.keys WHERE name IN ('sql
 /// Older-term sessions ended after `$1`, in order.
 pub const TAKEOVERS_SINCE: &str =
     "SELECT id, resource, token, pid, role, ended_by FROM fencegate.takeovers WHERE id > $1 ORDER BY id";
+/// The last id the takeover log's sequence issued, committed or rolled back (0: none).
+pub const TAKEOVER_LAST_ID: &str = "SELECT coalesce(pg_sequence_last_value(
+     pg_get_serial_sequence('fencegate.takeovers', 'id')::regclass), 0)";
 /// Ends the sessions holding `$1`'s fence for a term older than `$2`.
 pub const END_OLDER_TERMS: &str = "SELECT fencegate.end_older_terms($1, $2, 'gateway')";
 /// Whether table `$1` (quoted) is guarded by `fencegate.guard_leader_lease()`, with both
@@ -449,14 +462,19 @@ pub const LEASE_FREE: &str = concat!(
     lease_columns!()
 );
 
-/// A reset's floors (0 when none): the lease's last token; and, besides `$2`, the
-/// highest token the reset declares forged, the highest token an object of the
-/// resource was written with and the highest token a raise of its fence recorded
-/// (`fencegate.raises`: every path). `$1` resource, `$2` the forged token.
+/// A reset's floors (0 when none): the lease's last token; the highest token an object
+/// of the resource was written with, but `$2` (the token the reset declares forged) and
+/// the tokens earlier resets declared forged; and the highest token but `$2` that a
+/// raise of its fence recorded (`fencegate.raises`: every path), or that the raise log
+/// let go of (`fencegate.raise_floors`). `$1` resource, `$2` the forged token.
 pub const RESET_FLOORS: &str =
     "SELECT coalesce((SELECT token FROM fencegate.leases WHERE resource = $1), 0),
-            coalesce((SELECT max(token) FROM fencegate.objects WHERE resource = $1 AND token <> $2), 0),
-            coalesce((SELECT max(token) FROM fencegate.raises WHERE resource = $1 AND token <> $2), 0)";
+            coalesce((SELECT max(o.token) FROM fencegate.objects o
+                      WHERE o.resource = $1 AND o.token <> $2
+                        AND NOT EXISTS (SELECT FROM fencegate.fence_resets r
+                                        WHERE r.resource = $1 AND r.forged = o.token)), 0),
+            greatest(coalesce((SELECT max(token) FROM fencegate.raises WHERE resource = $1 AND token <> $2), 0),
+                     coalesce((SELECT token FROM fencegate.raise_floors WHERE resource = $1), 0))";
 /// Forgets the raises a reset went below. `$1` resource, `$2` the reset's token.
 pub const RESET_RETIRE_RAISES: &str =
     "DELETE FROM fencegate.raises WHERE resource = $1 AND token > $2";

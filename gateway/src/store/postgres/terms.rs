@@ -34,16 +34,24 @@ pub struct Takeover {
     pub ended_by: String,
 }
 
+/// The sessions ended since an id of the takeover log: the records, and the last id
+/// issued. Ids are issued by a sequence, which a rollback does not take back: a session
+/// ended by a raise that then failed leaves a gap, counted though its record is gone.
+#[derive(Debug, Clone, Default)]
+pub struct Takeovers {
+    pub records: Vec<Takeover>,
+    pub last_id: i64,
+}
+
 impl PgStore {
-    /// The older-term sessions ended since `after` (`fencegate.takeovers`), in order:
-    /// id, resource, token, pid, role, who ended them.
-    pub async fn takeovers_since(&self, after: i64) -> Result<Vec<Takeover>, StoreError> {
+    /// The sessions ended since `after` (`fencegate.takeovers`), in order.
+    pub async fn takeovers_since(&self, after: i64) -> Result<Takeovers, StoreError> {
         self.with_client(async |client| {
             let rows = client
                 .query(statements::TAKEOVERS_SINCE, &[&after])
                 .await
                 .map_err(|e| classify(e, false))?;
-            Ok(rows
+            let records: Vec<Takeover> = rows
                 .iter()
                 .map(|row| Takeover {
                     id: row.get(0),
@@ -53,21 +61,18 @@ impl PgStore {
                     role: row.get(4),
                     ended_by: row.get(5),
                 })
-                .collect())
+                .collect();
+            let issued = last_takeover_id(client).await?;
+            let last_id = records.last().map_or(issued, |last| last.id.max(issued));
+            Ok(Takeovers { records, last_id })
         })
         .await
     }
 
-    /// The id of the last entry of the takeover log (0 if none).
+    /// The last id the takeover log issued (0 if none).
     pub async fn last_takeover(&self) -> Result<i64, StoreError> {
-        self.with_client(async |client| {
-            let row = client
-                .query_one("SELECT coalesce(max(id), 0) FROM fencegate.takeovers", &[])
-                .await
-                .map_err(|e| classify(e, false))?;
-            Ok(row.get(0))
-        })
-        .await
+        self.with_client(async |client| last_takeover_id(client).await)
+            .await
     }
 
     /// Runs `call`, which may raise the fences `raises` names (each with its token);
@@ -126,6 +131,15 @@ async fn end_older_terms(
             statements::END_OLDER_TERMS,
             &[&resource.as_str(), &token.as_i64()],
         )
+        .await
+        .map_err(|e| classify(e, false))?;
+    Ok(row.get(0))
+}
+
+/// The last id the takeover log's sequence issued, committed or not (0 if none).
+async fn last_takeover_id(client: &tokio_postgres::Client) -> Result<i64, StoreError> {
+    let row = client
+        .query_one(statements::TAKEOVER_LAST_ID, &[])
         .await
         .map_err(|e| classify(e, false))?;
     Ok(row.get(0))
