@@ -361,6 +361,28 @@ async fn an_older_term_cannot_hold_a_new_one_off() {
         .await
         .unwrap();
     current.batch_execute("COMMIT").await.unwrap();
+
+    // A raise that ends an older term's session and then fails takes its record back
+    // with it; the session is counted all the same.
+    let older = door.writer("").await;
+    older
+        .batch_execute("BEGIN; SELECT fencegate.fence('sweeper', 11)")
+        .await
+        .unwrap();
+    let failed = door
+        .writer("")
+        .await
+        .batch_execute("BEGIN; SELECT fencegate.fence('sweeper', 12); SELECT 1/0;")
+        .await;
+    assert!(failed.is_err());
+    assert!(older.batch_execute("COMMIT").await.is_err());
+    wait_for(|| async { client.metric("fencegate_term_takeovers_total").await == Some(5.0) }).await;
+    assert_eq!(
+        door.gateway
+            .events("sessions were ended whose records are not in the takeover log: their raise failed and rolled the record back, or had not committed yet")
+            .len(),
+        1
+    );
 }
 
 /// A ZF001 or ZF005 that a client's SQL raises itself, through the door or `/v1/sql`,

@@ -499,9 +499,11 @@ async fn writers_cannot_lower_or_forge_fences() {
         ("SELECT * FROM fencegate.fences", "42501"),
         ("SELECT * FROM fencegate.objects", "42501"),
         (
-            "SELECT fencegate.fence_check('orders', 1, NULL, 'door')",
+            "SELECT fencegate.fence_check('orders', 1, NULL, 'door', 0)",
             "42501",
         ),
+        ("SELECT fencegate.clear_key('orders', 5, 1)", "42501"),
+        ("SELECT fencegate.hold_key('orders', 5, 1)", "42501"),
         ("SELECT fencegate.raise_fence('orders', 9, 'door')", "42501"),
         ("SELECT fencegate.sql_fence('orders', 9, '\\x00')", "42501"),
         (

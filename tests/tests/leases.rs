@@ -559,6 +559,111 @@ async fn a_fence_reset_is_seen_by_every_replica() {
     assert_eq!(logged[0]["fields"]["identity"], "ops");
 }
 
+/// Resets cannot be walked below a term that a holder's raises pushed out of the raise
+/// log, and a token an earlier reset declared forged is no floor, even once an object
+/// carries it.
+async fn reset_floors(gateway: &Gateway, writer: &str, admin: &str) {
+    let (w, ops) = (
+        Caller::new(gateway, Some(writer)),
+        Caller::new(gateway, Some(admin)),
+    );
+    let advance = |token: u64| {
+        let w = &w;
+        async move {
+            let reply = w
+                .call(
+                    Method::POST,
+                    "/v1/fences/orders/advance",
+                    Some(&token.to_string()),
+                    "",
+                )
+                .await;
+            assert_eq!(reply.status, 200, "{token}: {:?}", reply.json());
+        }
+    };
+    // The current term advances to 7; a forger then raises 40 times, more than the 32
+    // raises the log keeps.
+    advance(7).await;
+    for token in 8..=47 {
+        advance(token).await;
+    }
+    // Each reset goes past the fence's token to the raise below it, down to the highest
+    // raise the log let go of (15), never further.
+    let mut fence = 47;
+    loop {
+        let reply = ops.reset("orders", fence - 1, "forged").await;
+        if reply.status != 200 {
+            assert_eq!(reply.error_code(), "reset_refused", "{:?}", reply.json());
+            break;
+        }
+        fence -= 1;
+        assert_eq!(
+            w.put("orders", "k", "6", "old").await.error_code(),
+            "stale_token",
+            "at {fence}"
+        );
+    }
+    assert_eq!(fence, 15);
+    for below in [7, 6] {
+        assert_eq!(
+            ops.reset("orders", below, "forged").await.error_code(),
+            "reset_refused"
+        );
+    }
+    assert_eq!(w.fence("orders").await, json!(15));
+
+    // A forged token written with, declared forged, then raised past again.
+    assert_eq!(w.put("books", "k", "5", "v5").await.status, 201);
+    assert_eq!(w.put("books", "forged", "9", "x").await.status, 201);
+    let first = ops.reset("books", 5, "9 was never issued").await;
+    assert_eq!(first.status, 200, "{:?}", first.json());
+    let raised = w
+        .call(Method::POST, "/v1/fences/books/advance", Some("10"), "")
+        .await;
+    assert_eq!(raised.status, 200);
+    let second = ops.reset("books", 5, "10 was never issued").await;
+    assert_eq!(second.status, 200, "{:?}", second.json());
+    assert_eq!(w.fence("books").await, json!(5));
+    assert_eq!(w.put("books", "k", "5", "v5b").await.status, 200);
+}
+
+fn reset_auth() -> (String, String, AuthFile) {
+    let (writer, admin) = (new_key(), new_key());
+    let auth = AuthFile::new(&[
+        (
+            "writer",
+            &writer,
+            r#"{ resources = ["*"], actions = ["read", "write", "advance"] }"#,
+        ),
+        ("ops", &admin, r#"{ actions = ["admin"] }"#),
+    ]);
+    (writer, admin, auth)
+}
+
+#[tokio::test]
+async fn reset_floors_hold_past_the_raise_log_postgres() {
+    let db = TestDb::create().await;
+    let (writer, admin, auth) = reset_auth();
+    let gateway = Gateway::builder()
+        .database(&db.url())
+        .args(&["--auth-file", &auth.path()])
+        .spawn()
+        .await;
+    reset_floors(&gateway, &writer, &admin).await;
+}
+
+#[tokio::test]
+async fn reset_floors_hold_past_the_raise_log_embedded() {
+    let data = DataDir::create();
+    let (writer, admin, auth) = reset_auth();
+    let gateway = Gateway::builder()
+        .args(&["--data-dir", &data.0.display().to_string()])
+        .args(&["--auth-file", &auth.path()])
+        .spawn()
+        .await;
+    reset_floors(&gateway, &writer, &admin).await;
+}
+
 /// The in-database fence refuses, like the HTTP API, a new term's token the gateway's
 /// leases never issued: through the Postgres door, `fencegate.fence()` raises ZF005
 /// and the fence does not move.

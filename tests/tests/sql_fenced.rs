@@ -356,3 +356,37 @@ async fn an_unreachable_database_answers_503() {
     )
     .await;
 }
+
+/// The fence step of a `/v1/sql` transaction holds its term until the commit, whatever
+/// the statements after it touch: a new term's advance, sent while a transaction of the
+/// current term runs statements that write no fenced table, waits for that commit.
+#[tokio::test]
+async fn the_fence_step_holds_the_term_until_the_commit() {
+    let db = TestDb::create().await;
+    let gateway = Gateway::with_sql(&db).await;
+    let client = gateway.client();
+    assert_eq!(client.advance("sweeper", 4).await.status, 200);
+    let sql_client = client.clone();
+    let running = tokio::spawn(async move {
+        let reply = sql_client
+            .sql(
+                "sweeper",
+                4,
+                json!({"statements": [{"sql": "SELECT pg_sleep(1)"}]}),
+            )
+            .await;
+        (reply, tokio::time::Instant::now())
+    });
+    // The transaction has taken its fence step and sleeps.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let advanced = client.advance("sweeper", 5).await;
+    let advanced_at = tokio::time::Instant::now();
+    assert_eq!(advanced.status, 200, "{:?}", advanced.json());
+    let (reply, committed_at) = running.await.unwrap();
+    assert_eq!(reply.status, 200, "{:?}", reply.json());
+    assert!(
+        advanced_at >= committed_at,
+        "the new term's advance completed {:?} before the older term's transaction did",
+        committed_at - advanced_at
+    );
+}
