@@ -286,6 +286,86 @@ async fn a_large_sql_answer_is_cut_at_sql_max_response() {
     assert_eq!(results[1]["truncated_by"], "bytes");
 }
 
+/// Clients that send `/v1/sql` transactions with 3 MB answers, fresh or replays of a
+/// stored one, and never read: each transaction claims room for its answer at
+/// `--sql-max-response` before it runs, so no more answers are held than
+/// `--max-response-memory` takes and the others are refused (`response_memory`)
+/// before they run; nothing is held once the stalled connections are closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_answers_nobody_reads_stay_within_the_response_budget() {
+    let db = TestDb::create().await;
+    let gateway = Gateway::builder()
+        .database(&db.url())
+        .sql_as(&db.writer().await)
+        .args(&[
+            "--max-response-memory",
+            "8MiB",
+            "--sql-max-response",
+            "4MiB",
+            "--write-timeout",
+            "2s",
+        ])
+        .spawn()
+        .await;
+    let client = gateway.client();
+    let body = json!({"statements": [{"sql": "SELECT repeat('x', 3000000) AS big"}]}).to_string();
+    // One keyed answer, stored and read whole, to be replayed.
+    let stored = client
+        .request(
+            http::Method::POST,
+            "/v1/sql/r",
+            &[("fencing-token", "1"), ("idempotency-key", "big")],
+            body.clone(),
+        )
+        .await;
+    assert_eq!(stored.status, 200, "{:?}", stored.body);
+    assert!(stored.body.len() > 3_000_000);
+
+    let mut sockets = Vec::new();
+    for n in 0..12 {
+        let mut socket =
+            connect_from(IpAddr::from([127, 0, 0, 1]), gateway.addr(), Some(4096)).await;
+        let key = if n % 2 == 0 {
+            "idempotency-key: big\r\n"
+        } else {
+            ""
+        };
+        socket
+            .write_all(
+                format!(
+                    "POST /v1/sql/r HTTP/1.1\r\nhost: gw\r\nfencing-token: 1\r\n{key}content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        sockets.push(socket);
+    }
+    let mut most = 0.0f64;
+    for _ in 0..20 {
+        most = most.max(metric(&client, "fencegate_response_bytes_pending").await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        most <= (8 << 20) as f64,
+        "{most} bytes of answers held past --max-response-memory 8MiB"
+    );
+    let refused = metric(
+        &client,
+        "fencegate_limit_rejections_total{reason=\"response_memory\"}",
+    )
+    .await;
+    assert!(refused >= 10.0, "{refused} of 12 refused with room for two");
+    eventually(
+        Duration::from_secs(10),
+        "stalled connections closed and their answers dropped",
+        || async { metric(&client, "fencegate_response_bytes_pending").await == 0.0 },
+    )
+    .await;
+    drop(sockets);
+}
+
 /// Writes whose bodies never start, or stop after a byte: the peer that sends them
 /// holds at most its share of the writes in flight and of body memory, and the writes
 /// that never start end after `--body-first-byte-timeout`; another peer's writes all

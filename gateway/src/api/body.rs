@@ -9,9 +9,11 @@
 //! - it is claimed under `--max-response-memory` before it is in memory (an object's
 //!   value is claimed by its length before the store copies it out), and held until it
 //!   is sent or its connection closes; past the budget the request is answered
-//!   `503 overloaded` (`response_memory`) instead. The answer of a committed write
-//!   (`/v1/sql`) is never refused: it is claimed past the budget if it must, its size
-//!   bounded by `--sql-max-response`;
+//!   `503 overloaded` (`response_memory`) instead. An answer that a write produces
+//!   (`/v1/sql`, a result set or its replay) is claimed before the write runs, at its
+//!   bound (`--sql-max-response`), and the claim shrinks to the answer once it is
+//!   known ([`ResponseBudget::reserve`]): a write is never applied and then refused
+//!   room for its answer;
 //! - its connection may have at most `--max-pending-answers` of them unsent at once;
 //!   past that, `503 overloaded` (`pending_answers`): an HTTP/2 connection with many
 //!   streams whose windows stay shut holds few answers, not hundreds;
@@ -87,13 +89,12 @@ impl Body {
         }
     }
 
-    /// This body, paced on the connection `conn` if it is large; the answer of a
-    /// committed write, so never refused (see [`ResponseBudget::admit_committed`]).
-    pub fn paced_committed(self, budget: &Arc<ResponseBudget>, conn: &Arc<ConnState>) -> Body {
+    /// This body, sent in the room `reserved` for it (see [`ResponseBudget::reserve`]).
+    pub fn in_reserved(self, reserved: Reserved) -> Body {
         let Kind::Whole(Some(bytes)) = self.0 else {
             return self;
         };
-        let admitted = budget.admit_committed(bytes.len(), conn);
+        let admitted = reserved.fit(bytes.len());
         Body::admitted(bytes, admitted)
     }
 }
@@ -196,24 +197,27 @@ impl ResponseBudget {
         }))
     }
 
-    /// Room for the answer of a write that has committed: refusing it now would tell
-    /// the client that nothing was applied. So it is claimed past the budget and past
-    /// the connection's pending answers if it must (its size is bounded elsewhere, as
-    /// by `--sql-max-response`), and still paced and watched.
-    pub fn admit_committed(
+    /// Room for an answer of at most `bound` bytes that a write is about to produce,
+    /// claimed before the write runs: refused then (`503 overloaded`, nothing applied)
+    /// rather than after it committed. [`Reserved::fit`] shrinks it to the answer.
+    pub fn reserve(
         self: &Arc<Self>,
-        bytes: usize,
+        bound: usize,
         conn: &Arc<ConnState>,
-    ) -> Option<Admitted> {
-        if bytes <= PACE_FROM {
-            return None;
-        }
-        let claim = self
-            .claim(bytes, usize::MAX)
-            .expect("an unbounded claim succeeds");
-        conn.answer_started(usize::MAX);
-        Some(Admitted {
-            _claim: claim,
+    ) -> Result<Reserved, Overload> {
+        let held = match bound <= PACE_FROM {
+            true => None,
+            false => {
+                let claim = self.claim(bound, self.limit)?;
+                if !conn.answer_reserved(self.max_pending_per_connection) {
+                    return Err(Overload::PendingAnswers);
+                }
+                Some((claim, Slot(Arc::clone(conn))))
+            }
+        };
+        Ok(Reserved {
+            held,
+            budget: Arc::clone(self),
             conn: Arc::clone(conn),
         })
     }
@@ -239,10 +243,74 @@ impl ResponseBudget {
     }
 }
 
+/// Room claimed for an answer not produced yet; see [`ResponseBudget::reserve`]:
+/// bytes under the budget and a place among its connection's answers, which does not
+/// count as an answer making no progress while the write runs. Dropped unused, it
+/// gives everything back.
+pub struct Reserved {
+    /// `None` when the bound is small enough to be sent whole.
+    held: Option<(Claim, Slot)>,
+    budget: Arc<ResponseBudget>,
+    conn: Arc<ConnState>,
+}
+
+/// A connection's place for a reserved answer, given back when dropped.
+struct Slot(Arc<ConnState>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.reservation_ended();
+    }
+}
+
+impl Reserved {
+    /// The room for the answer of `bytes` it was reserved for: `None` for a small one
+    /// (sent whole; everything is given back), else the claim resized to `bytes` and
+    /// the answer started on its connection. An answer above the reservation — a
+    /// stored answer replayed after `--sql-max-response` was lowered — has the rest
+    /// claimed past the budget: the write it answers has committed.
+    fn fit(self, bytes: usize) -> Option<Admitted> {
+        if bytes <= PACE_FROM {
+            return None;
+        }
+        let mut claim = match self.held {
+            Some((claim, slot)) => {
+                drop(slot);
+                claim
+            }
+            None => self
+                .budget
+                .claim(0, usize::MAX)
+                .expect("an unbounded claim succeeds"),
+        };
+        claim.resize(bytes);
+        self.conn.answer_started(usize::MAX);
+        Some(Admitted {
+            _claim: claim,
+            conn: self.conn,
+        })
+    }
+}
+
 /// Bytes claimed under the budget until dropped.
 struct Claim {
     budget: Arc<ResponseBudget>,
     bytes: usize,
+}
+
+impl Claim {
+    /// Claims `bytes` in place of what it holds: less is given back; more is claimed
+    /// past the budget.
+    fn resize(&mut self, bytes: usize) {
+        let used = &self.budget.used;
+        if bytes < self.bytes {
+            used.fetch_sub(self.bytes - bytes, Ordering::AcqRel);
+        } else {
+            used.fetch_add(bytes - self.bytes, Ordering::AcqRel);
+        }
+        self.budget.gauge.add(bytes as i64 - self.bytes as i64);
+        self.bytes = bytes;
+    }
 }
 
 impl Drop for Claim {
@@ -334,20 +402,37 @@ mod tests {
         assert!(answer(&budget, &conn, PACE_FROM + 1).is_ok());
     }
 
-    /// A committed write's answer is never refused, but still counted and paced.
+    /// An answer a write produces is claimed at its bound before the write runs —
+    /// refused then, past the budget — and the claim shrinks to the answer.
     #[test]
-    fn a_committed_answer_is_admitted_past_the_bounds() {
-        let budget = budget(PACE_FROM + 1, 1);
+    fn an_answer_is_reserved_at_its_bound_and_shrinks_to_fit() {
+        let bound = 4 * PACE_FROM;
+        let budget = budget(bound + PACE_FROM, 8);
         let conn = ConnState::new(CancellationToken::new());
-        let _held = answer(&budget, &conn, PACE_FROM + 1).unwrap();
-        let committed = Body::whole(vec![0; 2 * PACE_FROM]).paced_committed(&budget, &conn);
-        assert!(matches!(committed.0, Kind::Paced(_)));
-        assert_eq!(budget.used(), 3 * PACE_FROM + 1);
-        drop(committed);
-        assert_eq!(budget.used(), PACE_FROM + 1);
+        let reserved = budget.reserve(bound, &conn).unwrap();
+        assert_eq!(budget.used(), bound);
         assert_eq!(
-            answer(&budget, &conn, PACE_FROM + 1).err(),
-            Some(Overload::ResponseMemory)
+            budget.reserve(bound, &conn).err(),
+            Some(Overload::ResponseMemory),
+            "no room for a second answer at its bound"
+        );
+        let body = Body::whole(vec![0; 2 * PACE_FROM]).in_reserved(reserved);
+        assert!(matches!(body.0, Kind::Paced(_)));
+        assert_eq!(budget.used(), 2 * PACE_FROM, "shrunk to the answer");
+        drop(body);
+        assert_eq!(budget.used(), 0);
+
+        // A small answer gives its reservation back at once, and its connection's slot.
+        let small_conn = ConnState::new(CancellationToken::new());
+        let small =
+            Body::whole(vec![0; 10]).in_reserved(budget.reserve(bound, &small_conn).unwrap());
+        assert!(matches!(small.0, Kind::Whole(_)));
+        assert_eq!(budget.used(), 0);
+        drop(budget.reserve(bound, &conn).unwrap());
+        assert_eq!(
+            budget.used(),
+            0,
+            "an unused reservation gives everything back"
         );
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! Refusals come as early as they can: a disabled endpoint or a token the fence cache
 //! already knows to be stale before the body is read; a malformed body, too many
-//! statements or a statement that is not allowed ([`crate::sql::guard`]) before anything
+//! statements, a statement that is not allowed ([`crate::sql::guard`]) or no room for
+//! the answer under `--max-response-memory` ([`crate::api::body`]) before anything
 //! reaches the database.
 
 use std::sync::Arc;
@@ -63,6 +64,11 @@ pub async fn post(
     }
     let (statements, verdict) = service.check(statements).await;
     verdict?;
+    // Room for the answer, at its bound, before the transaction runs: an answer is
+    // never refused once its transaction committed.
+    let reserved = request
+        .responses
+        .reserve(policy.max_response, &request.conn)?;
     let token = fencing.token;
     let tx = SqlTransaction {
         resource: resource.clone(),
@@ -114,8 +120,7 @@ pub async fn post(
             stored: None,
         } => {
             let (head, body) = accepted(resource, token, results).into_parts();
-            let body = body.paced_committed(&request.responses, &request.conn);
-            Ok(Response::from_parts(head, body))
+            Ok(Response::from_parts(head, body.in_reserved(reserved)))
         }
         Answered::Ran {
             outcome: Err(failure),
@@ -136,8 +141,7 @@ pub async fn post(
         answered => {
             let response = keyed::answer(answered, &render)?;
             let (head, body) = response.into_parts();
-            let body = body.paced_committed(&request.responses, &request.conn);
-            Ok(Response::from_parts(head, body))
+            Ok(Response::from_parts(head, body.in_reserved(reserved)))
         }
     }
 }

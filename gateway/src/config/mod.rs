@@ -478,7 +478,9 @@ pub struct Config {
 
     /// Most bytes (KiB, MiB) of JSON the rows of one SQL answer take, over all its
     /// statements; further rows are counted but left out, and the answer says so
-    /// (`truncated`, `truncated_by: "bytes"`).
+    /// (`truncated`, `truncated_by: "bytes"`). Each transaction claims this much of
+    /// --max-response-memory before it runs, and gives back what its answer does not
+    /// use.
     #[arg(long, env = "FENCEGATE_SQL_MAX_RESPONSE", default_value = DEFAULT_SQL_MAX_RESPONSE, value_parser = parse_size)]
     pub sql_max_response: usize,
 

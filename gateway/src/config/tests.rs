@@ -78,6 +78,15 @@ fn sql_settings() {
             &["--sql-statement-timeout", "10s"],
             "--sql-statement-timeout",
         ),
+        (
+            &[
+                "--sql-max-response",
+                "8MiB",
+                "--max-response-memory",
+                "4MiB",
+            ],
+            "--max-response-memory",
+        ),
     ] {
         let err = sql(extra).unwrap_err();
         assert!(err.contains(flag), "{extra:?}: {err}");

@@ -250,6 +250,9 @@ impl Config {
         if self.sql_max_response == 0 {
             return fail("--sql-max-response must be at least 1 byte");
         }
+        if self.sql && self.sql_max_response > self.max_response_memory {
+            return fail("--sql-max-response must not exceed --max-response-memory: a /v1/sql transaction claims room for its answer at that bound before it runs");
+        }
         if self.sql_statement_timeout < Duration::from_millis(1) {
             return fail("--sql-statement-timeout must be at least 1ms");
         }

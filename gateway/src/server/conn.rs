@@ -98,6 +98,9 @@ struct Phase {
     answers_pending: usize,
     /// When one of them last handed a chunk to the HTTP layer, or started.
     answer_progress: Instant,
+    /// Room held for paced answers not produced yet (their writes run): counted
+    /// against the connection's pending answers, not watched for progress.
+    answers_reserved: usize,
 }
 
 impl ConnState {
@@ -112,6 +115,7 @@ impl ConnState {
                 reader: None,
                 answers_pending: 0,
                 answer_progress: Instant::now(),
+                answers_reserved: 0,
             }),
             answers: Notify::new(),
             evict: CancellationToken::new(),
@@ -149,7 +153,7 @@ impl ConnState {
     /// A paced answer starts, unless the connection already has `max` of them unsent.
     pub fn answer_started(&self, max: usize) -> bool {
         let mut phase = self.phase();
-        if phase.answers_pending >= max {
+        if phase.answers_pending + phase.answers_reserved >= max {
             return false;
         }
         phase.answers_pending += 1;
@@ -159,6 +163,22 @@ impl ConnState {
             self.answers.notify_one();
         }
         true
+    }
+
+    /// Room for a paced answer still to be produced, unless the connection already
+    /// has `max` answers unsent or reserved.
+    pub fn answer_reserved(&self, max: usize) -> bool {
+        let mut phase = self.phase();
+        if phase.answers_pending + phase.answers_reserved >= max {
+            return false;
+        }
+        phase.answers_reserved += 1;
+        true
+    }
+
+    /// A reservation was turned into an answer, or given back.
+    pub fn reservation_ended(&self) {
+        self.phase().answers_reserved -= 1;
     }
 
     /// A paced answer handed a chunk to the HTTP layer.
