@@ -97,6 +97,11 @@ pub enum ApiError {
     IdempotencyKeyReused,
     #[error("a request with this Idempotency-Key is still being applied; retry with the same key after Retry-After to get its answer")]
     IdempotencyInFlight,
+    #[error("{}", match .0 {
+        crate::coordinator::AnswersFull::Identity => "the answers stored under this identity's Idempotency-Keys are at the gateway's bound (--idempotency-identity-max-records, --idempotency-identity-max-bytes); nothing was applied. Stored answers expire after --idempotency-ttl; a retry of a key already stored is answered as ever",
+        crate::coordinator::AnswersFull::Store => "the answers stored under Idempotency-Keys are at the gateway's bound (--idempotency-max-bytes); nothing was applied. Stored answers expire after --idempotency-ttl; a retry of a key already stored is answered as ever",
+    })]
+    IdempotencyQuotaExceeded(crate::coordinator::AnswersFull),
     /// An error answer as stored with a keyed write (or rendered from a transaction's
     /// outcome), sent as it is: its status, headers and body.
     #[error("{}", .code.as_str())]
@@ -165,6 +170,7 @@ impl ApiError {
             ApiError::Store(StoreError::Internal(_)) => ErrorCode::Internal,
             ApiError::IdempotencyKeyReused => ErrorCode::IdempotencyKeyReused,
             ApiError::IdempotencyInFlight => ErrorCode::IdempotencyInFlight,
+            ApiError::IdempotencyQuotaExceeded(_) => ErrorCode::IdempotencyQuotaExceeded,
             ApiError::Stored { code, .. } => *code,
             ApiError::Refused(body) => body.error,
         }

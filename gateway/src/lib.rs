@@ -258,6 +258,7 @@ pub async fn run(
     tokio::spawn(Arc::clone(&coordinator).summarise_unlogged_rejections());
     let expire_every = (config.idempotency_ttl / 4).min(std::time::Duration::from_secs(60));
     tokio::spawn(Arc::clone(&coordinator).expire_idempotency(expire_every));
+    tokio::spawn(Arc::clone(&coordinator).follow_answers(coordinator::ANSWERS_REPORT));
     coordinator.start_following_resets().await;
     tokio::spawn(Arc::clone(&coordinator).follow_resets());
     // One write probe before the first /readyz, so that fencegate_store_writable says

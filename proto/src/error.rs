@@ -112,11 +112,16 @@ pub enum ErrorCode {
     /// applied. Tokens it already vouched for keep working.
     /// Retry after `Retry-After`.
     IssuerUnavailable,
+    /// 429: a write with a new `Idempotency-Key`, while the answers stored under this
+    /// identity's keys (or all identities') are at a bound of the gateway's; nothing
+    /// was applied. Stored answers expire after `--idempotency-ttl`; a retry of a key
+    /// already stored is answered as ever.
+    IdempotencyQuotaExceeded,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and for exhaustive tests.
-    pub const ALL: [ErrorCode; 39] = [
+    pub const ALL: [ErrorCode; 40] = [
         ErrorCode::StaleToken,
         ErrorCode::VersionMismatch,
         ErrorCode::MissingToken,
@@ -156,6 +161,7 @@ impl ErrorCode {
         ErrorCode::TooManyOperations,
         ErrorCode::NotSynchronouslyReplicated,
         ErrorCode::IssuerUnavailable,
+        ErrorCode::IdempotencyQuotaExceeded,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -199,6 +205,7 @@ impl ErrorCode {
             ErrorCode::TooManyOperations => "too_many_operations",
             ErrorCode::NotSynchronouslyReplicated => "not_synchronously_replicated",
             ErrorCode::IssuerUnavailable => "issuer_unavailable",
+            ErrorCode::IdempotencyQuotaExceeded => "idempotency_quota_exceeded",
         }
     }
 
@@ -212,6 +219,7 @@ impl ErrorCode {
             | ErrorCode::ResetRefused
             | ErrorCode::IdempotencyInFlight => 409,
             ErrorCode::IdempotencyKeyReused => 422,
+            ErrorCode::IdempotencyQuotaExceeded => 429,
             ErrorCode::VersionMismatch => 412,
             ErrorCode::MissingToken => 428,
             ErrorCode::InvalidToken

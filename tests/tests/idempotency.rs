@@ -93,15 +93,41 @@ async fn answers_do_not_change_with_the_state_after_them(deployment) {
     assert_eq!(retry.body, refused.body);
     assert_eq!(deployment.object("jobs", "j").await, None, "the refusal applied nothing");
 
-    // A stale refusal is stored too.
+    // A stale write the fence cache knows stale is refused without a transaction and
+    // stores nothing; its retry, stale for good, gets the same refusal.
     let stale = keyed_put(&client, "jobs", "j", 3, "k-stale", "late").await;
     assert_eq!(stale.error_code(), "stale_token");
     assert_eq!(stale.header("fencing-highest"), Some("9"));
     let again = keyed_put(&client, "jobs", "j", 3, "k-stale", "late").await;
-    assert_eq!((again.status, replayed(&again), again.body.clone()), (409, true, stale.body.clone()));
+    assert_eq!((again.status, replayed(&again), again.body.clone()), (409, false, stale.body.clone()));
     assert_eq!(again.header("fencing-highest"), Some("9"));
     assert_eq!(deployment.highest("jobs").await, Some(9));
+    assert_eq!(client.metric("fencegate_idempotency_requests_total{outcome=\"stale\"}").await, Some(2.0));
 }
+
+/// A flood of stale keyed writes with fresh keys — what a paused old leader's client
+/// sends, keying every write — is refused from the fence cache without a transaction:
+/// nothing is stored for any of them, and an accepted write's retry is still answered
+/// from its record.
+async fn stale_keyed_writes_store_nothing(deployment) {
+    let client = deployment.client();
+    assert_eq!(keyed_put(&client, "feed", "f", 5, "accepted", "v").await.status, 201);
+    assert_eq!(client.advance("feed", 6).await.status, 200);
+    for n in 0..200 {
+        let stale = keyed_put(&client, "feed", "f", 5, &format!("late-{n}"), "late").await;
+        assert_eq!(stale.error_code(), "stale_token");
+    }
+    let retry = keyed_put(&client, "feed", "f", 5, "accepted", "v").await;
+    assert_eq!((retry.status, replayed(&retry)), (201, true));
+    assert_eq!(client.metric("fencegate_idempotency_requests_total{outcome=\"stale\"}").await, Some(200.0));
+    assert_eq!(client.metric("fencegate_idempotency_requests_total{outcome=\"stored\"}").await, Some(1.0));
+    assert_eq!(client.metric("fencegate_cache_rejections_total").await, Some(200.0));
+    fencegate_tests::eventually(Duration::from_secs(5), "the stored answers counted", || async {
+        client.metric("fencegate_idempotency_stored_records").await == Some(1.0)
+    })
+    .await;
+}
+
 
 /// The same key with any other request — another value, token, precondition, path or
 /// method — is refused with 422 and applies nothing.
@@ -357,12 +383,14 @@ async fn keyed_sql_transactions_commit_once() {
         "the refused transaction wrote nothing"
     );
 
-    // A stale refusal is stored too, and stays after the fence moves on.
+    // A stale write the fence cache knows stale is refused without a transaction; its
+    // retry, stale for good, is refused the same way.
     assert_eq!(client.advance("counter", 9).await.status, 200);
     let stale = send(4, "bump-3", bump.clone()).await;
     assert_eq!(stale.error_code(), "stale_token");
     let stale_again = send(4, "bump-3", bump.clone()).await;
-    assert_eq!((stale_again.status, replayed(&stale_again)), (409, true));
+    assert_eq!((stale_again.status, replayed(&stale_again)), (409, false));
+    assert_eq!(stale_again.body, stale.body);
     let reused = send(9, "bump-1", bump).await;
     assert_eq!(reused.error_code(), "idempotency_key_reused");
     assert_eq!(db.value::<i32>("SELECT n FROM counter").await, 1);
@@ -400,6 +428,190 @@ async fn keyed_lease_steps_are_applied_once(deployment) {
     assert_eq!(acquire("acq-1", "node-z").await.error_code(), "idempotency_key_reused");
 }
 
+}
+
+/// The answers stored under keys are bounded per identity and in total: past its bound,
+/// an identity's keyed writes with new keys are refused (429, nothing applied), while
+/// its stored keys are replayed and its writes without a key apply; another identity
+/// keys on until the total is reached, and then nobody's new key is taken.
+async fn stored_answers_are_bounded(builder: fencegate_tests::gateway::GatewayBuilder) {
+    use fencegate_tests::auth_file::AuthFile;
+    let (a, b) = (
+        fencegate_gateway::auth::new_key(),
+        fencegate_gateway::auth::new_key(),
+    );
+    let grant = r#"{ resources = ["*"], actions = ["read", "write", "metrics"] }"#;
+    let auth = AuthFile::new(&[("a", &a, grant), ("b", &b, grant)]);
+    let gateway = builder
+        .args(&["--auth-file", &auth.path()])
+        .args(&[
+            "--idempotency-identity-max-records",
+            "3",
+            "--idempotency-max-bytes",
+            "1KiB",
+        ])
+        .spawn()
+        .await;
+    let client = gateway.client();
+    let put = |who: &str, key: &str, idem: Option<&str>| {
+        let bearer = format!("Bearer {who}");
+        let (client, key, idem) = (client.clone(), key.to_owned(), idem.map(str::to_owned));
+        async move {
+            let mut headers = vec![("fencing-token", "1"), ("authorization", bearer.as_str())];
+            if let Some(idem) = &idem {
+                headers.push(("idempotency-key", idem.as_str()));
+            }
+            client
+                .request(Method::PUT, &kv_path("quota", &key), &headers, "v")
+                .await
+        }
+    };
+    let stored = |records: f64| {
+        let (client, bearer) = (client.clone(), format!("Bearer {a}"));
+        async move {
+            fencegate_tests::eventually(
+                Duration::from_secs(5),
+                "the stored answers counted",
+                || {
+                    let (client, bearer) = (client.clone(), bearer.clone());
+                    async move {
+                        let metrics = client
+                            .request(Method::GET, "/metrics", &[("authorization", &bearer)], "")
+                            .await;
+                        let text = String::from_utf8_lossy(&metrics.body).into_owned();
+                        fencegate_tests::http::metric_value(
+                            &text,
+                            "fencegate_idempotency_stored_records",
+                        ) >= Some(records)
+                    }
+                },
+            )
+            .await;
+        }
+    };
+    for n in 0..3 {
+        let idem = format!("a-{n}");
+        assert_eq!(put(&a, &format!("a{n}"), Some(&idem)).await.status, 201);
+    }
+    stored(3.0).await;
+    let refused = put(&a, "a3", Some("a-3")).await;
+    assert_eq!(
+        (refused.status, refused.error_code().as_str()),
+        (429, "idempotency_quota_exceeded")
+    );
+    assert!(refused.json()["message"]
+        .as_str()
+        .unwrap()
+        .contains("--idempotency-identity-max-records"));
+    assert_eq!(
+        put(&a, "a3", None).await.status,
+        201,
+        "a write without a key"
+    );
+    let retry = put(&a, "a0", Some("a-0")).await;
+    assert_eq!(
+        (retry.status, replayed(&retry)),
+        (201, true),
+        "a stored key is replayed"
+    );
+
+    // Identity b keys on, until the total is reached.
+    let mut n = 0;
+    loop {
+        let reply = put(&b, &format!("b{n}"), Some(&format!("b-{n}"))).await;
+        if reply.status == 429 {
+            assert!(reply.json()["message"]
+                .as_str()
+                .unwrap()
+                .contains("--idempotency-max-bytes"));
+            break;
+        }
+        assert_eq!(reply.status, 201, "{:?}", reply.json());
+        n += 1;
+        assert!(n < 30, "the total bound was never met");
+        stored(3.0 + n as f64).await;
+    }
+    assert!(
+        n >= 1,
+        "identity b stored {n} answers before the total was met"
+    );
+    let object = client
+        .request(
+            Method::GET,
+            &kv_path("quota", "a3x"),
+            &[("authorization", &format!("Bearer {b}"))],
+            "",
+        )
+        .await;
+    assert_eq!(object.status, 404);
+}
+
+#[tokio::test]
+async fn stored_answers_are_bounded_postgres() {
+    let db = fencegate_tests::db::TestDb::create().await;
+    stored_answers_are_bounded(fencegate_tests::gateway::Gateway::builder().database(&db.url()))
+        .await;
+}
+
+#[tokio::test]
+async fn stored_answers_are_bounded_embedded() {
+    let data = fencegate_tests::deployment::DataDir::create();
+    let dir = data.0.display().to_string();
+    stored_answers_are_bounded(
+        fencegate_tests::gateway::Gateway::builder().args(&["--data-dir", &dir]),
+    )
+    .await;
+}
+
+/// A keyed `/v1/sql` answer is stored for every retry, so it is cut at
+/// `--idempotency-max-answer` (as `--sql-max-response` cuts any); the same transaction
+/// without a key is not.
+#[tokio::test]
+async fn a_keyed_sql_answer_is_cut_where_a_stored_answer_must_end() {
+    use fencegate_tests::db::TestDb;
+    use fencegate_tests::gateway::Gateway;
+    let db = TestDb::create().await;
+    let gateway = Gateway::builder()
+        .database(&db.url())
+        .sql_as(&db.writer().await)
+        .args(&["--idempotency-max-answer", "16KiB"])
+        .spawn()
+        .await;
+    let client = gateway.client();
+    let select = serde_json::json!({"statements": [
+        {"sql": "SELECT n, repeat('x', 100) AS pad FROM generate_series(1, 1000) AS n"}
+    ]})
+    .to_string();
+    let send = |idem: Option<&'static str>| {
+        let (client, select) = (client.clone(), select.clone());
+        async move {
+            let mut headers = vec![("fencing-token", "1")];
+            if let Some(idem) = idem {
+                headers.push(("idempotency-key", idem));
+            }
+            client
+                .request(Method::POST, "/v1/sql/r", &headers, select)
+                .await
+        }
+    };
+    let whole = send(None).await;
+    assert_eq!(
+        whole.json()["results"][0]["rows"].as_array().unwrap().len(),
+        1000
+    );
+    let keyed = send(Some("big-select")).await;
+    assert_eq!(keyed.status, 200, "{:?}", keyed.body);
+    assert!(
+        keyed.body.len() < 20 * 1024,
+        "an answer of {} bytes",
+        keyed.body.len()
+    );
+    assert_eq!(keyed.json()["results"][0]["truncated_by"], "bytes");
+    let retry = send(Some("big-select")).await;
+    assert_eq!(
+        (replayed(&retry), retry.body.clone()),
+        (true, keyed.body.clone())
+    );
 }
 
 /// A fence reset takes no key: refused before anything is done.

@@ -179,14 +179,25 @@ async fn a_keyed_transaction_is_applied_once(deployment) {
     // A keyed refusal is stored, and what its transaction did before the refusal is not.
     let refused_ops = json!([
         {"op": "put", "resource": "c", "key": "k", "token": 4, "value": "v"},
-        {"op": "advance", "resource": "b", "token": 2}
+        {"op": "put", "resource": "b", "key": "k", "token": 3, "value": "w", "if_match": 7}
     ]);
     let refused = keyed_txn(&client, "move-2", refused_ops.clone()).await;
-    assert_eq!(refused.error_code(), "stale_token");
+    assert_eq!(refused.error_code(), "version_mismatch");
     assert_eq!(deployment.highest("c").await, None, "a refusal leaves no fence behind");
     assert_eq!(deployment.object("c", "k").await, None);
     let again = keyed_txn(&client, "move-2", refused_ops).await;
-    assert_eq!((again.status, again.header("idempotency-replayed")), (409, Some("true")));
+    assert_eq!((again.status, again.header("idempotency-replayed")), (412, Some("true")));
+    // A member the fence cache knows stale refuses the transaction without one: nothing
+    // is stored, and the retry is refused the same way.
+    let stale_ops = json!([
+        {"op": "put", "resource": "c", "key": "k", "token": 4, "value": "v"},
+        {"op": "advance", "resource": "b", "token": 2}
+    ]);
+    let stale = keyed_txn(&client, "move-3", stale_ops.clone()).await;
+    assert_eq!(stale.error_code(), "stale_token");
+    assert_eq!(deployment.highest("c").await, None);
+    let again = keyed_txn(&client, "move-3", stale_ops).await;
+    assert_eq!((again.status, again.header("idempotency-replayed"), again.body.clone()), (409, None, stale.body.clone()));
 }
 
 /// Transactions over the same resources in opposite orders, and single writes of them

@@ -377,6 +377,16 @@ export class IdempotencyKeyReused extends FencegateError {
   static override readonly code = 'idempotency_key_reused';
 }
 
+/**
+ * `429 idempotency_quota_exceeded`: a new key while the answers stored under this
+ * identity's keys, or all identities', are at the gateway's bound. Nothing was applied.
+ * Stored answers expire after the gateway's `--idempotency-ttl`; a retry of a key
+ * already stored is answered as ever.
+ */
+export class IdempotencyQuotaExceeded extends FencegateError {
+  static override readonly code = 'idempotency_quota_exceeded';
+}
+
 /** `500 internal`: a bug in the gateway; details are in its log. */
 export class Internal extends FencegateError {
   static override readonly code = 'internal';
@@ -491,6 +501,7 @@ const CODED: readonly ErrorClass[] = [
   Forbidden,
   InvalidIdempotencyKey,
   IdempotencyKeyReused,
+  IdempotencyQuotaExceeded,
   Internal,
   SqlError,
   InvalidParam,

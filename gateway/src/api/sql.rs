@@ -17,7 +17,7 @@ use crate::api::keyed;
 use crate::api::request::{fencing_of, read_body, Req};
 use crate::api::response::{error_response, json_response};
 use crate::api::Body;
-use crate::coordinator::{Coordinator, FrontDoor};
+use crate::coordinator::{Coordinator, FrontDoor, Gate};
 use crate::dbfence::{Refusal, Reported};
 use crate::error::ApiError;
 use crate::sql::{SqlEndpoint, SqlError, SqlFailure, SqlOutcome, SqlTransaction};
@@ -82,7 +82,23 @@ pub async fn post(
     });
     let keyed = idempotency
         .map(|key| keyed::keyed(coordinator, request, key, &body.bytes, Arc::clone(&render)));
-    let was_keyed = keyed.is_some();
+    if let Some(keyed) = &keyed {
+        let highest = coordinator.cached_above(&resource, token);
+        match (
+            coordinator.keyed_gate(keyed, highest.is_some()).await?,
+            highest,
+        ) {
+            (Gate::Answered(answered), _) => {
+                let (head, body) = keyed::answer(answered, &render)?.into_parts();
+                return Ok(Response::from_parts(head, body.in_reserved(reserved)));
+            }
+            (Gate::Stale, Some(highest)) => {
+                let identity = request.identity.as_deref();
+                return Err(coordinator.stale_by_cache(&resource, &fencing, identity, highest));
+            }
+            (Gate::Run | Gate::Stale, _) => {}
+        }
+    }
     let in_task = Arc::clone(coordinator);
     let seen = coordinator.seen();
     let answered = coordinator
@@ -108,8 +124,8 @@ pub async fn post(
                 _ => in_task.backend_succeeded(),
             }
             // Counted here, not after: a client that left must not hide its key.
-            if was_keyed {
-                in_task.metrics().idempotency(answered.key_outcome());
+            if let Some(keyed) = &keyed {
+                in_task.keyed_ran(keyed, &answered);
             }
             answered
         })

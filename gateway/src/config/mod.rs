@@ -67,6 +67,10 @@ pub const DEFAULT_PG_MAX_PENDING_AUTH_PER_PEER: usize = 4;
 pub const DEFAULT_PG_STARTUP_TIMEOUT: &str = "5s";
 pub const DEFAULT_TERM_TAKEOVER_TIMEOUT: &str = "2s";
 pub const DEFAULT_IDEMPOTENCY_TTL: &str = "24h";
+pub const DEFAULT_IDEMPOTENCY_IDENTITY_MAX_RECORDS: u64 = 100_000_000;
+pub const DEFAULT_IDEMPOTENCY_IDENTITY_MAX_BYTES: &str = "16GiB";
+pub const DEFAULT_IDEMPOTENCY_MAX_BYTES: &str = "64GiB";
+pub const DEFAULT_IDEMPOTENCY_MAX_ANSWER: &str = "256KiB";
 pub const DEFAULT_TXN_MAX_OPERATIONS: usize = 64;
 pub const DEFAULT_TXN_MAX_BYTES: &str = "1MiB";
 pub const DEFAULT_PG_IDLE_IN_TRANSACTION_TIMEOUT: &str = "60s";
@@ -340,6 +344,30 @@ pub struct Config {
     /// after it, the key is free again. Expired answers are removed in the background.
     #[arg(long, env = "FENCEGATE_IDEMPOTENCY_TTL", default_value = DEFAULT_IDEMPOTENCY_TTL, value_parser = humantime::parse_duration)]
     pub idempotency_ttl: Duration,
+
+    /// Most answers one identity (all clients together without --auth-file) may have
+    /// stored under its keys; past it, its keyed writes with new keys get 429
+    /// idempotency_quota_exceeded until answers expire (retries of stored keys are
+    /// answered as ever). Checked against a count every gateway updates about once a
+    /// second, so it may be passed by a second's writes.
+    #[arg(long, env = "FENCEGATE_IDEMPOTENCY_IDENTITY_MAX_RECORDS", default_value_t = DEFAULT_IDEMPOTENCY_IDENTITY_MAX_RECORDS)]
+    pub idempotency_identity_max_records: u64,
+
+    /// Most bytes (KiB, MiB, GiB) of stored answers one identity may have, as
+    /// --idempotency-identity-max-records counts records.
+    #[arg(long, env = "FENCEGATE_IDEMPOTENCY_IDENTITY_MAX_BYTES", default_value = DEFAULT_IDEMPOTENCY_IDENTITY_MAX_BYTES, value_parser = parse_size)]
+    pub idempotency_identity_max_bytes: usize,
+
+    /// Most bytes of stored answers over all identities; past it, every keyed write
+    /// with a new key gets 429 idempotency_quota_exceeded until answers expire.
+    #[arg(long, env = "FENCEGATE_IDEMPOTENCY_MAX_BYTES", default_value = DEFAULT_IDEMPOTENCY_MAX_BYTES, value_parser = parse_size)]
+    pub idempotency_max_bytes: usize,
+
+    /// Largest answer of a keyed POST /v1/sql that is stored for its retries: its rows
+    /// are cut there as --sql-max-response cuts them (`truncated_by: "bytes"`). Other
+    /// keyed answers are small by construction (a /v1/txn's by --txn-max-operations).
+    #[arg(long, env = "FENCEGATE_IDEMPOTENCY_MAX_ANSWER", default_value = DEFAULT_IDEMPOTENCY_MAX_ANSWER, value_parser = parse_size)]
+    pub idempotency_max_answer: usize,
 
     /// Most operations in one POST /v1/txn; past it, 400 too_many_operations.
     #[arg(long, env = "FENCEGATE_TXN_MAX_OPERATIONS", default_value_t = DEFAULT_TXN_MAX_OPERATIONS)]

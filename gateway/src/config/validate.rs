@@ -247,6 +247,15 @@ impl Config {
         if self.idempotency_ttl < Duration::from_secs(1) {
             return fail("--idempotency-ttl must be at least 1s: a retry must find its answer");
         }
+        if self.idempotency_identity_max_records == 0
+            || self.idempotency_identity_max_bytes == 0
+            || self.idempotency_max_bytes == 0
+        {
+            return fail("--idempotency-identity-max-records, --idempotency-identity-max-bytes and --idempotency-max-bytes must each be at least 1");
+        }
+        if self.idempotency_max_answer < 1024 {
+            return fail("--idempotency-max-answer must be at least 1KiB");
+        }
         if self.sql_max_response == 0 {
             return fail("--sql-max-response must be at least 1 byte");
         }

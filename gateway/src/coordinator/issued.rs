@@ -9,7 +9,7 @@ use fencegate_proto::headers::Fencing;
 use fencegate_proto::path::LeaseStep;
 use fencegate_proto::{ErrorCode, ResourceName, Token};
 
-use super::{Coordinator, FrontDoor, RESET_POLL};
+use super::{Coordinator, FrontDoor, Gate, RESET_POLL};
 
 /// How often the etcd cluster's revision is read (with `etcd:` bindings).
 pub const ISSUER_WATCH: std::time::Duration = std::time::Duration::from_secs(1);
@@ -39,20 +39,24 @@ impl Coordinator {
             LeaseOp::Renew { .. } => LeaseStep::Renew,
             LeaseOp::Release { .. } => LeaseStep::Release,
         };
+        if let Some(keyed) = &keyed {
+            // Never stale: a step's token is the lease's.
+            match self.keyed_gate(keyed, false).await? {
+                Gate::Answered(answered) => return Ok(answered),
+                Gate::Run | Gate::Stale => {}
+            }
+        }
         let (this, task_resource) = (Arc::clone(self), resource.clone());
         let seen = self.seen();
         let outcome = self
             .detached(async move {
-                let was_keyed = keyed.is_some();
                 let outcome = this
                     .store
                     .lease(&task_resource, &op, &claimant, keyed.as_ref())
                     .await;
                 this.backend_result(&outcome);
-                if let Ok(answered) = &outcome {
-                    if was_keyed {
-                        this.metrics.idempotency(answered.key_outcome());
-                    }
+                if let (Some(keyed), Ok(answered)) = (&keyed, &outcome) {
+                    this.keyed_ran(keyed, answered);
                 }
                 let ran = match &outcome {
                     Ok(Answered::Ran { outcome, .. }) => Some(outcome),

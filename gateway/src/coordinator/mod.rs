@@ -29,6 +29,7 @@
 //!   new server, the replication watch, multi-resource transactions.
 
 mod admit;
+mod answers;
 mod audit;
 mod bounds;
 mod fence_cache;
@@ -41,6 +42,7 @@ mod takeover;
 mod txn;
 
 pub use admit::Entry;
+pub use answers::{AnswersFull, Gate};
 pub use bounds::{BodyMemory, WritePermit};
 pub use rejections::FrontDoor;
 pub use shares::ClientKey;
@@ -108,6 +110,8 @@ pub struct Coordinator {
     admin_key: Option<crate::auth::AdminKey>,
     /// How long keyed answers are kept (`--idempotency-ttl`).
     pub idempotency_ttl: Duration,
+    /// The bounds of keyed answers, and what the store says of them ([`answers`]).
+    answers: answers::Answers,
     /// Most operations in one transaction (`--txn-max-operations`).
     pub txn_max_operations: usize,
     /// Largest transaction body (`--txn-max-bytes`, at most `--max-body`).
@@ -128,6 +132,10 @@ const WRITE_PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// How often a gateway looks for fence resets made through other replicas.
 pub const RESET_POLL: Duration = Duration::from_secs(1);
+
+/// How often a gateway reports the answers it stored and reads which of their bounds
+/// are met ([`answers`]).
+pub const ANSWERS_REPORT: Duration = Duration::from_secs(1);
 
 /// A write that was applied and committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +201,7 @@ impl Coordinator {
             bindings_replaced: AtomicBool::new(false),
             admin_key,
             idempotency_ttl: config.idempotency_ttl,
+            answers: answers::Answers::new(config),
             txn_max_operations: config.txn_max_operations,
             txn_max_bytes: config.txn_max_bytes.min(config.max_body),
             require_synchronous_replication: config.require_synchronous_replication,

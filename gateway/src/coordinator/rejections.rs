@@ -92,6 +92,26 @@ impl Coordinator {
         }
     }
 
+    /// The committed highest token the cache knows for `resource`, if `token` is below
+    /// it (never, with the test-only `--no-cache-rejections`).
+    pub fn cached_above(&self, resource: &ResourceName, token: Token) -> Option<Token> {
+        let highest = self.cache.highest(resource)?;
+        (!self.no_cache_rejections && highest > token).then_some(highest)
+    }
+
+    /// The rejection of a write the cache knew stale (`highest`: the token it knew),
+    /// counted as a cache rejection and logged.
+    pub fn stale_by_cache(
+        &self,
+        resource: &ResourceName,
+        fencing: &Fencing,
+        identity: Option<&str>,
+        highest: Token,
+    ) -> ApiError {
+        self.metrics.cache_rejection();
+        self.stale(resource, None, fencing, identity, highest, self.seen())
+    }
+
     /// Counts and logs a stale rejection (within the `--stale-log-limit` budget), and
     /// returns the error to answer with. `highest` must be a committed token above the
     /// presented one.

@@ -8,9 +8,20 @@ use std::time::Duration;
 
 use fencegate_proto::headers::Fencing;
 
-use super::Coordinator;
+use fencegate_proto::{ObjectKey, ResourceName};
+
+use super::{Coordinator, Gate};
 use crate::error::ApiError;
-use crate::store::txn::{Answered, Hold, Keyed, Txn, TxnOutcome};
+use crate::store::txn::{Answered, Hold, Keyed, StaleMember, Txn, TxnOutcome};
+
+/// The object `txn` writes or checks on `resource`, if any (for the log of a stale
+/// rejection).
+fn object_key<'a>(txn: &'a Txn, resource: &ResourceName) -> Option<&'a ObjectKey> {
+    txn.ops()
+        .iter()
+        .find(|op| op.resource() == resource)
+        .and_then(|op| op.object().map(|(key, _)| key))
+}
 
 /// Expired answers removed per statement of the cleanup.
 const EXPIRE_BATCH: u32 = 1000;
@@ -25,10 +36,43 @@ impl Coordinator {
         holder: Option<&str>,
         identity: Option<&str>,
     ) -> Result<Answered, ApiError> {
-        let this = Arc::clone(self);
         let seen = self.seen();
+        // A transaction the fence cache knows stale is refused without one (a keyed
+        // one unless an earlier attempt stored an answer; see `answers`).
+        let stale = self.stale_members_by_cache(&txn);
+        let gate = match &keyed {
+            Some(keyed) => self.keyed_gate(keyed, !stale.is_empty()).await?,
+            None if stale.is_empty() => Gate::Run,
+            None => Gate::Stale,
+        };
+        match gate {
+            Gate::Run => {}
+            Gate::Answered(answered) => return Ok(answered),
+            Gate::Stale => {
+                for member in &stale {
+                    self.metrics.cache_rejection();
+                    let fencing = Fencing {
+                        token: member.presented,
+                        holder: holder.map(str::to_owned),
+                    };
+                    let key = object_key(&txn, &member.resource);
+                    self.count_stale(
+                        &member.resource,
+                        key,
+                        &fencing,
+                        identity,
+                        member.highest,
+                        seen,
+                    );
+                }
+                return Ok(Answered::Ran {
+                    outcome: TxnOutcome::Stale(stale),
+                    stored: None,
+                });
+            }
+        }
+        let this = Arc::clone(self);
         let task_txn = Arc::clone(&txn);
-        let was_keyed = keyed.is_some();
         self.metrics.txn_operations(txn.ops().len());
         let answered = self
             .detached(async move {
@@ -46,8 +90,8 @@ impl Coordinator {
                 }
                 this.backend_result(&answered);
                 // Counted here, not after: a client that left must not hide its key.
-                if let (true, Ok(answered)) = (was_keyed, &answered) {
-                    this.metrics.idempotency(answered.key_outcome());
+                if let (Some(keyed), Ok(answered)) = (&keyed, &answered) {
+                    this.keyed_ran(keyed, answered);
                 }
                 answered
             })
@@ -62,11 +106,7 @@ impl Coordinator {
                     token: member.presented,
                     holder: holder.map(str::to_owned),
                 };
-                let key = txn
-                    .ops()
-                    .iter()
-                    .find(|op| op.resource() == &member.resource)
-                    .and_then(|op| op.object().map(|(key, _)| key));
+                let key = object_key(&txn, &member.resource);
                 // The answer is rendered from the outcome; this counts and logs.
                 self.count_stale(
                     &member.resource,
@@ -79,6 +119,21 @@ impl Coordinator {
             }
         }
         Ok(answered)
+    }
+
+    /// The resources of `txn` whose token is below a fence the cache knows committed.
+    fn stale_members_by_cache(&self, txn: &Txn) -> Vec<StaleMember> {
+        txn.involved()
+            .iter()
+            .filter_map(|involved| {
+                let highest = self.cached_above(&involved.resource, involved.token)?;
+                Some(StaleMember {
+                    resource: involved.resource.clone(),
+                    presented: involved.token,
+                    highest,
+                })
+            })
+            .collect()
     }
 
     /// Removes expired answers of keyed writes, every `every`, until shutdown. Touches

@@ -308,6 +308,13 @@ impl Metrics {
     }
 
     /// Counts expired answers of keyed writes removed.
+    /// The stored answers of keyed writes, as the store counted them.
+    pub fn stored_answers(&self, records: u64, bytes: u64) {
+        let gauge = |value: u64| i64::try_from(value).unwrap_or(i64::MAX);
+        self.retries.stored_records.set(gauge(records));
+        self.retries.stored_bytes.set(gauge(bytes));
+    }
+
     pub fn idempotency_expired(&self, removed: u64) {
         self.retries.expired.inc_by(removed);
     }

@@ -284,7 +284,7 @@ mod tests {
             Some(b"-c fencegate.token=7".as_slice())
         );
 
-        let own = parse(b"\0\x03\0\0user\0bob\0statement_timeout\00\0database\0app\0\0").unwrap();
+        let own = parse(b"\0\x03\0\0user\0bob\0statement_timeout\x000\0database\0app\0\0").unwrap();
         assert_eq!(own.database(), "app");
         let pinned = parse(&own.with_parameter("statement_timeout", "5").encode()[4..]).unwrap();
         assert_eq!(pinned.parameter("statement_timeout"), Some(b"5".as_slice()));
@@ -298,7 +298,7 @@ mod tests {
             b"\0\x03\0\0user\0alice\0database\0app\0user\0postgres\0\0".as_slice(),
             b"\0\x03\0\0database\0app\0user\0alice\0database\0postgres\0\0",
             b"\0\x03\0\0user\0alice\0options\0-c a=1\0options\0-c b=2\0\0",
-            b"\0\x03\0\0user\0alice\0fencegate.token\01\0fencegate.token\02\0\0",
+            b"\0\x03\0\0user\0alice\0fencegate.token\x001\0fencegate.token\x002\0\0",
         ] {
             assert!(
                 matches!(parse(body), Err(ProtocolError::RepeatedParameter(_))),

@@ -68,7 +68,8 @@ pub(super) async fn run(
     let outcome = service
         .with_client(async |client| {
             let transaction = client.transaction().await.map_err(|e| classify(e, false))?;
-            let results = match steps(&transaction, tx, service).await {
+            let bound = service.policy().max_response;
+            let results = match steps(&transaction, tx, service, bound).await {
                 Ok(results) => results,
                 Err(failure) => return Ok(Err(failure)),
             };
@@ -104,7 +105,9 @@ pub(super) async fn run_keyed(
                 .batch_execute("SAVEPOINT keyed")
                 .await
                 .map_err(|e| classify(e, false))?;
-            let outcome = steps(&transaction, tx, service).await;
+            // Cut where a stored answer must end: it is kept for every retry.
+            let bound = service.policy().max_keyed_response;
+            let outcome = steps(&transaction, tx, service, bound).await;
             match &outcome {
                 Err(SqlFailure::Store(_)) => {
                     return Ok(Answered::Ran {
@@ -228,11 +231,12 @@ fn given_up(error: StoreError, commit_sent: &AtomicBool) -> StoreError {
     }
 }
 
-/// Steps 2–4 of the module doc; the caller commits.
+/// Steps 2–4 of the module doc, with answers cut at `bound` bytes; the caller commits.
 async fn steps(
     transaction: &Transaction<'_>,
     tx: &SqlTransaction,
     service: &SqlService,
+    bound: usize,
 ) -> Result<Vec<SqlResult>, SqlFailure> {
     // Prepared once per connection, then taken from its cache.
     let fence = transaction
@@ -277,7 +281,7 @@ async fn steps(
     let mut prepared = prepared.into_iter();
     let mut budget = AnswerBudget {
         rows: policy.max_rows,
-        bytes: policy.max_response,
+        bytes: bound,
     };
     let mut results = Vec::with_capacity(tx.statements.len());
     for (index, request) in tx.statements.iter().enumerate() {

@@ -248,6 +248,40 @@ impl Store {
         }
     }
 
+    /// The usage of stored answers, with the identities at `bounds`. `stored` is what
+    /// this gateway stored since its last call, as (identity, records, bytes), for a
+    /// store that does not count answers as it stores them (Postgres, where a counter
+    /// in each keyed write's transaction would make one identity's writes wait on each
+    /// other).
+    pub async fn answer_usage(
+        &self,
+        stored: &[(String, u64, u64)],
+        bounds: txn::IdentityBounds,
+    ) -> Result<txn::AnswerUsage, StoreError> {
+        match self {
+            Store::Postgres(store) => store.answer_usage(stored, bounds).await,
+            Store::Embedded(store) => store.answer_usage(bounds).await,
+        }
+    }
+
+    /// Whether the store counts answers itself as it stores them.
+    pub fn counts_answers(&self) -> bool {
+        matches!(self, Store::Embedded(_))
+    }
+
+    /// The unexpired answer stored under (`identity`, `key`), with its request's
+    /// fingerprint; read without a transaction of its own (see [`txn`]).
+    pub async fn stored_answer(
+        &self,
+        identity: &str,
+        key: &str,
+    ) -> Result<Option<(Vec<u8>, txn::StoredAnswer)>, StoreError> {
+        match self {
+            Store::Postgres(store) => store.stored_answer(identity, key).await,
+            Store::Embedded(store) => store.stored_answer(identity, key).await,
+        }
+    }
+
     pub async fn advance(
         &self,
         resource: &ResourceName,

@@ -272,6 +272,35 @@ impl StoredAnswer {
     }
 }
 
+/// Bytes a record takes besides its identity, key, headers and body: the fingerprint,
+/// status, times and the row's own overhead, as every store counts it.
+pub const RECORD_OVERHEAD: u64 = 96;
+
+/// The bytes a record of `answer` under `identity` and `key` counts for, against the
+/// bounds of stored answers; the Postgres store computes the same in SQL
+/// (`statements::RECORD_BYTES`).
+pub fn record_bytes(identity: &str, key: &str, answer: &StoredAnswer) -> u64 {
+    (identity.len() + key.len() + answer.headers_text().len() + answer.body.len()) as u64
+        + RECORD_OVERHEAD
+}
+
+/// Answers stored under keys, as the bounds on them see it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AnswerUsage {
+    /// Identities at a bound of their own.
+    pub full: Vec<String>,
+    /// Records and their bytes, over every identity.
+    pub records: u64,
+    pub bytes: u64,
+}
+
+/// The bounds of one identity's stored answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdentityBounds {
+    pub records: u64,
+    pub bytes: u64,
+}
+
 /// Builds the answer a keyed write stores from its outcome `O`, inside the transaction
 /// that applies it: a pure function of the outcome and the request.
 pub type Render<O = TxnOutcome> = Arc<dyn Fn(&O) -> StoredAnswer + Send + Sync>;

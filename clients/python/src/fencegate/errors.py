@@ -36,6 +36,7 @@ __all__ = [
     "GatewayUnreachable",
     "IdempotencyInFlight",
     "IdempotencyKeyReused",
+    "IdempotencyQuotaExceeded",
     "Internal",
     "InvalidBody",
     "InvalidHolder",
@@ -459,6 +460,15 @@ class IdempotencyKeyReused(FencegateError):
     applied. A key names one logical write; never use it for a second one."""
 
     code = "idempotency_key_reused"
+
+
+class IdempotencyQuotaExceeded(FencegateError):
+    """``429 idempotency_quota_exceeded``: a new key while the answers stored under this
+    identity's keys, or all identities', are at the gateway's bound. Nothing was
+    applied. Stored answers expire after the gateway's ``--idempotency-ttl``; a retry
+    of a key already stored is answered as ever."""
+
+    code = "idempotency_quota_exceeded"
 
 
 class Internal(FencegateError):

@@ -111,6 +111,9 @@ pub struct SqlPolicy {
     pub max_rows: usize,
     /// Most bytes of JSON the rows of one answer take, over all its statements.
     pub max_response: usize,
+    /// The same for a keyed transaction, whose answer is stored for its retries: also
+    /// at most `--idempotency-max-answer`.
+    pub max_keyed_response: usize,
 }
 
 impl SqlPolicy {
@@ -124,6 +127,7 @@ impl SqlPolicy {
             statement_timeout: config.sql_statement_timeout,
             max_rows: config.sql_max_rows,
             max_response: config.sql_max_response,
+            max_keyed_response: config.sql_max_response.min(config.idempotency_max_answer),
         }
     }
 }

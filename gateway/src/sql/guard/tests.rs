@@ -11,6 +11,7 @@ fn policy(allow_ddl: bool) -> SqlPolicy {
         statement_timeout: Duration::from_secs(2),
         max_rows: 100,
         max_response: 1 << 20,
+        max_keyed_response: 1 << 20,
     }
 }
 

@@ -9,14 +9,16 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::store::embedded::{
     lease_record, now_ms, IdempotencyRow, LeaseRow, ObjectRow, ResetRow, FENCES, IDEMPOTENCY,
-    IDEMPOTENCY_EXPIRY, LEASES, OBJECTS, RAISES, RAISES_KEPT, RAISE_FLOORS, RESETS,
+    IDEMPOTENCY_EXPIRY, IDEMPOTENCY_USAGE, LEASES, OBJECTS, RAISES, RAISES_KEPT, RAISE_FLOORS,
+    RESETS,
 };
 use crate::store::leases::{
     check_reset, decide, next_token, Claimant, Decision, Epoch, LeaseOp, LeaseOutcome, Reset,
     ResetOutcome,
 };
 use crate::store::txn::{
-    replay, Answered, Hold, Keyed, OpDone, StaleMember, StoredAnswer, Txn, TxnOp, TxnOutcome,
+    record_bytes, replay, Answered, Hold, Keyed, OpDone, StaleMember, StoredAnswer, Txn, TxnOp,
+    TxnOutcome,
 };
 use crate::store::{
     precondition_holds, AdvanceOutcome, StoreError, UnavailableReason, Write, WriteOp, WriteOutcome,
@@ -192,6 +194,7 @@ struct Tables<'txn> {
     raise_floors: Table<'txn, &'static str, u64>,
     idempotency: Table<'txn, (&'static str, &'static str), IdempotencyRow>,
     idempotency_expiry: Table<'txn, (u64, &'static str, &'static str), ()>,
+    idempotency_usage: Table<'txn, &'static str, (u64, u64)>,
 }
 
 impl Tables<'_> {
@@ -277,6 +280,7 @@ fn apply_batch(
             raise_floors: txn.open_table(RAISE_FLOORS)?,
             idempotency: txn.open_table(IDEMPOTENCY)?,
             idempotency_expiry: txn.open_table(IDEMPOTENCY_EXPIRY)?,
+            idempotency_usage: txn.open_table(IDEMPOTENCY_USAGE)?,
         };
         for job in jobs {
             applied.push(job.apply(&mut tables)?);
@@ -589,9 +593,53 @@ impl Tables<'_> {
         if expires > now_ms() {
             return Ok(Some(replay(&fingerprint, keyed, answer)));
         }
-        self.idempotency_expiry.remove((expires, id.0, id.1))?;
-        self.idempotency.remove(id)?;
+        self.remove_answer(expires, id.0, id.1)?;
         Ok(None)
+    }
+
+    /// Removes the record of (`identity`, `key`), which expires at `expires`, and takes
+    /// it off its identity's usage.
+    fn remove_answer(
+        &mut self,
+        expires: u64,
+        identity: &str,
+        key: &str,
+    ) -> Result<(), redb::Error> {
+        self.idempotency_expiry.remove((expires, identity, key))?;
+        let removed = self.idempotency.remove((identity, key))?.map(|entry| {
+            let (_, _, status, headers, body) = entry.value();
+            let answer = StoredAnswer {
+                status,
+                headers: StoredAnswer::parse_headers(headers),
+                body: bytes::Bytes::copy_from_slice(body),
+            };
+            record_bytes(identity, key, &answer)
+        });
+        if let Some(bytes) = removed {
+            self.count_usage(identity, -1, -(bytes as i128))?;
+        }
+        Ok(())
+    }
+
+    /// Changes `identity`'s usage by `records` and `bytes`, never below zero.
+    fn count_usage(
+        &mut self,
+        identity: &str,
+        records: i64,
+        bytes: i128,
+    ) -> Result<(), redb::Error> {
+        let (had_records, had_bytes) = self
+            .idempotency_usage
+            .get(identity)?
+            .map_or((0, 0), |entry| entry.value());
+        let records = (i128::from(had_records) + i128::from(records)).max(0) as u64;
+        let bytes = (i128::from(had_bytes) + bytes).max(0) as u64;
+        if records == 0 && bytes == 0 {
+            self.idempotency_usage.remove(identity)?;
+        } else {
+            self.idempotency_usage.insert(identity, (records, bytes))?;
+        }
+        Ok(())
     }
 
     /// Stores the answer to `outcome` under `keyed`'s key, in the batch transaction.
@@ -615,6 +663,8 @@ impl Tables<'_> {
             ),
         )?;
         self.idempotency_expiry.insert((expires, id.0, id.1), ())?;
+        let bytes = record_bytes(id.0, id.1, &answer);
+        self.count_usage(id.0, 1, i128::from(bytes))?;
         Ok(answer)
     }
 }
@@ -698,12 +748,7 @@ fn expire(tables: &mut Tables<'_>, limit: u32) -> Result<u64, redb::Error> {
         })
         .collect::<Result<_, _>>()?;
     for (expires, identity, key) in &due {
-        tables
-            .idempotency_expiry
-            .remove((*expires, identity.as_str(), key.as_str()))?;
-        tables
-            .idempotency
-            .remove((identity.as_str(), key.as_str()))?;
+        tables.remove_answer(*expires, identity, key)?;
     }
     Ok(due.len() as u64)
 }

@@ -8,10 +8,35 @@ use redb::{Database, ReadableTable, TableHandle};
 use super::identity::{self, Reconciled, StoreId};
 use super::{
     now_ms, EmbeddedStartError, FENCES, FORMAT_KEY, FORMAT_VERSION, IDEMPOTENCY,
-    IDEMPOTENCY_EXPIRY, IDENTITY, LEASES, META, OBJECTS, PROBE_FILE_BYTES, RAISES,
-    RAISES_SEEDED_KEY, RAISE_FLOORS, READINESS, RESETS, STORE_ID_KEY,
+    IDEMPOTENCY_EXPIRY, IDEMPOTENCY_USAGE, IDENTITY, LEASES, META, OBJECTS, PROBE_FILE_BYTES,
+    RAISES, RAISES_SEEDED_KEY, RAISE_FLOORS, READINESS, RESETS, STORE_ID_KEY, USAGE_SEEDED_KEY,
 };
 use crate::store::NotWritable;
+
+/// Counts the answers of a store written before their usage was kept, once.
+fn seed_usage(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
+    let mut meta = txn.open_table(META)?;
+    if meta.get(USAGE_SEEDED_KEY)?.is_some() {
+        return Ok(());
+    }
+    let answers = txn.open_table(IDEMPOTENCY)?;
+    let mut usage = txn.open_table(IDEMPOTENCY_USAGE)?;
+    for entry in answers.iter()? {
+        let (id, row) = entry?;
+        let (identity, key) = id.value();
+        let (_, _, status, headers, body) = row.value();
+        let answer = crate::store::txn::StoredAnswer {
+            status,
+            headers: crate::store::txn::StoredAnswer::parse_headers(headers),
+            body: bytes::Bytes::copy_from_slice(body),
+        };
+        let bytes = crate::store::txn::record_bytes(identity, key, &answer);
+        let (records, total) = usage.get(identity)?.map_or((0, 0), |u| u.value());
+        usage.insert(identity, (records + 1, total + bytes))?;
+    }
+    meta.insert(USAGE_SEEDED_KEY, 1)?;
+    Ok(())
+}
 
 /// Records the fences of a store written before the raise log, once.
 fn seed_raises(txn: &redb::WriteTransaction) -> Result<(), redb::Error> {
@@ -87,6 +112,7 @@ pub(super) fn initialise(
             .map_err(|e| open_error(e.into()))?;
         txn.open_table(IDEMPOTENCY_EXPIRY)
             .map_err(|e| open_error(e.into()))?;
+        seed_usage(&txn).map_err(open_error)?;
         seed_raises(&txn).map_err(open_error)?;
         let mut table = txn.open_table(IDENTITY).map_err(|e| open_error(e.into()))?;
         let file_id =

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
-use redb::{Database, DatabaseError, ReadableDatabase, TableDefinition};
+use redb::{Database, DatabaseError, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::leases::{
@@ -82,12 +82,19 @@ const RAISES_KEPT: usize = 32;
 const RAISE_FLOORS: TableDefinition<&str, u64> = TableDefinition::new("raise_floors");
 /// Set once the raise log holds every fence the store had before it existed.
 const RAISES_SEEDED_KEY: &str = "raises_seeded";
+/// Set once the usage of stored answers counts every answer the store had before it.
+const USAGE_SEEDED_KEY: &str = "usage_seeded";
 /// (fingerprint, expiry in ms since the Unix epoch, status, headers, body) of the answer
 /// stored with a keyed write; see [`crate::store::txn`].
 type IdempotencyRow = (&'static [u8], u64, u16, &'static str, &'static [u8]);
 /// (identity, key) -> the answer of a keyed write.
 const IDEMPOTENCY: TableDefinition<(&str, &str), IdempotencyRow> =
     TableDefinition::new("idempotency");
+/// identity -> (records, bytes) of the answers stored under its keys, counted as
+/// [`crate::store::txn::record_bytes`] counts them, in the transaction that stores or
+/// removes each.
+const IDEMPOTENCY_USAGE: TableDefinition<&str, (u64, u64)> =
+    TableDefinition::new("idempotency_usage");
 /// (expiry, identity, key): the keyed answers in the order they expire.
 const IDEMPOTENCY_EXPIRY: TableDefinition<(u64, &str, &str), ()> =
     TableDefinition::new("idempotency_expiry");
@@ -305,6 +312,58 @@ impl EmbeddedStore {
     /// Removes up to `limit` expired idempotency records; returns how many went.
     pub async fn expire_idempotency(&self, limit: u32) -> Result<u64, StoreError> {
         self.submit(|reply| Job::Expire { limit, reply }).await
+    }
+
+    /// The usage of stored answers; counted as they are stored and removed, so the
+    /// store needs no report of them.
+    pub async fn answer_usage(
+        &self,
+        bounds: crate::store::txn::IdentityBounds,
+    ) -> Result<crate::store::txn::AnswerUsage, StoreError> {
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(IDEMPOTENCY_USAGE)?;
+            let mut usage = crate::store::txn::AnswerUsage::default();
+            for entry in table.iter()? {
+                let (identity, counts) = entry?;
+                let (records, bytes) = counts.value();
+                usage.records += records;
+                usage.bytes += bytes;
+                if records >= bounds.records || bytes >= bounds.bytes {
+                    usage.full.push(identity.value().to_owned());
+                }
+            }
+            Ok(usage)
+        })
+        .await
+    }
+
+    /// The unexpired answer stored under (`identity`, `key`), with the fingerprint of
+    /// its request.
+    pub async fn stored_answer(
+        &self,
+        identity: &str,
+        key: &str,
+    ) -> Result<Option<(Vec<u8>, crate::store::txn::StoredAnswer)>, StoreError> {
+        let (identity, key) = (identity.to_owned(), key.to_owned());
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let table = txn.open_table(IDEMPOTENCY)?;
+            let Some(entry) = table.get((identity.as_str(), key.as_str()))? else {
+                return Ok(None);
+            };
+            let (fingerprint, expires, status, headers, body) = entry.value();
+            if expires <= now_ms() {
+                return Ok(None);
+            }
+            let answer = crate::store::txn::StoredAnswer {
+                status,
+                headers: crate::store::txn::StoredAnswer::parse_headers(headers),
+                body: Bytes::copy_from_slice(body),
+            };
+            Ok(Some((fingerprint.to_vec(), answer)))
+        })
+        .await
     }
 
     pub async fn get<P, E>(

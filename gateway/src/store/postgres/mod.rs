@@ -58,6 +58,11 @@ use super::{
 };
 use tokio_postgres::error::SqlState;
 
+/// A count as Postgres keeps it.
+fn to_i64(count: u64) -> i64 {
+    i64::try_from(count).unwrap_or(i64::MAX)
+}
+
 /// Reads the gateway's keys from `fencegate.keys`.
 async fn read_keys(client: &mut Object) -> Result<GatewayKeys, StoreError> {
     let rows = client
@@ -295,10 +300,69 @@ impl PgStore {
     /// Removes up to `limit` expired idempotency records; returns how many went.
     pub async fn expire_idempotency(&self, limit: i64) -> Result<u64, StoreError> {
         self.with_client(async |client| {
-            client
-                .execute(statements::IDEMPOTENCY_EXPIRE, &[&limit])
+            let removed: i64 = client
+                .query_one(statements::IDEMPOTENCY_EXPIRE, &[&limit])
                 .await
-                .map_err(|e| classify(e, false))
+                .map_err(|e| classify(e, false))?
+                .get(0);
+            Ok(u64::try_from(removed).unwrap_or(0))
+        })
+        .await
+    }
+
+    /// Adds `stored` — answers this gateway stored since it last called, as (identity,
+    /// records, bytes) — to the usage of their identities, and reads the usage back.
+    pub async fn answer_usage(
+        &self,
+        stored: &[(String, u64, u64)],
+        bounds: crate::store::txn::IdentityBounds,
+    ) -> Result<crate::store::txn::AnswerUsage, StoreError> {
+        let mut stored = stored.to_vec();
+        stored.sort();
+        let identities: Vec<&str> = stored.iter().map(|(i, _, _)| i.as_str()).collect();
+        let records: Vec<i64> = stored.iter().map(|(_, r, _)| to_i64(*r)).collect();
+        let bytes: Vec<i64> = stored.iter().map(|(_, _, b)| to_i64(*b)).collect();
+        let bound = (to_i64(bounds.records), to_i64(bounds.bytes));
+        self.with_client(async |client| {
+            if !identities.is_empty() {
+                client
+                    .execute(statements::USAGE_ADD, &[&identities, &records, &bytes])
+                    .await
+                    .map_err(|e| classify(e, false))?;
+            }
+            let rows = client
+                .query(statements::USAGE_READ, &[&bound.0, &bound.1])
+                .await
+                .map_err(|e| classify(e, false))?;
+            let mut usage = crate::store::txn::AnswerUsage::default();
+            for row in rows {
+                let (records, bytes): (i64, i64) = (row.get(1), row.get(2));
+                match row.get::<_, Option<String>>(0) {
+                    Some(identity) => usage.full.push(identity),
+                    None => {
+                        usage.records = u64::try_from(records).unwrap_or(0);
+                        usage.bytes = u64::try_from(bytes).unwrap_or(0);
+                    }
+                }
+            }
+            Ok(usage)
+        })
+        .await
+    }
+
+    /// The committed, unexpired answer stored under (`identity`, `key`), with the
+    /// fingerprint of its request.
+    pub async fn stored_answer(
+        &self,
+        identity: &str,
+        key: &str,
+    ) -> Result<Option<(Vec<u8>, crate::store::txn::StoredAnswer)>, StoreError> {
+        self.with_client(async |client| {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&identity, &key];
+            match connection::read_row(client, statements::IDEMPOTENCY_ANSWER, &params).await? {
+                Some(row) => Ok(Some(stored_answer(&row, 0)?)),
+                None => Ok(None),
+            }
         })
         .await
     }

@@ -22,6 +22,15 @@ macro_rules! timeline {
     };
 }
 
+/// The bytes a record of `fencegate.idempotency` counts for, as
+/// [`crate::store::txn::record_bytes`] counts them.
+macro_rules! record_bytes {
+    () => {
+        "(octet_length(identity) + octet_length(key) + coalesce(octet_length(headers), 0)
+          + coalesce(octet_length(body), 0) + 96)"
+    };
+}
+
 /// Schema migrations, in order. Each runs once, in the migration transaction.
 pub const MIGRATIONS: &[(i32, &str)] = &[
     (
@@ -82,6 +91,24 @@ pub const MIGRATIONS: &[(i32, &str)] = &[
          token    bigint NOT NULL
      );
      REVOKE ALL ON fencegate.raise_floors FROM PUBLIC;",
+    ),
+    (
+        9,
+        concat!(
+            "-- The answers stored under keys, per identity: records and their bytes, kept
+     -- by every gateway (it adds what it stored, about once a second) and by the
+     -- removal of expired records; the bounds of keyed writes are read from here.
+     CREATE TABLE fencegate.idempotency_usage (
+         identity text PRIMARY KEY,
+         records  bigint NOT NULL,
+         bytes    bigint NOT NULL
+     );
+     INSERT INTO fencegate.idempotency_usage (identity, records, bytes)
+         SELECT identity, count(*), sum(",
+            record_bytes!(),
+            ") FROM fencegate.idempotency GROUP BY identity;
+     REVOKE ALL ON fencegate.idempotency_usage FROM PUBLIC;"
+        ),
     ),
 ];
 
@@ -334,15 +361,52 @@ pub const IDEMPOTENCY_CLAIM: &str = "
 /// The record of a key. `$1` identity, `$2` key.
 pub const IDEMPOTENCY_READ: &str = "SELECT fingerprint, status, headers, body
      FROM fencegate.idempotency WHERE identity = $1 AND key = $2";
+/// The committed answer of a key, unless it expired. `$1` identity, `$2` key.
+pub const IDEMPOTENCY_ANSWER: &str = "SELECT fingerprint, status, headers, body
+     FROM fencegate.idempotency
+     WHERE identity = $1 AND key = $2 AND expires_at > clock_timestamp() AND status IS NOT NULL";
+/// Adds the answers a gateway stored since it last did to their identities' usage:
+/// `$1` identities (distinct, sorted: the order every writer of the table locks rows
+/// in), `$2` records, `$3` bytes.
+pub const USAGE_ADD: &str = "
+    INSERT INTO fencegate.idempotency_usage AS u (identity, records, bytes)
+    SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[])
+    ON CONFLICT (identity) DO UPDATE
+        SET records = u.records + EXCLUDED.records, bytes = u.bytes + EXCLUDED.bytes";
+/// The identities at a bound of their own (`$1` records, `$2` bytes), and the records
+/// and bytes of all: one row per such identity, then a row with a NULL identity and the
+/// totals.
+pub const USAGE_READ: &str = "
+    SELECT identity, records, bytes FROM fencegate.idempotency_usage
+        WHERE records >= $1 OR bytes >= $2
+    UNION ALL
+    SELECT NULL, coalesce(sum(records), 0)::bigint, coalesce(sum(bytes), 0)::bigint
+        FROM fencegate.idempotency_usage";
 /// Stores the answer of a claimed key. `$1` identity, `$2` key, `$3` status,
 /// `$4` headers, `$5` body.
 pub const IDEMPOTENCY_RECORD: &str = "UPDATE fencegate.idempotency
      SET status = $3, headers = $4, body = $5 WHERE identity = $1 AND key = $2";
-/// Removes up to `$1` expired records, skipping any a transaction holds. Touches no
-/// fence.
-pub const IDEMPOTENCY_EXPIRE: &str = "DELETE FROM fencegate.idempotency WHERE ctid = ANY (ARRAY(
-     SELECT ctid FROM fencegate.idempotency WHERE expires_at <= clock_timestamp()
-     LIMIT $1 FOR UPDATE SKIP LOCKED))";
+/// Removes up to `$1` expired records, skipping any a transaction holds, and takes
+/// them off their identities' usage (never below zero: a record stored by a gateway
+/// that stopped before it counted it); returns how many went. Touches no fence.
+pub const IDEMPOTENCY_EXPIRE: &str = concat!(
+    "
+    WITH gone AS (
+        DELETE FROM fencegate.idempotency WHERE ctid = ANY (ARRAY(
+            SELECT ctid FROM fencegate.idempotency WHERE expires_at <= clock_timestamp()
+            LIMIT $1 FOR UPDATE SKIP LOCKED))
+        RETURNING identity, ",
+    record_bytes!(),
+    " AS bytes
+    ), per AS (
+        SELECT identity, count(*) AS records, sum(bytes) AS bytes FROM gone GROUP BY identity
+    ), used AS (
+        UPDATE fencegate.idempotency_usage u
+        SET records = greatest(u.records - per.records, 0), bytes = greatest(u.bytes - per.bytes, 0)
+        FROM per WHERE u.identity = per.identity
+    )
+    SELECT count(*) FROM gone"
+);
 
 /// A transaction's hold on the fence of a resource it writes: the row locked as
 /// [`GROUP_LOCK`] locks it (made at 1, the lowest token, if missing), nothing raised
