@@ -123,6 +123,12 @@ fn above(token: Token, by: u64) -> Token {
     Token::new(token.get() + by).unwrap()
 }
 
+/// The token just below `token`: no election's, with etcd's and ZooKeeper's sparse
+/// tokens.
+fn below(token: Token) -> Token {
+    Token::new(token.get() - 1).unwrap()
+}
+
 /// The etcd store: one holder at a time; terms rise; a holder that stops renewing
 /// loses its key with its etcd lease (and learns it at once, not at its next renewal);
 /// a takeover by the same identity is a new term; release frees the lease at once.
@@ -273,6 +279,14 @@ async fn etcd_refuses_tokens_it_did_not_issue_and_to_other_holders() {
     assert_eq!(forged.error_code(), "token_not_issued", "{forged:?}");
     assert_eq!(forged.json()["issued"], serde_json::json!(token.get()));
     assert_eq!(a.highest().await, None);
+    // Below the leader's: a revision no election issued, from an identity never
+    // elected, before the leader's first write; and from the leader itself.
+    for (writer, who) in [(&b, "node-b"), (&a, "node-a")] {
+        let invented = writer.put(below(token), "x").await;
+        assert_eq!(invented.error_code(), "stale_token", "{who}: {invented:?}");
+        assert_eq!(invented.json()["highest"], serde_json::json!(token.get()));
+    }
+    assert_eq!(a.highest().await, None, "the fence did not move");
 
     let mismatch = b.put(token, "x").await;
     assert_eq!(
@@ -285,6 +299,11 @@ async fn etcd_refuses_tokens_it_did_not_issue_and_to_other_holders() {
         a.metric("fencegate_token_refusals_total{reason=\"not_issued\"}")
             .await,
         1.0
+    );
+    assert_eq!(
+        a.metric("fencegate_token_refusals_total{reason=\"earlier_term\"}")
+            .await,
+        2.0
     );
 }
 
@@ -498,6 +517,9 @@ async fn zookeeper_refuses_forged_tokens_and_fails_closed() {
         .expect("free");
     let forged = a.put(above(token, 1), "x").await;
     assert_eq!(forged.error_code(), "token_not_issued", "{forged:?}");
+    assert_eq!(a.highest().await, None);
+    let invented = b.put(below(token), "x").await;
+    assert_eq!(invented.error_code(), "stale_token", "{invented:?}");
     assert_eq!(a.highest().await, None);
     assert_eq!(
         b.put(token, "x").await.error_code(),

@@ -164,6 +164,27 @@ impl Coordinator {
         let verdict = judge(fencing.token, identity, issued.as_ref());
         let (reason, mut body) = match &verdict {
             Verdict::Issued => return Ok(()),
+            Verdict::Earlier { current } => {
+                // The fence cache learns nothing: the issuer's term is not committed.
+                self.metrics.token_refused("earlier_term");
+                if self.stale_log.admit().is_some() {
+                    tracing::warn!(
+                        resource = resource.as_str(),
+                        presented = fencing.token.get(),
+                        current = current.get(),
+                        issuer = issuer.as_str(),
+                        identity,
+                        holder = fencing.holder.as_deref(),
+                        outcome = "stale_token",
+                        "token refused: its issuer has a later term"
+                    );
+                }
+                return Err(ApiError::Stale {
+                    resource: resource.clone(),
+                    presented: fencing.token,
+                    highest: *current,
+                });
+            }
             Verdict::NotIssued { issued } => {
                 let message = match issued {
                     Some(issued) => format!(

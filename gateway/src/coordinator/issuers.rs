@@ -10,12 +10,14 @@
 //! and is asked again only when a token is above it: a new term, or a forgery. A
 //! term's steady writes are checked against memory.
 //!
-//! With authentication on, the issuer's latest token is also bound to its holder: the
-//! identity that took the gateway lease (kept by the store after a release, so every
-//! replica finds it), or the identity named like the `leader_lease` holder. Another
-//! identity presenting it is refused. Tokens of earlier terms are left
-//! to the fence, which rejects them once the newer term has written (gateway leases
-//! raise the fence when they mint a token, so at once).
+//! Only the latest token is a writer's: a token below it belongs to a term that has
+//! ended — or, with etcd and ZooKeeper, whose tokens are sparse revisions, to no term
+//! at all — and is refused as stale (`409 stale_token`, its `highest` the issuer's
+//! latest) before the fence is asked, also while the newer term has not written yet.
+//! With authentication on, the latest token is also bound to its holder: the identity
+//! that took the gateway lease (kept by the store after a release, so every replica
+//! finds it), the identity named like the `leader_lease` holder, or the holder etcd's
+//! key or ZooKeeper's node holds. Another identity presenting it is refused.
 //!
 //! etcd and ZooKeeper are asked with a deadline (`--issuer-timeout`). An issuer that
 //! does not answer vouches for nothing: a token above what this gateway knows is then
@@ -54,6 +56,9 @@ pub enum Verdict {
     NotIssued { issued: Option<Token> },
     /// The issuer's latest token, presented by another identity than its holder.
     HolderMismatch { holder: Arc<str> },
+    /// Below the issuer's latest: a term that has ended, or a token that was never a
+    /// term's (an election's tokens are sparse), so no writer's now.
+    Earlier { current: Token },
 }
 
 /// Above this many resources, what was learned is forgotten (and asked again).
@@ -364,7 +369,9 @@ fn issued(token: i64, holder: &[u8]) -> Option<Issued> {
     Some(Issued { token, holder })
 }
 
-/// Judges `token`, presented by `identity`, against what the issuer issued.
+/// Judges `token`, presented by `identity`, against what the issuer issued: only the
+/// latest token, the current term's, is accepted, and with authentication only from
+/// its holder.
 pub fn judge(token: Token, identity: Option<&str>, issued: Option<&Issued>) -> Verdict {
     let Some(issued) = issued else {
         return Verdict::NotIssued { issued: None };
@@ -374,12 +381,15 @@ pub fn judge(token: Token, identity: Option<&str>, issued: Option<&Issued>) -> V
             issued: Some(issued.token),
         };
     }
+    if token < issued.token {
+        return Verdict::Earlier {
+            current: issued.token,
+        };
+    }
     match (identity, &issued.holder) {
-        (Some(identity), Some(holder)) if token == issued.token && identity != &**holder => {
-            Verdict::HolderMismatch {
-                holder: Arc::clone(holder),
-            }
-        }
+        (Some(identity), Some(holder)) if identity != &**holder => Verdict::HolderMismatch {
+            holder: Arc::clone(holder),
+        },
         _ => Verdict::Issued,
     }
 }
@@ -462,11 +472,14 @@ mod tests {
                 holder: Arc::from("node-a")
             }
         );
-        // An earlier term's token is the fence's to judge.
-        assert_eq!(
-            judge(tok(4), Some("mallory"), Some(&issued)),
-            Verdict::Issued
-        );
+        // An earlier term's token — or one no election ever issued, below the
+        // leader's — is no writer's now, whoever presents it.
+        for identity in [Some("mallory"), Some("node-a"), None] {
+            assert_eq!(
+                judge(tok(4), identity, Some(&issued)),
+                Verdict::Earlier { current: tok(5) }
+            );
+        }
     }
 
     #[test]

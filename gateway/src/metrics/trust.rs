@@ -6,7 +6,12 @@ use prometheus::{IntCounter, IntCounterVec, IntGauge, Opts};
 /// Every value of the `outcome` label of `fencegate_lease_steps_total`.
 pub const LEASE_OUTCOMES: [&str; 5] = ["granted", "released", "held", "lost", "exhausted"];
 /// Every value of the `reason` label of `fencegate_token_refusals_total`.
-pub const REFUSAL_REASONS: [&str; 3] = ["not_issued", "holder_mismatch", "issuer_unavailable"];
+pub const REFUSAL_REASONS: [&str; 4] = [
+    "not_issued",
+    "holder_mismatch",
+    "issuer_unavailable",
+    "earlier_term",
+];
 /// Every value of the `issuer` label of `fencegate_issuer_regressions_total`.
 pub const SOURCES: [&str; 3] = ["leader_lease", "etcd", "zookeeper"];
 /// Every value of the `door` label of `fencegate_forged_refusals_total`.
@@ -47,7 +52,7 @@ impl TrustMetrics {
         let token_refusals = IntCounterVec::new(
             Opts::new(
                 "fencegate_token_refusals_total",
-                "Tokens refused because their resource's issuer did not issue them (not_issued), issued them to another identity (holder_mismatch), or could not be asked about a token above what this gateway knows it issued (issuer_unavailable).",
+                "Tokens refused because their resource's issuer did not issue them (not_issued), issued them to another identity (holder_mismatch), could not be asked about a token above what this gateway knows it issued (issuer_unavailable), or issued a later term than the token's (earlier_term: answered 409 stale_token).",
             ),
             &["reason"],
         )
