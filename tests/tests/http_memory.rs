@@ -302,6 +302,8 @@ async fn sql_answers_nobody_reads_stay_within_the_response_budget() {
             "8MiB",
             "--sql-max-response",
             "4MiB",
+            "--idempotency-max-answer",
+            "4MiB",
             "--write-timeout",
             "2s",
         ])
@@ -366,17 +368,18 @@ async fn sql_answers_nobody_reads_stay_within_the_response_budget() {
     drop(sockets);
 }
 
-/// Writes whose bodies never start, or stop after a byte: the peer that sends them
-/// holds at most its share of the writes in flight and of body memory, and the writes
-/// that never start end after `--body-first-byte-timeout`; another peer's writes all
-/// land meanwhile.
+/// Writes whose bodies never start, or stop after a byte or part-way: body memory is
+/// claimed as bytes come, so bodies that declare much and send a byte hold little,
+/// from however many addresses; a peer holds at most its share of the writes in flight
+/// and of the body memory its bytes take; the writes that never start end after
+/// `--body-first-byte-timeout`; another peer's writes all land meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_peers_idle_bodies_leave_room_for_other_peers_writes() {
     let data = DataDir::create();
     let gateway = embedded(&data)
         .args(&[
             "--max-writes-in-flight",
-            "32",
+            "64",
             "--max-body-memory",
             "8MiB",
             "--max-client-share",
@@ -393,10 +396,10 @@ async fn one_peers_idle_bodies_leave_room_for_other_peers_writes() {
             kv_path("victim", key)
         )
     };
-    // 127.0.0.2: 16 writes that declare 1000 bytes and send none. Its share of the
-    // writes in flight is 8 of 32: the other 8 are refused at once.
+    // 127.0.0.2: 24 writes that declare 1000 bytes and send none. Its share of the
+    // writes in flight is 16 of 64: the other 8 are refused at once.
     let mut idle = Vec::new();
-    for i in 0..16 {
+    for i in 0..24 {
         let mut socket = connect_from(IpAddr::from([127, 0, 0, 2]), gateway.addr(), None).await;
         socket
             .write_all(put(&format!("i{i}"), 1000).as_bytes())
@@ -425,31 +428,53 @@ async fn one_peers_idle_bodies_leave_room_for_other_peers_writes() {
         .await,
         8.0
     );
-    // 127.0.0.3: 8 writes that declare 1 MiB and send one byte. Its share of body
-    // memory is 2 MiB of 8: the other 6 are refused as their first byte comes.
+    // 127.0.0.3 to .7: 4 writes each that declare 1 MiB and send one byte (20 MiB
+    // declared against 8 MiB of body memory). Memory is claimed as bytes come, not by
+    // the declared length: they hold little, and none is refused.
     let mut slow = Vec::new();
-    for i in 0..8 {
-        let mut socket = connect_from(IpAddr::from([127, 0, 0, 3]), gateway.addr(), None).await;
-        socket
-            .write_all(put(&format!("s{i}"), 1 << 20).as_bytes())
-            .await
-            .unwrap();
-        socket.write_all(b"x").await.unwrap();
-        slow.push(socket);
+    for peer in 3..=7u8 {
+        for i in 0..4 {
+            let mut socket =
+                connect_from(IpAddr::from([127, 0, 0, peer]), gateway.addr(), None).await;
+            socket
+                .write_all(put(&format!("s{peer}-{i}"), 1 << 20).as_bytes())
+                .await
+                .unwrap();
+            socket.write_all(b"x").await.unwrap();
+            slow.push(socket);
+        }
     }
     let answers = first_answers(&mut slow, Duration::from_millis(300)).await;
+    assert!(answers.iter().all(String::is_empty), "{answers:?}");
+    // 127.0.0.8: 8 writes that send 600 KiB of their 1 MiB and stall. Its share of
+    // body memory is 2 MiB of 8: most are refused as their bytes come.
+    let mut heavy = Vec::new();
+    for i in 0..8 {
+        let mut socket = connect_from(IpAddr::from([127, 0, 0, 8]), gateway.addr(), None).await;
+        socket
+            .write_all(put(&format!("h{i}"), 1 << 20).as_bytes())
+            .await
+            .unwrap();
+        let _ = tokio::time::timeout(
+            Duration::from_millis(200),
+            socket.write_all(&vec![b'h'; 600 << 10]),
+        )
+        .await;
+        heavy.push(socket);
+    }
+    let answers = first_answers(&mut heavy, Duration::from_millis(500)).await;
     let refused = answers
         .iter()
         .filter(|a| a.starts_with("HTTP/1.1 503"))
         .count();
-    assert_eq!(refused, 6, "{answers:?}");
+    assert!(refused >= 4, "{answers:?}");
     assert_eq!(
         metric(
             &client,
             "fencegate_limit_rejections_total{reason=\"body_share\"}"
         )
         .await,
-        6.0
+        refused as f64
     );
     // Meanwhile 127.0.0.1's writes, 8 at once, of 128 KiB each, all land.
     let mut writes = tokio::task::JoinSet::new();
@@ -471,13 +496,13 @@ async fn one_peers_idle_bodies_leave_room_for_other_peers_writes() {
         .iter()
         .filter(|a| a.starts_with("HTTP/1.1 408"))
         .count();
-    assert_eq!(timed_out, 8, "{answers:?}");
+    assert_eq!(timed_out, 16, "{answers:?}");
     assert!(
         started.elapsed() < Duration::from_secs(5),
         "after {:?}",
         started.elapsed()
     );
-    drop(slow);
+    drop((slow, heavy));
 }
 
 /// The first bytes each socket receives within `wait` (empty if none), in order.

@@ -229,9 +229,9 @@ pub async fn read_body_within(
     })
 }
 
-/// Reads `body` into one buffer, claiming its memory before allocating it. A body of
-/// declared length gets one buffer of that length once its first bytes come (one
-/// allocation, no copy once read); a body without one grows by doubling.
+/// Reads `body` into one buffer, claiming its memory before allocating it, as its
+/// bytes come: the buffer grows by doubling, up to the declared length if there is one
+/// (a small body is one allocation).
 async fn collect(
     mut body: Incoming,
     declared: Option<usize>,
@@ -255,12 +255,15 @@ async fn collect(
                 return Err(ApiError::BodyTooLarge { limit });
             }
             if total > buffer.capacity() {
-                // Room is claimed before it is allocated: the declared length at the
-                // first bytes, else twice what the body has grown to.
-                let room = match declared {
-                    Some(length) => length.max(total),
-                    None => total.max(2 * buffer.capacity()).min(limit),
-                };
+                // Room is claimed before it is allocated, and only as bytes come —
+                // twice what the body has grown to, at least CLAIMED_AT_ONCE — never
+                // by the length a client declares: one that declares much and sends
+                // little holds little.
+                let room = total
+                    .max(2 * buffer.capacity())
+                    .max(CLAIMED_AT_ONCE)
+                    .min(declared.unwrap_or(limit).min(limit))
+                    .max(total);
                 memory.grow_to(room)?;
                 buffer.reserve(room - buffer.len());
             }
