@@ -83,8 +83,10 @@ fn parse_holder(value: &[u8]) -> Result<String, ProtoError> {
         return Err(ProtoError::InvalidHolder("longer than 256 bytes"));
     }
     let text = std::str::from_utf8(value).map_err(|_| ProtoError::InvalidHolder("not UTF-8"))?;
-    if text.chars().any(char::is_control) {
-        return Err(ProtoError::InvalidHolder("contains a control character"));
+    if text.chars().any(crate::names::is_forbidden_char) {
+        return Err(ProtoError::InvalidHolder(
+            "contains a control or bidirectional formatting character",
+        ));
     }
     Ok(text.to_owned())
 }

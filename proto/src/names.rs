@@ -71,8 +71,17 @@ impl fmt::Display for ResourceName {
     }
 }
 
+/// Whether `c` may not appear in a key or a holder's name: a control character (it
+/// cannot be stored or logged faithfully), or a bidirectional formatting character
+/// (it makes a log line or an operator's screen show text in another order than it
+/// has: `U+061C`, `U+200E`, `U+200F`, `U+202A`–`U+202E`, `U+2066`–`U+2069`).
+pub fn is_forbidden_char(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{061C}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}')
+}
+
 /// The key of an object inside a resource: 1–1024 bytes of UTF-8, `/` allowed,
-/// control characters not (they cannot be stored or logged faithfully).
+/// control and bidirectional formatting characters not ([`is_forbidden_char`]).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct ObjectKey(String);
@@ -86,9 +95,9 @@ impl ObjectKey {
         if key.len() > MAX_KEY_LEN {
             return Err(ProtoError::InvalidKey("the key is longer than 1024 bytes"));
         }
-        if key.chars().any(char::is_control) {
+        if key.chars().any(is_forbidden_char) {
             return Err(ProtoError::InvalidKey(
-                "the key contains a control character",
+                "the key contains a control or bidirectional formatting character",
             ));
         }
         Ok(ObjectKey(key))
@@ -137,7 +146,15 @@ mod tests {
         assert!(ObjectKey::new("a/b/c").is_ok());
         assert!(ObjectKey::new("ünïcode key").is_ok());
         assert!(ObjectKey::new("k".repeat(1024)).is_ok());
-        for bad in ["", "a\0b", "line\nbreak", &"k".repeat(1025)] {
+        for bad in [
+            "",
+            "a\0b",
+            "line\nbreak",
+            "invoice\u{202E}fdp.exe",
+            "a\u{2066}b",
+            "a\u{200F}",
+            &"k".repeat(1025),
+        ] {
             assert!(ObjectKey::new(bad).is_err(), "{bad:?} was accepted");
         }
     }

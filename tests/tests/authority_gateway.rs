@@ -385,6 +385,48 @@ async fn an_older_term_cannot_hold_a_new_one_off() {
     );
 }
 
+/// A write that gives up waiting for a fence row an older term holds (no takeover:
+/// `--term-takeover-timeout 0`) never sent its COMMIT: it is answered `write_applied:
+/// false`, keyed or not, and its retry with the same key applies it once the row is
+/// free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_that_gave_up_on_a_lock_applied_nothing() {
+    let door =
+        SweeperDoor::start_with(&["--term-takeover-timeout", "0", "--backend-timeout", "1s"]).await;
+    door.db.raise("sweeper", 7).await;
+    let client = door.gateway.client();
+    let old = door.writer("").await;
+    old.batch_execute("BEGIN; SELECT fencegate.fence('sweeper', 7)")
+        .await
+        .unwrap();
+    let keyed = || {
+        client.request(
+            Method::PUT,
+            "/v1/kv/sweeper/k",
+            &[("fencing-token", "8"), ("idempotency-key", "eight")],
+            "v8",
+        )
+    };
+    for reply in [keyed().await, client.advance("sweeper", 8).await] {
+        assert_eq!(
+            reply.error_code(),
+            "backend_unavailable",
+            "{:?}",
+            reply.json()
+        );
+        assert_eq!(
+            reply.json()["write_applied"],
+            json!(false),
+            "{:?}",
+            reply.json()
+        );
+    }
+    old.batch_execute("ROLLBACK").await.unwrap();
+    let retry = keyed().await;
+    assert_eq!(retry.status, 201, "{:?}", retry.json());
+    assert_eq!(door.db.highest("sweeper").await, Some(8));
+}
+
 /// A ZF001 or ZF005 that a client's SQL raises itself, through the door or `/v1/sql`,
 /// is not the fence's: counted apart, and no rejection of any resource is counted or
 /// logged; the fence's own rejection is counted as ever.

@@ -19,6 +19,7 @@ use crate::api::Body;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 use crate::store::leases::{Claimant, LeaseOp, LeaseOutcome, LeaseRecord};
+use crate::store::txn::{Answered, StoredAnswer};
 
 /// The shortest and longest lease a holder may ask for.
 pub const MIN_TTL: Duration = Duration::from_millis(10);
@@ -79,7 +80,35 @@ pub async fn step(
     let keyed =
         idempotency.map(|key| keyed::keyed(coordinator, request, key, &body, Arc::clone(&render)));
     let answered = coordinator.lease(&shown, op, claimant, keyed).await?;
+    let answered = match answered {
+        Answered::Replayed(answer) => {
+            Answered::Replayed(as_of_now(coordinator, &shown, answer).await?)
+        }
+        answered => answered,
+    };
     keyed::answer(answered, &render)
+}
+
+/// A replayed lease answer, with the time it gives as of now: `expires_in_ms` is a
+/// span from the answer's own moment, which a retry comes after. The term it granted
+/// has what is left of the lease if the lease still has that token and holder, else
+/// nothing (`held: false`, `expires_in_ms: 0`). A refusal is replayed as stored.
+async fn as_of_now(
+    coordinator: &Arc<Coordinator>,
+    resource: &ResourceName,
+    mut answer: StoredAnswer,
+) -> Result<StoredAnswer, ApiError> {
+    let Ok(mut granted) = serde_json::from_slice::<LeaseState>(&answer.body) else {
+        return Ok(answer);
+    };
+    let now = coordinator.read_lease(resource).await?;
+    let same_term = now.token == granted.token && now.holder == granted.holder;
+    granted.expires_in_ms = if same_term { millis(now.remaining) } else { 0 };
+    granted.held = same_term && now.held();
+    answer.body = serde_json::to_vec(&granted)
+        .expect("a lease state serializes")
+        .into();
+    Ok(answer)
 }
 
 /// The answer to a lease step's outcome: what is sent, and stored with a key.

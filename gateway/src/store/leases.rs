@@ -162,10 +162,17 @@ impl Epoch {
     pub const MAX: Epoch = Epoch((i64::MAX as u64) >> EPOCH_BITS);
 
     /// The epoch of a server on `timeline` (Postgres numbers timelines from 1); a
-    /// timeline past [`Epoch::MAX`] stays in the last epoch.
+    /// timeline past [`Epoch::MAX`] stays in the last epoch, and says so
+    /// ([`Epoch::past_the_last`]).
     pub fn of_timeline(timeline: i64) -> Epoch {
         let epoch = u64::try_from(timeline.saturating_sub(1)).unwrap_or(0);
         Epoch(epoch.min(Epoch::MAX.0))
+    }
+
+    /// Whether `timeline` is past the last epoch: its tokens no longer rise above the
+    /// older timelines' by construction, only by the fence and the lease's last token.
+    pub fn past_the_last(timeline: i64) -> bool {
+        u64::try_from(timeline.saturating_sub(1)).is_ok_and(|epoch| epoch > Epoch::MAX.0)
     }
 
     /// The epoch a token belongs to.
@@ -358,6 +365,10 @@ mod tests {
         assert_eq!(Epoch::of_token(minted), second);
         // The last epoch still has room for 2^40 terms, and no timeline goes past it.
         assert_eq!(Epoch::of_timeline(i64::MAX), Epoch::MAX);
+        let last = i64::try_from(Epoch::MAX.0).unwrap() + 1;
+        assert!(!Epoch::past_the_last(last));
+        assert!(Epoch::past_the_last(last + 1));
+        assert!(!Epoch::past_the_last(1));
         assert!(Token::new(Epoch::MAX.first_token() + (1 << EPOCH_BITS) - 2).is_ok());
         assert_eq!(Epoch::of_token(Token::MAX), Epoch::MAX);
     }

@@ -10,7 +10,7 @@
 //!   closed, which rolls back its transaction.
 //! - Errors are judged by SQLSTATE, never by message ([`super::errors`]).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -258,9 +258,23 @@ fn functions_digest() -> String {
 /// How long a cancel request may take before the gateway answers anyway.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// Where the call [`with_client_until`] runs is, for what its deadline means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+enum Phase {
+    /// Nothing said: its statements may autocommit, so a deadline leaves it unknown
+    /// whether they applied.
+    Unknown = 0,
+    /// Inside an explicit transaction whose COMMIT is not sent: a deadline rolls it
+    /// back, so nothing applied.
+    InTransaction = 1,
+    /// A statement that commits was sent.
+    Committing = 2,
+}
+
 tokio::task_local! {
-    /// Set once the call [`with_client_until`] runs has sent a statement that commits.
-    static COMMITTING: Arc<AtomicBool>;
+    /// The [`Phase`] of the call [`with_client_until`] runs.
+    static PHASE: Arc<AtomicU8>;
 }
 
 /// Says that the call running on this task is about to send a statement that commits
@@ -270,7 +284,28 @@ tokio::task_local! {
 /// although no standby has it — a write a failover then loses after others saw it.
 /// Left alone, it becomes visible only once a standby has it.
 pub(crate) fn committing() {
-    let _ = COMMITTING.try_with(|flag| flag.store(true, Ordering::Release));
+    let _ = PHASE.try_with(|phase| phase.store(Phase::Committing as u8, Ordering::Release));
+}
+
+/// Begins the explicit transaction of the call running on this task: until its
+/// [`commit`], a deadline answers that nothing applied (`write_applied: false`).
+pub(crate) async fn begin(
+    client: &mut Object,
+) -> Result<deadpool_postgres::Transaction<'_>, StoreError> {
+    in_transaction();
+    client.transaction().await.map_err(|e| classify(e, false))
+}
+
+/// Says that the call running on this task runs in an explicit transaction.
+fn in_transaction() {
+    let _ = PHASE.try_with(|phase| {
+        let _ = phase.compare_exchange(
+            Phase::Unknown as u8,
+            Phase::InTransaction as u8,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    });
 }
 
 /// A read of at most one row, outside any write: the statement prepared once per
@@ -300,6 +335,7 @@ pub(crate) async fn in_own_transaction<T>(
     client: &tokio_postgres::Client,
     statement: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
 ) -> Result<T, StoreError> {
+    in_transaction();
     let (begun, answer) =
         futures_util::future::join(client.batch_execute("BEGIN"), statement).await;
     let answer = begun.and(answer);
@@ -351,12 +387,13 @@ pub(crate) async fn with_client_until<T>(
         }
     };
     let cancel = client.cancel_token();
-    let committed = Arc::new(AtomicBool::new(false));
-    let run = COMMITTING.scope(Arc::clone(&committed), op(&mut client));
+    let phase = Arc::new(AtomicU8::new(Phase::Unknown as u8));
+    let run = PHASE.scope(Arc::clone(&phase), op(&mut client));
     match timeout_at(deadline, run).await {
         Ok(result) => result,
         Err(_) => {
-            if committed.load(Ordering::Acquire) {
+            let phase = phase.load(Ordering::Acquire);
+            if phase == Phase::Committing as u8 {
                 tracing::warn!(
                     "a commit outlived its deadline (a synchronous standby away?): its \
                      connection is closed without cancelling it, so that it becomes \
@@ -366,9 +403,11 @@ pub(crate) async fn with_client_until<T>(
                 cancel_running(&cancel, &pool.tls).await;
             }
             drop(Object::take(client));
+            // Closing the connection rolls back a transaction whose COMMIT was not sent.
+            let applied = (phase == Phase::InTransaction as u8).then_some(false);
             Err(StoreError::Unavailable {
                 reason: UnavailableReason::Timeout,
-                applied: None,
+                applied,
             })
         }
     }

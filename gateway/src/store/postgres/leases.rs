@@ -30,7 +30,7 @@ pub(super) async fn step(
     claimant: &Claimant,
     keyed: Option<&Keyed<LeaseOutcome>>,
 ) -> Result<Answered<LeaseOutcome>, StoreError> {
-    let tx = client.transaction().await.map_err(|e| classify(e, false))?;
+    let tx = connection::begin(client).await?;
     if let Some(keyed) = keyed {
         if let Some(earlier) = super::txn::claim(&tx, keyed, false).await? {
             return Ok(earlier);
@@ -72,6 +72,12 @@ async fn step_in(
             let (highest, timeline): (i64, i64) = (locked.get(0), locked.get(1));
             let highest = (highest > 0).then(|| token_from_db(highest)).transpose()?;
             let epoch = Epoch::of_timeline(timeline);
+            if Epoch::past_the_last(timeline) {
+                tracing::error!(
+                    timeline,
+                    "the fence database's timeline is past the last epoch a token can carry (2^23 timelines): tokens minted on it rise only above the fence and the lease's last token, no longer above every token older timelines could mint; see docs/failover.md"
+                );
+            }
             let Some(token) = next_token(current.token, highest, epoch) else {
                 return Ok(LeaseOutcome::Exhausted);
             };
@@ -117,7 +123,7 @@ pub(super) async fn read(
 /// Lowers a fence and records the reset, in one transaction.
 pub(super) async fn reset(client: &mut Object, reset: &Reset) -> Result<ResetOutcome, StoreError> {
     let resource = reset.resource.as_str();
-    let tx = client.transaction().await.map_err(|e| classify(e, false))?;
+    let tx = connection::begin(client).await?;
     let highest = tx
         .query_opt(statements::FENCE_FOR_UPDATE, &[&resource])
         .await

@@ -27,7 +27,7 @@ pub(super) async fn run(
     txn: &Txn,
     keyed: Option<&Keyed>,
 ) -> Result<Answered, StoreError> {
-    let tx = client.transaction().await.map_err(|e| classify(e, false))?;
+    let tx = connection::begin(client).await?;
     if let Some(keyed) = keyed {
         if let Some(earlier) = claim(&tx, keyed, true).await? {
             return Ok(earlier);

@@ -69,7 +69,7 @@ pub(super) async fn write_conditional(
         client.prepare_cached(statements::OBJECT_VERSION)
     )
     .map_err(|e| classify(e, false))?;
-    let tx = client.transaction().await.map_err(|e| classify(e, false))?;
+    let tx = connection::begin(client).await?;
     // Pipelined: the version read runs after the fence statement holds the lock.
     let (fence_params, version_params): ([&(dyn ToSql + Sync); 2], [&(dyn ToSql + Sync); 2]) =
         ([&resource, &token], [&resource, &key]);
