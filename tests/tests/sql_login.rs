@@ -102,7 +102,7 @@ async fn a_writer_only_login_starts_with_just_the_fence_step_granted() {
                         has_function_privilege($1, 'fencegate.sql_fence(text, bigint, bytea)', 'EXECUTE'),
                         has_function_privilege($1, 'fencegate.fence(text, bigint)', 'EXECUTE'),
                         has_table_privilege($1, 'fencegate.fences', 'SELECT'),
-                        has_function_privilege($1, 'fencegate.fence_check(text, bigint, regclass, text)', 'EXECUTE')",
+                        has_function_privilege($1, 'fencegate.fence_check(text, bigint, regclass, text, integer)', 'EXECUTE')",
                 &[&db.writer_role()],
             )
             .await
