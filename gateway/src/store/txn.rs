@@ -107,6 +107,50 @@ impl TxnOp {
     }
 }
 
+impl Txn {
+    /// The transaction as a single write, if it is one put or delete.
+    pub fn single_write(&self) -> Option<crate::store::Write> {
+        let [op] = self.ops() else {
+            return None;
+        };
+        let (resource, key, token, precondition, op) = match op {
+            TxnOp::Put {
+                resource,
+                key,
+                token,
+                value,
+                precondition,
+            } => (
+                resource,
+                key,
+                token,
+                precondition,
+                crate::store::WriteOp::Put(value.clone()),
+            ),
+            TxnOp::Delete {
+                resource,
+                key,
+                token,
+                precondition,
+            } => (
+                resource,
+                key,
+                token,
+                precondition,
+                crate::store::WriteOp::Delete,
+            ),
+            TxnOp::Advance { .. } | TxnOp::Check { .. } => return None,
+        };
+        Some(crate::store::Write {
+            resource: resource.clone(),
+            key: key.clone(),
+            token: *token,
+            precondition: *precondition,
+            op,
+        })
+    }
+}
+
 /// How a transaction holds a resource's fence until its commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Hold {

@@ -297,7 +297,7 @@ pub(crate) async fn begin(
 }
 
 /// Says that the call running on this task runs in an explicit transaction.
-fn in_transaction() {
+pub(crate) fn in_transaction() {
     let _ = PHASE.try_with(|phase| {
         let _ = phase.compare_exchange(
             Phase::Unknown as u8,

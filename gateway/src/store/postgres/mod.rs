@@ -42,7 +42,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Object, RecyclingMethod};
-use fencegate_proto::headers::Precondition;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
 use tokio::time::Instant;
 
@@ -263,13 +262,21 @@ impl PgStore {
     /// the group path's, not of the largest.
     pub async fn write(&self, write: &Write) -> Result<WriteOutcome, StoreError> {
         let raises = || vec![(write.resource.clone(), write.token)];
-        let attempt = if write.precondition == Precondition::None {
-            self.taking_over(raises, self.group.write(write.clone()))
-                .await?
-        } else {
-            let conditional =
-                self.with_client(async |client| write_conditional(client, write).await);
-            Box::pin(self.taking_over(raises, conditional)).await?
+        let attempt = match self
+            .taking_over(raises, self.group.write(write.clone(), None))
+            .await?
+        {
+            group::Settled::Attempt(attempt) => attempt,
+            group::Settled::Alone => {
+                let conditional =
+                    self.with_client(async |client| write_conditional(client, write).await);
+                Box::pin(self.taking_over(raises, conditional)).await?
+            }
+            group::Settled::Keyed(_) => {
+                return Err(StoreError::Internal(
+                    "a write without a key was answered as a keyed one".into(),
+                ))
+            }
         };
         Ok(match attempt {
             Attempt::Applied { version, created } => WriteOutcome::Applied { version, created },
@@ -293,6 +300,19 @@ impl PgStore {
                 .map(|involved| (involved.resource.clone(), involved.token))
                 .collect()
         };
+        // A keyed write of one object rides the write groups.
+        if let (Some(write), Some(keyed)) = (txn.single_write(), keyed) {
+            let grouped = self.group.write(write, Some(Arc::new(keyed.clone())));
+            match self.taking_over(raises, grouped).await? {
+                group::Settled::Keyed(answered) => return Ok(answered),
+                group::Settled::Alone => {}
+                group::Settled::Attempt(_) => {
+                    return Err(StoreError::Internal(
+                        "a keyed write was answered as one without a key".into(),
+                    ))
+                }
+            }
+        }
         let run = self.with_client(async |client| txn::run(client, txn, keyed).await);
         Box::pin(self.taking_over(raises, run)).await
     }

@@ -307,6 +307,100 @@ pub const GROUP_APPLY: &str = concat!(
     ORDER BY j.n"
 );
 
+/// Claims the Idempotency-Keys of a group's keyed writes, first in its transaction (the
+/// order a keyed transaction takes too: keys, then fences): a new record each, or one
+/// whose time ran out made new, its answer left empty until [`GROUP_ANSWER`]. A live
+/// record is left as it is (the write it belongs to then does not run, see
+/// [`GROUP_APPLY_CHECKED`]); an uncommitted claim of another attempt is waited for.
+/// `$1` identities, `$2` keys (distinct pairs, in byte order: the order every group
+/// claims in), `$3` fingerprints, `$4` times to live in milliseconds.
+pub const GROUP_CLAIM: &str = "
+    INSERT INTO fencegate.idempotency AS i (identity, key, fingerprint, expires_at)
+    SELECT u.identity, u.key, u.fingerprint, clock_timestamp() + u.ttl * interval '1 millisecond'
+    FROM unnest($1::text[], $2::text[], $3::bytea[], $4::bigint[])
+        WITH ORDINALITY AS u(identity, key, fingerprint, ttl, n)
+    ORDER BY u.n
+    ON CONFLICT (identity, key) DO UPDATE SET
+        fingerprint = EXCLUDED.fingerprint, expires_at = EXCLUDED.expires_at,
+        status = NULL, headers = NULL, body = NULL, created_at = now()
+        WHERE i.expires_at <= clock_timestamp()";
+
+/// As [`GROUP_APPLY`], for a run with conditional or keyed writes: `$5` each write's
+/// precondition (NULL none, 0 the object must not exist, -1 it must exist, n >= 1 it
+/// must be at version n), `$6` and `$7` its Idempotency-Key's identity and key (NULL:
+/// none), claimed by [`GROUP_CLAIM`] earlier in the same transaction.
+///
+/// A keyed write runs only on its own claim: a record with no answer yet, which only
+/// this transaction can see (a committed record always has its answer); otherwise its
+/// record is returned, for its answer to be replayed. A write that runs is judged as
+/// in [`GROUP_APPLY`] — its token against its resource's fence and the tokens of the
+/// run's earlier writes of the resource that run and whose precondition holds — and
+/// then by its precondition, against its object as it stands (a run writes an object
+/// once); only a write whose token is current and whose precondition holds is applied
+/// and raises the fence. Returns, in order, per write: whether it ran, whether it was
+/// stale, the fence it was judged against, its object's current version (NULL: none),
+/// the written version and born version (NULL: not written), and the fingerprint,
+/// status, headers and body of the record of a write that did not run.
+pub const GROUP_APPLY_CHECKED: &str = concat!(
+    "
+    WITH w AS (
+        SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bytea[],
+                             $5::bigint[], $6::text[], $7::text[])
+            WITH ORDINALITY AS w(resource, token, key, value, expect, identity, idem, n)
+    ), looked AS (
+        SELECT w.*,
+               w.identity IS NULL OR (r.identity IS NOT NULL AND r.status IS NULL) AS runs,
+               r.fingerprint AS found_fingerprint, r.status AS found_status,
+               r.headers AS found_headers, r.body AS found_body,
+               CASE WHEN o.value IS NOT NULL THEN o.version END AS current
+        FROM w
+        LEFT JOIN fencegate.idempotency r ON w.identity IS NOT NULL
+            AND r.identity = w.identity AND r.key = w.idem
+        LEFT JOIN fencegate.objects o ON w.expect IS NOT NULL
+            AND o.resource = w.resource AND o.key = w.key
+    ), checked AS (
+        SELECT l.*, CASE WHEN l.expect IS NULL THEN true
+                         WHEN l.expect = 0 THEN l.current IS NULL
+                         WHEN l.expect = -1 THEN l.current IS NOT NULL
+                         ELSE l.current IS NOT DISTINCT FROM l.expect END AS holds
+        FROM looked l
+    ), judged AS (
+        SELECT c.*, greatest(
+                   (SELECT highest FROM fencegate.fences f WHERE f.resource = c.resource),
+                   max(c.token) FILTER (WHERE c.runs AND c.holds) OVER earlier) AS fence
+        FROM checked c
+        WINDOW earlier AS (PARTITION BY c.resource ORDER BY c.n
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+    ), decided AS (
+        SELECT j.*, j.runs AND j.token >= j.fence AND j.holds AS accepted FROM judged j
+    ), raised AS (
+        UPDATE fencegate.fences f SET highest = top.token, raised_by = 'kv', updated_at = now()
+        FROM (SELECT resource, max(token) AS token FROM decided WHERE accepted
+              GROUP BY resource) top
+        WHERE f.resource = ANY ($1::text[]) AND f.resource = top.resource AND f.highest < top.token
+    ), written AS (
+        INSERT INTO fencegate.objects AS o (resource, key, value, token, version, born)
+        SELECT resource, key, value, token, (value IS NOT NULL)::int, (value IS NOT NULL)::int
+        FROM decided WHERE accepted ORDER BY n",
+    group_objects_upsert!(),
+    "
+    )
+    SELECT d.runs, d.token < d.fence, d.fence, d.current, o.version, o.born,
+           d.found_fingerprint, d.found_status, d.found_headers, d.found_body
+    FROM decided d LEFT JOIN written o ON o.resource = d.resource AND o.key = d.key
+    ORDER BY d.n"
+);
+
+/// Stores the answers of a group's keyed writes that ran, under the keys
+/// [`GROUP_CLAIM`] claimed, before the group commits. `$1` identities, `$2` keys, `$3`
+/// statuses, `$4` headers, `$5` bodies.
+pub const GROUP_ANSWER: &str = "
+    UPDATE fencegate.idempotency i
+    SET status = u.status, headers = u.headers, body = u.body
+    FROM unnest($1::text[], $2::text[], $3::smallint[], $4::text[], $5::bytea[])
+        AS u(identity, key, status, headers, body)
+    WHERE i.identity = u.identity AND i.key = u.key";
+
 /// A whole group in one autocommitted statement, for a group in which every write of a
 /// resource carries the same token and no object is written twice (the common group:
 /// one leader per resource). `$1` the group's resources (distinct, in lock order) and `$2`

@@ -429,16 +429,49 @@ pub(super) async fn pipeline<'a, A, B, C>(
     middle: Vec<Pipelined<'a, B>>,
     last: impl Future<Output = C>,
 ) -> (A, Vec<Result<B, tokio_postgres::Error>>, C) {
+    let mut last = std::pin::pin!(maybe_done(last));
+    let (first, answers) = sent_with(first, middle, |cx| {
+        let _ = last.as_mut().poll(cx);
+    })
+    .await;
+    // Every statement before it has answered: what the server runs now is `last`, the
+    // COMMIT, which a deadline must not cancel (`committing`). Until now a deadline
+    // cancels a statement still running — waiting for a lock — and the COMMIT queued
+    // behind it then rolls back.
+    crate::store::postgres::connection::committing();
+    last.as_mut().await;
+    (
+        first,
+        answers,
+        last.as_mut().take_output().expect("awaited above"),
+    )
+}
+
+/// As [`pipeline`], without a last part: a transaction that goes on after its answers.
+pub(super) async fn send_together<'a, A, B>(
+    first: impl Future<Output = A>,
+    middle: Vec<Pipelined<'a, B>>,
+) -> (A, Vec<Result<B, tokio_postgres::Error>>) {
+    sent_with(first, middle, |_| {}).await
+}
+
+/// Sends `first` and every one of `middle` (and what `also` polls), each on its first
+/// poll, in this order, before waiting for any answer; returns the answers of `first`
+/// and `middle`.
+async fn sent_with<'a, A, B>(
+    first: impl Future<Output = A>,
+    middle: Vec<Pipelined<'a, B>>,
+    mut also: impl FnMut(&mut std::task::Context<'_>),
+) -> (A, Vec<Result<B, tokio_postgres::Error>>) {
     let mut first = std::pin::pin!(maybe_done(first));
     let mut middle: Vec<MaybeDone<Pipelined<'a, B>>> = middle.into_iter().map(maybe_done).collect();
-    let mut last = std::pin::pin!(maybe_done(last));
     // tokio-postgres queues a request on the first poll of its future.
     std::future::poll_fn(|cx| {
         let _ = first.as_mut().poll(cx);
         for future in &mut middle {
             let _ = Pin::new(future).poll(cx);
         }
-        let _ = last.as_mut().poll(cx);
+        also(cx);
         std::task::Poll::Ready(())
     })
     .await;
@@ -448,15 +481,8 @@ pub(super) async fn pipeline<'a, A, B, C>(
         (&mut future).await;
         answers.push(Pin::new(&mut future).take_output().expect("awaited above"));
     }
-    // Every statement before it has answered: what the server runs now is `last`, the
-    // COMMIT, which a deadline must not cancel (`committing`). Until now a deadline
-    // cancels a statement still running — waiting for a lock — and the COMMIT queued
-    // behind it then rolls back.
-    crate::store::postgres::connection::committing();
-    last.as_mut().await;
     (
         first.as_mut().take_output().expect("awaited above"),
         answers,
-        last.as_mut().take_output().expect("awaited above"),
     )
 }

@@ -1,4 +1,5 @@
-//! Group commit for writes without a precondition.
+//! Group commit for writes: plain, conditional (`If-Match`) and keyed
+//! (`Idempotency-Key`) alike.
 //!
 //! Concurrent writes queue here, and a few *lanes* take them in groups: each lane takes
 //! every write queued when it becomes free (up to `--group-commit-max`), and applies the
@@ -15,8 +16,18 @@
 //! writes, one statement for the whole group instead of one per write, and on a
 //! contended resource one hold of its fence lock instead of one per write.
 //!
+//! A group with conditional or keyed writes is always a transaction ([`checked`]):
+//! `BEGIN`, the claims of its keys, its fence locks, one checked statement per run —
+//! which judges each write's token, then its precondition, and runs a keyed write only
+//! on its own claim — and, once those answered, the answers of its keyed writes,
+//! rendered by the gateway, stored with `COMMIT`: two round trips, one commit for the
+//! whole group, no savepoint. If such a group fails as a set, its plain writes are
+//! applied as a plain group, and its conditional and keyed writes are answered
+//! [`Settled::Alone`]: each runs then in a transaction of its own, off the lanes.
+//!
 //! This module holds the queue and the lanes; [`apply`] holds how one group is applied
-//! on one connection (its statements, and the pipelining of a transaction).
+//! on one connection (its statements, and the pipelining of a transaction), [`checked`]
+//! how a group with conditional or keyed writes is.
 //!
 //! # Why this is still one fence check per write
 //!
@@ -82,9 +93,11 @@ use crate::store::postgres::connection::{with_client_until, PgPool};
 #[cfg(test)]
 use crate::store::postgres::statements;
 use crate::store::postgres::writes::{write_unconditional, Attempt};
+use crate::store::txn::{Answered, Keyed};
 use crate::store::{StoreError, UnavailableReason, Write};
 
 mod apply;
+mod checked;
 
 use apply::apply_on;
 #[cfg(test)]
@@ -93,8 +106,23 @@ use apply::{
     GroupResult, Pipelined, RUN_BYTES,
 };
 
-/// What a queued write is answered with.
+/// What a plain write of a group is answered with.
 type Answer = Result<Attempt, StoreError>;
+
+/// What a lane answers a queued write with.
+#[derive(Debug)]
+pub(crate) enum Settled {
+    /// A write without a key, as the group judged it.
+    Attempt(Attempt),
+    /// A keyed write: run in the group with its answer stored, or answered from the
+    /// record of an earlier attempt.
+    Keyed(Answered),
+    /// A conditional or keyed write that the group could not apply as a set, and left
+    /// unapplied: the caller applies it alone, in a transaction of its own.
+    Alone,
+}
+
+type Reply = Result<Settled, StoreError>;
 
 /// The queue in front of the lanes.
 pub struct GroupCommit {
@@ -117,8 +145,22 @@ struct Lanes {
 
 struct Queued {
     write: Write,
+    /// The write's Idempotency-Key, if it has one.
+    keyed: Option<Arc<Keyed>>,
     deadline: Instant,
-    reply: oneshot::Sender<Answer>,
+    reply: oneshot::Sender<Reply>,
+}
+
+impl Queued {
+    /// Whether the write needs a checked group: a precondition or a key.
+    fn checked(&self) -> bool {
+        self.keyed.is_some()
+            || self.write.precondition != fencegate_proto::headers::Precondition::None
+    }
+
+    fn answer(self, answer: Answer) {
+        let _ = self.reply.send(answer.map(Settled::Attempt));
+    }
 }
 
 /// Queued writes beyond which writers wait to queue: far more than fit in flight.
@@ -155,11 +197,13 @@ impl GroupCommit {
         GroupCommit { queue, timeout }
     }
 
-    /// Applies `write` in the next group a lane takes.
-    pub async fn write(&self, write: Write) -> Answer {
+    /// Applies `write`, with its Idempotency-Key if it has one, in the next group a lane
+    /// takes.
+    pub async fn write(&self, write: Write, keyed: Option<Arc<Keyed>>) -> Reply {
         let (reply, answer) = oneshot::channel();
         let queued = Queued {
             write,
+            keyed,
             deadline: Instant::now() + self.timeout,
             reply,
         };
@@ -196,11 +240,19 @@ async fn apply_group(lanes: &Lanes, group: Vec<Queued>) {
         return;
     };
     group.sort_by(|a, b| by_resource(&a.write, &b.write));
+    if group.iter().any(Queued::checked) {
+        return checked::apply_group(lanes, group, deadline).await;
+    }
     let writes: Vec<&Write> = group.iter().map(|queued| &queued.write).collect();
     let answers = with_client_until(&lanes.pool, deadline, async |client| {
         Ok(apply_on(client, &writes).await)
     })
     .await;
+    answer_plain(lanes, group, answers);
+}
+
+/// Answers a plain group's writes, and sends those of a locked resource off the lanes.
+fn answer_plain(lanes: &Lanes, group: Vec<Queued>, answers: Result<Vec<Answer>, StoreError>) {
     match answers {
         Ok(answers) => {
             let mut blocked = Vec::new();
@@ -210,16 +262,14 @@ async fn apply_group(lanes: &Lanes, group: Vec<Queued>) {
                         reason: UnavailableReason::LockTimeout,
                         ..
                     }) => blocked.push(queued),
-                    answer => {
-                        let _ = queued.reply.send(answer);
-                    }
+                    answer => queued.answer(answer),
                 }
             }
             lanes.off_lanes.divert(&lanes.slow, blocked);
         }
         Err(error) => {
             for queued in group {
-                let _ = queued.reply.send(Err(error.clone()));
+                queued.answer(Err(error.clone()));
             }
         }
     }
@@ -231,7 +281,7 @@ fn answer_expired(group: Vec<Queued>, now: Instant) -> Vec<Queued> {
     let (live, expired): (Vec<Queued>, Vec<Queued>) =
         group.into_iter().partition(|queued| queued.deadline > now);
     for queued in expired {
-        let _ = queued.reply.send(Err(StoreError::Unavailable {
+        queued.answer(Err(StoreError::Unavailable {
             reason: UnavailableReason::Timeout,
             applied: Some(false),
         }));
@@ -314,12 +364,19 @@ impl OffLanes {
                     }
                 }
             };
+            if next.checked() {
+                // Its caller applies it alone on the shared pool, where it waits for
+                // the lock as this queue would.
+                self.waiting.dec();
+                let _ = next.reply.send(Ok(Settled::Alone));
+                continue;
+            }
             let answer = with_client_until(&pool, next.deadline, async |client| {
                 write_unconditional(client, &next.write).await
             })
             .await;
             self.waiting.dec();
-            let _ = next.reply.send(answer);
+            next.answer(answer);
         }
     }
 }
@@ -346,6 +403,8 @@ fn by_resource(a: &Write, b: &Write) -> Ordering {
     a.resource.as_str().cmp(b.resource.as_str())
 }
 
+#[cfg(test)]
+mod checked_tests;
 #[cfg(test)]
 mod set_tests;
 #[cfg(test)]

@@ -23,13 +23,13 @@ fn server_url() -> String {
 }
 
 /// A new database with the `fencegate` schema, dropped when the value is.
-struct Scratch {
+pub(super) struct Scratch {
     name: String,
     pool: PgPool,
 }
 
 impl Scratch {
-    async fn create() -> Scratch {
+    pub(super) async fn create() -> Scratch {
         let name = format!("fg_group_{:016x}", rand::random::<u64>());
         admin(&format!("CREATE DATABASE {name}")).await;
         let url = format!("{}/{name}?sslmode=disable", server_url());
@@ -43,12 +43,12 @@ impl Scratch {
         }
     }
 
-    async fn client(&self) -> Object {
+    pub(super) async fn client(&self) -> Object {
         self.pool.clone().into_inner().get().await.unwrap()
     }
 
     /// Every fence and object, in order.
-    async fn contents(&self) -> Vec<String> {
+    pub(super) async fn contents(&self) -> Vec<String> {
         let client = self.client().await;
         let rows = client
             .query(
@@ -95,7 +95,7 @@ async fn admin(sql: &str) {
         .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
 }
 
-fn write(resource: &str, key: &str, token: u64, value: Option<String>) -> Write {
+pub(super) fn write(resource: &str, key: &str, token: u64, value: Option<String>) -> Write {
     Write {
         resource: ResourceName::new(resource).unwrap(),
         key: ObjectKey::new(key).unwrap(),

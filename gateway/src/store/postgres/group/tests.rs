@@ -10,7 +10,7 @@ use fencegate_proto::{ObjectKey, ResourceName, Token};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::{answer_expired, by_resource, pipeline, rejoin, runs_by_resource, Answer, Queued};
+use super::{answer_expired, by_resource, pipeline, rejoin, runs_by_resource, Queued, Reply};
 use crate::store::postgres::writes::Attempt;
 use crate::store::{StoreError, UnavailableReason, Write, WriteOp};
 
@@ -24,10 +24,11 @@ fn write(resource: &str, token: u64) -> Write {
     }
 }
 
-fn queued(resource: &str, token: u64, deadline: Instant) -> (Queued, oneshot::Receiver<Answer>) {
+fn queued(resource: &str, token: u64, deadline: Instant) -> (Queued, oneshot::Receiver<Reply>) {
     let (reply, answer) = oneshot::channel();
     let queued = Queued {
         write: write(resource, token),
+        keyed: None,
         deadline,
         reply,
     };
