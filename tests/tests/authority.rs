@@ -436,9 +436,10 @@ async fn a_decoy_of_the_fence_trigger_is_not_taken_for_it() {
     tenants.fenced.protect("owned", "a-1").await;
     let owner = connect_with(&db.url_as(&owner), "").await;
     let decoys = [
-        // Another function under the fence's name.
+        // Another function under the fence's name, on the fence's events.
         "CREATE FUNCTION nothing() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; END $$;
-         CREATE TRIGGER fencegate_fence BEFORE INSERT ON owned FOR EACH STATEMENT EXECUTE FUNCTION nothing();",
+         CREATE TRIGGER fencegate_fence BEFORE INSERT OR UPDATE OR DELETE OR TRUNCATE ON owned
+             FOR EACH STATEMENT EXECUTE FUNCTION nothing();",
         // The fence's function, never firing.
         "CREATE TRIGGER fencegate_fence BEFORE INSERT ON owned FOR EACH STATEMENT WHEN (false)
              EXECUTE FUNCTION fencegate.enforce();",
