@@ -399,3 +399,326 @@ async fn a_write_given_up_on_is_cancelled_in_postgres() {
     );
     assert_eq!(db.highest("locked").await, Some(1));
 }
+
+/// A write of `(resource, key, token, value, extra headers)` as a test sends it.
+type Request = (String, String, u64, String, Vec<(String, String)>);
+
+/// Sends `requests` all at once while the only lane is held up by the blocker, so that
+/// they queue and are applied as one group, and returns their replies in order.
+async fn send_as_one_group_with(
+    db: &TestDb,
+    client: &Client,
+    requests: Vec<Request>,
+) -> Vec<Reply> {
+    let blocker = Blocker::start(db, client).await;
+    let mut set = JoinSet::new();
+    for (i, request) in requests.into_iter().enumerate() {
+        let client = client.clone();
+        set.spawn(async move { (i, put_with(&client, &request).await) });
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    blocker.release().await;
+    let mut replies: Vec<(usize, Reply)> = set.join_all().await;
+    replies.sort_by_key(|(i, _)| *i);
+    assert!(
+        largest_group(client).await >= 16.0,
+        "the queued writes were not applied as a group"
+    );
+    replies.into_iter().map(|(_, reply)| reply).collect()
+}
+
+async fn put_with(client: &Client, (resource, key, token, value, extra): &Request) -> Reply {
+    let token = token.to_string();
+    let mut headers = vec![("fencing-token", token.as_str())];
+    headers.extend(
+        extra
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str())),
+    );
+    client
+        .request(
+            http::Method::PUT,
+            &fencegate_tests::http::kv_path(resource, key),
+            &headers,
+            value.clone(),
+        )
+        .await
+}
+
+fn request(resource: &str, key: &str, token: u64, value: &str, extra: &[(&str, &str)]) -> Request {
+    (
+        resource.to_owned(),
+        key.to_owned(),
+        token,
+        value.to_owned(),
+        extra
+            .iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect(),
+    )
+}
+
+/// Keyed, conditional, stale and plain writes queued together are applied as one
+/// group (`fencegate_commit_group_size`), each answered as alone: keyed ones stored
+/// and replayed byte for byte, a failed precondition and a stale token refused — and
+/// a keyed refusal stored — without undoing the others; a key twice in the group runs
+/// once, its repeat answered from its record; a key reused for another request is
+/// refused. (The fence cache is kept from refusing early, so that stale writes reach
+/// the group.)
+#[tokio::test]
+async fn keyed_conditional_and_stale_writes_ride_one_group() {
+    let (db, gateway) = on_new_database(&[
+        "--write-lanes",
+        "1",
+        "--write-lock-timeout",
+        "60s",
+        "--no-cache-rejections",
+    ])
+    .await;
+    let client = gateway.client();
+    for key in ["x0", "x1", "x2"] {
+        assert_eq!(client.put("cond", key, 1, "v1").await.status, 201);
+    }
+    assert_eq!(client.advance("stale", 5).await.status, 200);
+    let mut requests = Vec::new();
+    for i in 0..10 {
+        let idem = format!("keyed-{i}");
+        requests.push(request(
+            "kd",
+            &format!("k{i}"),
+            1,
+            "v",
+            &[("idempotency-key", &idem)],
+        ));
+    }
+    for i in 0..3 {
+        requests.push(request(
+            "cond",
+            &format!("new{i}"),
+            1,
+            "v",
+            &[("if-none-match", "*")],
+        ));
+        requests.push(request(
+            "cond",
+            &format!("x{i}"),
+            1,
+            "v2",
+            &[("if-match", "\"7\"")],
+        ));
+    }
+    for i in 0..3 {
+        let idem = format!("stale-{i}");
+        requests.push(request(
+            "stale",
+            &format!("s{i}"),
+            4,
+            "late",
+            &[("idempotency-key", &idem)],
+        ));
+        requests.push(request("stale", &format!("u{i}"), 3, "late", &[]));
+    }
+    requests.push(request(
+        "cond",
+        "x0",
+        1,
+        "keyed-cas",
+        &[("if-match", "\"9\""), ("idempotency-key", "cas")],
+    ));
+    requests.push(request(
+        "dup",
+        "k",
+        1,
+        "same",
+        &[("idempotency-key", "dup")],
+    ));
+    requests.push(request(
+        "dup",
+        "k",
+        1,
+        "same",
+        &[("idempotency-key", "dup")],
+    ));
+    requests.push(request(
+        "reuse",
+        "k",
+        1,
+        "first",
+        &[("idempotency-key", "reuse")],
+    ));
+    requests.push(request(
+        "reuse",
+        "k",
+        1,
+        "other",
+        &[("idempotency-key", "reuse")],
+    ));
+    let expected = requests.clone();
+    let replies = send_as_one_group_with(&db, &client, requests).await;
+
+    let replayed = |reply: &Reply| reply.header("idempotency-replayed") == Some("true");
+    let mut reuse = Vec::new();
+    let mut dup = Vec::new();
+    for (request, reply) in expected.iter().zip(&replies) {
+        let (resource, key, _, _, extra) = request;
+        let label = format!("{resource}/{key} {extra:?}: {}", reply.json());
+        match (resource.as_str(), key.as_str()) {
+            ("kd", _) => assert_eq!((reply.status, replayed(reply)), (201, false), "{label}"),
+            ("cond", new) if new.starts_with("new") => assert_eq!(reply.status, 201, "{label}"),
+            ("cond", "x0") if extra.len() == 2 => {
+                assert_eq!(reply.status, 412, "{label}");
+                assert_eq!(reply.json()["current"], 1, "{label}");
+            }
+            ("cond", _) => assert_eq!(reply.status, 412, "{label}"),
+            ("stale", _) => {
+                assert_eq!(reply.error_code(), "stale_token", "{label}");
+                assert_eq!(reply.json()["highest"], 5, "{label}");
+            }
+            ("dup", _) => dup.push(reply),
+            ("reuse", _) => reuse.push(reply),
+            other => panic!("{other:?}"),
+        }
+    }
+    // A key twice in the group: applied once, the repeat answered from its record.
+    assert_eq!(dup.iter().map(|r| r.status).collect::<Vec<_>>(), [201, 201]);
+    assert_eq!(dup.iter().filter(|r| replayed(r)).count(), 1);
+    assert_eq!(db.object("dup", "k").await.unwrap().2, 1, "written once");
+    let mut statuses: Vec<u16> = reuse.iter().map(|r| r.status).collect();
+    statuses.sort();
+    assert_eq!(statuses, [201, 422]);
+    // Every stored answer replays byte for byte; refusals included.
+    for (request, reply) in expected.iter().zip(&replies) {
+        if request.4.iter().any(|(name, _)| name == "idempotency-key") && request.0 != "reuse" {
+            let again = put_with(&client, request).await;
+            assert_eq!(
+                (again.status, replayed(&again)),
+                (reply.status, true),
+                "{request:?}"
+            );
+            assert_eq!(again.body, reply.body, "{request:?}");
+        }
+    }
+    for i in 0..10 {
+        assert_eq!(db.object("kd", &format!("k{i}")).await.unwrap().2, 1);
+    }
+    assert_eq!(db.highest("stale").await, Some(5));
+    assert_eq!(
+        db.object("cond", "x0").await.unwrap().2,
+        1,
+        "the failed CAS wrote nothing"
+    );
+}
+
+/// A group with keyed writes that the database refuses as a set: its keyed writes are
+/// each applied in a transaction of their own — the others applied once, their answers
+/// stored; the refused one stores nothing — and retries get the stored answers.
+#[tokio::test]
+async fn keyed_writes_of_a_failed_group_are_applied_alone() {
+    let (db, gateway) = one_lane().await;
+    let client = gateway.client();
+    db.execute(
+        "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF NEW.key LIKE 'poison%' THEN RAISE EXCEPTION 'poisoned write'; END IF;
+                 RETURN NEW;
+             END $$;
+             CREATE TRIGGER refuse_poison BEFORE INSERT OR UPDATE ON fencegate.objects
+                 FOR EACH ROW EXECUTE FUNCTION refuse_poison();",
+    )
+    .await;
+    let requests: Vec<Request> = (0..QUEUED)
+        .map(|i| {
+            let key = if i % 10 == 3 {
+                format!("poison{i}")
+            } else {
+                format!("k{i}")
+            };
+            let idem = format!("idem-{i}");
+            let extra: Vec<(&str, &str)> = match i % 2 {
+                0 => vec![("idempotency-key", &idem)],
+                _ => vec![],
+            };
+            request(&format!("r{}", i % 5), &key, 1, "v", &extra)
+        })
+        .collect();
+    let replies = send_as_one_group_with(&db, &client, requests.clone()).await;
+    for (request, reply) in requests.iter().zip(&replies) {
+        let (resource, key, ..) = request;
+        if key.starts_with("poison") {
+            assert_eq!(reply.error_code(), "internal", "{}", reply.json());
+            assert_eq!(db.object(resource, key).await, None);
+            continue;
+        }
+        assert_eq!(reply.status, 201, "{resource}/{key}: {}", reply.json());
+        assert_eq!(db.object(resource, key).await.unwrap().2, 1);
+        if !request.4.is_empty() {
+            let again = put_with(&client, request).await;
+            assert_eq!(
+                (again.status, again.body.clone()),
+                (201, reply.body.clone())
+            );
+            assert_eq!(again.header("idempotency-replayed"), Some("true"));
+        }
+    }
+    let stored: i64 = db
+        .value("SELECT count(*) FROM fencegate.idempotency WHERE key LIKE 'idem-%'")
+        .await;
+    let poisoned_keyed = requests
+        .iter()
+        .filter(|r| r.1.starts_with("poison") && !r.4.is_empty())
+        .count();
+    assert_eq!(
+        stored as usize,
+        QUEUED / 2 - poisoned_keyed,
+        "no answer stored for a refused write"
+    );
+}
+
+/// A key claimed through one replica, whose write is still open (it waits for a fence
+/// row someone holds), is in flight on another: its retry there is told `409
+/// idempotency_in_flight` and applies nothing; once the first commits, the retry gets
+/// its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_open_on_one_replica_is_in_flight_on_another() {
+    let db = TestDb::create().await;
+    let replica = || Gateway::builder().database(&db.url()).spawn();
+    let (one, two) = (replica().await, replica().await);
+    let (a, b) = (one.client(), two.client());
+    assert_eq!(a.put("r", "k", 5, "v0").await.status, 201);
+    let holder = db.lock_fence("r").await;
+    let write = request("r", "k", 5, "v1", &[("idempotency-key", "open")]);
+    let first = tokio::spawn({
+        let (a, write) = (a.clone(), write.clone());
+        async move { put_with(&a, &write).await }
+    });
+    // The first attempt has claimed its key and waits for the fence row.
+    fencegate_tests::eventually(
+        Duration::from_secs(5),
+        "the first attempt waits",
+        || async {
+            db.value::<i64>("SELECT count(*) FROM fencegate.idempotency WHERE key = 'open'")
+                .await
+                == 0
+                && db.lock_waiters().await > 0
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let retry = put_with(&b, &write).await;
+    assert_eq!(
+        (retry.status, retry.error_code().as_str()),
+        (409, "idempotency_in_flight"),
+        "{}",
+        retry.json()
+    );
+    holder.batch_execute("COMMIT").await.unwrap();
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 200, "{}", first.json());
+    let again = put_with(&b, &write).await;
+    assert_eq!(
+        (again.status, again.body.clone()),
+        (200, first.body.clone())
+    );
+    assert_eq!(again.header("idempotency-replayed"), Some("true"));
+    assert_eq!(db.object("r", "k").await.unwrap().2, 2, "applied once");
+}
