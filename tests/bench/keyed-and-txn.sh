@@ -4,6 +4,10 @@
 #
 #   plain   wrk PUT /v1/kv: token 1, 128-byte values, random keys over 100 resources
 #   keyed   the same, each request with an Idempotency-Key of its own
+#   cas     a compare-and-set loop: each wrk thread writes its own 1000 keys in turn,
+#           each write with If-Match on the version its last answer gave (If-None-Match:
+#           * for the first)
+#   fresh   PUT to a new resource every time (a new fence row each)
 #   txn2    POST /v1/txn of 2 puts on 2 of the 100 resources (writes/s = 2 x req/s)
 #   txn8    POST /v1/txn of 8 puts on 8 of them (writes/s = 8 x req/s)
 #
@@ -11,7 +15,7 @@
 #   ROUNDS=1 DURATION=2 CLIENTS=16 tests/bench/keyed-and-txn.sh
 #
 # Settings (environment): ROUNDS (3), DURATION seconds (5), CLIENTS ("16 64"),
-# WORKLOADS ("plain keyed txn2 txn8"), BACKEND (postgres, or embedded: the store in a
+# WORKLOADS ("plain keyed cas fresh txn2 txn8"), BACKEND (postgres, or embedded: the store in a
 # fresh data directory), PGPORT (5432), GATEWAY_ARGS (none), LOG.
 # Every cell gets a fresh database (or data directory) and a fresh gateway (release
 # build, default flags but --pg-listen off and --log warn). CPU per request: utime+stime of the gateway and
@@ -24,7 +28,7 @@ cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-5}
 CLIENTS=${CLIENTS:-16 64}
-WORKLOADS=${WORKLOADS:-plain keyed txn2 txn8}
+WORKLOADS=${WORKLOADS:-plain keyed cas fresh txn2 txn8}
 BACKEND=${BACKEND:-postgres}
 PGPORT=${PGPORT:-5432}
 read -r -a GATEWAY_ARGS <<<"${GATEWAY_ARGS:-}"
@@ -74,6 +78,31 @@ function keyed_put()
   return wrk.format("PUT", "/v1/kv/" .. resource() .. "/" .. key(),
     {["Fencing-Token"] = "1", ["Idempotency-Key"] = next_key()}, value)
 end
+local versions = {}
+local turn = 0
+function cas_put()
+  turn = turn % 1000 + 1
+  local key = "t" .. (id or 0) .. "-" .. turn
+  local headers = {["Fencing-Token"] = "1"}
+  local version = versions[key]
+  if version then
+    headers["If-Match"] = '"' .. version .. '"'
+  else
+    headers["If-None-Match"] = "*"
+  end
+  return wrk.format("PUT", "/v1/kv/cas" .. ((id or 0) % 100) .. "/" .. key, headers, value)
+end
+function cas_seen(status, body)
+  if status == 200 or status == 201 then
+    local key, version = string.match(body, '"key":"([^"]*)".-"version":(%d+)')
+    if key then versions[key] = version end
+  end
+end
+function fresh_put()
+  counter = counter + 1
+  return wrk.format("PUT", "/v1/kv/n" .. (id or 0) .. "-" .. counter .. "-" .. math.random(0, 2147483647) .. "/k",
+    {["Fencing-Token"] = "1"}, value)
+end
 function txn(n)
   local ops, seen, i = {}, {}, 0
   while i < n do
@@ -94,12 +123,15 @@ done = function(summary, latency, requests)
     latency:percentile(50), latency:percentile(99), summary.duration, errors))
 end
 LUA
-for workload in plain keyed txn2 txn8; do
+for workload in plain keyed cas fresh txn2 txn8; do
   {
     cat "$WORK/common.lua"
     case $workload in
       plain) echo 'request = function() return put() end' ;;
       keyed) echo 'request = function() return keyed_put() end' ;;
+      cas) printf '%s\n' 'request = function() return cas_put() end' \
+        'response = function(status, headers, body) cas_seen(status, body) end' ;;
+      fresh) echo 'request = function() return fresh_put() end' ;;
       txn2) echo 'request = function() return txn(2) end' ;;
       txn8) echo 'request = function() return txn(8) end' ;;
     esac
