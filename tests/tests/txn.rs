@@ -250,11 +250,15 @@ async fn concurrent_transactions_neither_deadlock_nor_lose_updates(deployment) {
 /// A resource only checked holds its term until the commit: a newer term's advance of it
 /// waits for the transaction rather than slipping in between its check and its commit
 /// (the checked-but-not-written trap). The transaction is held after its check by a lock
-/// on a resource it writes, which sorts after the checked one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_checked_resource_cannot_move_before_the_commit() {
+/// on a resource it writes, which sorts after the checked one: in a write group (whose
+/// lane waits for the lock as long as the test holds it), or in a transaction of its
+/// own, where a group gives up on the lock at once and `waiting_in` tells its statement.
+async fn checked_resource_held_until_commit(lock_timeout: &str, waiting_in: &str) {
     use fencegate_tests::deployment::{Backend, Deployment};
-    let deployment = Deployment::start(Backend::Postgres).await;
+    let deployment = Deployment::start_with(Backend::Postgres, |builder| {
+        builder.arg("--write-lock-timeout").arg(lock_timeout)
+    })
+    .await;
     let client = deployment.client();
     assert_eq!(client.advance("a-owner", 5).await.status, 200);
     assert_eq!(client.advance("b-data", 5).await.status, 200);
@@ -273,9 +277,15 @@ async fn a_checked_resource_cannot_move_before_the_commit() {
         }
     });
     let db = deployment.db();
-    fencegate_tests::eventually(Duration::from_secs(5), "the transaction waits on b-data after checking a-owner", || async {
-        db.value::<i64>("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'fencegate' AND wait_event_type = 'Lock'").await >= 1
-    })
+    let waiting = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'fencegate' \
+         AND wait_event_type = 'Lock' AND query LIKE '%{waiting_in}%'"
+    );
+    fencegate_tests::eventually(
+        Duration::from_secs(5),
+        "the transaction waits on b-data after checking a-owner",
+        || async { db.value::<i64>(&waiting).await >= 1 },
+    )
     .await;
     let newer = tokio::spawn({
         let client = client.clone();
@@ -292,6 +302,20 @@ async fn a_checked_resource_cannot_move_before_the_commit() {
     assert_eq!(newer.await.unwrap().status, 200);
     assert_eq!(deployment.highest("a-owner").await, Some(6));
     assert_eq!(deployment.object("b-data", "k").await.unwrap().1, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checked_resource_cannot_move_before_the_commit_of_a_group() {
+    checked_resource_held_until_commit(
+        "60s",
+        "unnest($1::text[]) WITH ORDINALITY AS u(resource, n)",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checked_resource_cannot_move_before_the_commit_of_a_transaction_alone() {
+    checked_resource_held_until_commit("1ms", "VALUES ($1, 1, ''txn'')").await;
 }
 
 /// With authentication, every operation needs its own grant; one missing refuses all.

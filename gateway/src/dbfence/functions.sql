@@ -998,7 +998,8 @@ $fn$;
 -- Records every raise of a fence (fencegate.raises), keeping the latest 32 per
 -- resource; the highest raise it lets go of becomes the resource's floor
 -- (fencegate.raise_floors), which no reset goes below, so that no number of raises
--- pushes the current term out of a reset's reach.
+-- pushes the current term out of a reset's reach. A write group's placeholder row
+-- (raised_by 'lock', at 1, never committed as such) is recorded when a write claims it.
 CREATE OR REPLACE FUNCTION fencegate.log_raise() RETURNS trigger
     LANGUAGE plpgsql
     SET search_path = pg_catalog, pg_temp
@@ -1027,10 +1028,11 @@ $fn$;
 
 DROP TRIGGER IF EXISTS fencegate_raised ON fencegate.fences;
 CREATE TRIGGER fencegate_raised AFTER UPDATE OF highest ON fencegate.fences
-    FOR EACH ROW WHEN (NEW.highest > OLD.highest) EXECUTE FUNCTION fencegate.log_raise();
+    FOR EACH ROW WHEN (NEW.highest > OLD.highest OR OLD.raised_by = 'lock')
+    EXECUTE FUNCTION fencegate.log_raise();
 DROP TRIGGER IF EXISTS fencegate_created ON fencegate.fences;
 CREATE TRIGGER fencegate_created AFTER INSERT ON fencegate.fences
-    FOR EACH ROW EXECUTE FUNCTION fencegate.log_raise();
+    FOR EACH ROW WHEN (NEW.raised_by <> 'lock') EXECUTE FUNCTION fencegate.log_raise();
 ALTER TABLE fencegate.fences ENABLE ALWAYS TRIGGER fencegate_raised;
 ALTER TABLE fencegate.fences ENABLE ALWAYS TRIGGER fencegate_created;
 

@@ -272,7 +272,7 @@ impl PgStore {
                     self.with_client(async |client| write_conditional(client, write).await);
                 Box::pin(self.taking_over(raises, conditional)).await?
             }
-            group::Settled::Keyed(_) => {
+            group::Settled::Answered(_) => {
                 return Err(StoreError::Internal(
                     "a write without a key was answered as a keyed one".into(),
                 ))
@@ -300,17 +300,24 @@ impl PgStore {
                 .map(|involved| (involved.resource.clone(), involved.token))
                 .collect()
         };
-        // A keyed write of one object rides the write groups.
-        if let (Some(write), Some(keyed)) = (txn.single_write(), keyed) {
-            let grouped = self.group.write(write, Some(Arc::new(keyed.clone())));
-            match self.taking_over(raises, grouped).await? {
-                group::Settled::Keyed(answered) => return Ok(answered),
-                group::Settled::Alone => {}
-                group::Settled::Attempt(_) => {
-                    return Err(StoreError::Internal(
-                        "a keyed write was answered as one without a key".into(),
-                    ))
-                }
+        // Transactions ride the write groups: a keyed write of one object as a write, any
+        // other as a transaction.
+        let grouped = async {
+            match (
+                txn.single_write(),
+                keyed.map(|keyed| Arc::new(keyed.clone())),
+            ) {
+                (Some(write), Some(keyed)) => self.group.write(write, Some(keyed)).await,
+                (_, keyed) => self.group.txn(Arc::new(txn.clone()), keyed).await,
+            }
+        };
+        match Box::pin(self.taking_over(raises, grouped)).await? {
+            group::Settled::Answered(answered) => return Ok(answered),
+            group::Settled::Alone => {}
+            group::Settled::Attempt(_) => {
+                return Err(StoreError::Internal(
+                    "a transaction was answered as a write without a key".into(),
+                ))
             }
         }
         let run = self.with_client(async |client| txn::run(client, txn, keyed).await);

@@ -251,17 +251,28 @@ macro_rules! group_objects_upsert {
 }
 
 /// A group's first statement: locks the fence rows of its resources (`$1`, distinct,
-/// in byte order — the order every group takes its locks in), creating missing rows at
-/// 1, the lowest token, which the group's [`GROUP_APPLY`] then raises. No fence moves.
+/// in byte order — the order every group takes its locks in), creating each missing row
+/// at 1, the lowest token, marked `raised_by = 'lock'`: a placeholder that no raise has
+/// claimed yet. No fence moves.
 ///
 /// An existing row is locked and left as it is: `ON CONFLICT DO UPDATE` locks the row
 /// it conflicts with before it evaluates the `WHERE`, which here refuses the update.
 /// The lock is the one an update would take, without writing a new row version that
 /// [`GROUP_APPLY`] would replace at once.
+///
+/// A placeholder never outlives its group: the group's first accepted write of the
+/// resource makes it a fence (the raise log records it then, once, with its real path),
+/// and [`GROUP_TIDY`] deletes the placeholders no write claimed, so that a refused write
+/// leaves no trace, as in a transaction of its own.
 pub const GROUP_LOCK: &str = "
     INSERT INTO fencegate.fences AS f (resource, highest, raised_by)
-    SELECT resource, 1, 'kv' FROM unnest($1::text[]) WITH ORDINALITY AS u(resource, n) ORDER BY n
+    SELECT resource, 1, 'lock' FROM unnest($1::text[]) WITH ORDINALITY AS u(resource, n) ORDER BY n
     ON CONFLICT (resource) DO UPDATE SET highest = f.highest WHERE false";
+
+/// A checked group's last statement before its answers: deletes the placeholders of
+/// [`GROUP_LOCK`] among its resources (`$1`) that none of its writes claimed.
+pub const GROUP_TIDY: &str = "
+    DELETE FROM fencegate.fences WHERE resource = ANY ($1::text[]) AND raised_by = 'lock'";
 
 /// Applies a run of a group's writes in one statement, after [`GROUP_LOCK`] in the same
 /// transaction: `$1` resources, `$2` tokens, `$3` keys, `$4` values (NULL: a delete),
@@ -377,7 +388,8 @@ pub const GROUP_APPLY_CHECKED: &str = concat!(
         UPDATE fencegate.fences f SET highest = top.token, raised_by = 'kv', updated_at = now()
         FROM (SELECT resource, max(token) AS token FROM decided WHERE accepted
               GROUP BY resource) top
-        WHERE f.resource = ANY ($1::text[]) AND f.resource = top.resource AND f.highest < top.token
+        WHERE f.resource = ANY ($1::text[]) AND f.resource = top.resource
+          AND (f.highest < top.token OR f.raised_by = 'lock')
     ), written AS (
         INSERT INTO fencegate.objects AS o (resource, key, value, token, version, born)
         SELECT resource, key, value, token, (value IS NOT NULL)::int, (value IS NOT NULL)::int
@@ -389,6 +401,69 @@ pub const GROUP_APPLY_CHECKED: &str = concat!(
            d.found_fingerprint, d.found_status, d.found_headers, d.found_body
     FROM decided d LEFT JOIN written o ON o.resource = d.resource AND o.key = d.key
     ORDER BY d.n"
+);
+
+/// A whole transaction of several operations in one statement, inside a group's
+/// transaction after [`GROUP_CLAIM`] and [`GROUP_LOCK`] (which locked every fence it
+/// involves): `$1` each operation's kind (0 put, 1 delete, 2 advance, 3 check), `$2`
+/// resource, `$3` key (NULL: none), `$4` token, `$5` value (NULL: none), `$6` its
+/// precondition (as [`GROUP_APPLY_CHECKED`]; for a check of an object, its version, 0
+/// for none), in operation order; `$7` and `$8` the transaction's Idempotency-Key's
+/// identity and key (NULL: none).
+///
+/// The steps of [`crate::store::txn`] at once: the transaction runs only on its own
+/// claim (as a keyed write of a group); every resource is judged against its fence and
+/// every object against its precondition before anything changes; only if none is
+/// stale and every precondition holds are the fences raised and the objects written.
+/// Returns one row per operation, in order: whether the transaction ran and applied,
+/// the operation's resource's fence and whether it was stale, whether its precondition
+/// held and its object's current version, the written version and born version, and
+/// the record of a transaction that did not run.
+pub const TXN_APPLY: &str = concat!(
+    "
+    WITH op AS (
+        SELECT * FROM unnest($1::smallint[], $2::text[], $3::text[], $4::bigint[],
+                             $5::bytea[], $6::bigint[])
+            WITH ORDINALITY AS op(kind, resource, key, token, value, expect, n)
+    ), rec AS (
+        SELECT $7::text IS NULL OR (r.identity IS NOT NULL AND r.status IS NULL) AS runs,
+               r.fingerprint, r.status, r.headers, r.body
+        FROM (SELECT 1) AS one
+        LEFT JOIN fencegate.idempotency r ON r.identity = $7::text AND r.key = $8::text
+    ), judged AS (
+        SELECT op.*, f.highest AS fence, op.token < f.highest AS stale,
+               CASE WHEN o.value IS NOT NULL THEN o.version END AS current,
+               CASE WHEN op.expect IS NULL THEN true
+                    WHEN op.expect = 0 THEN o.value IS NULL
+                    WHEN op.expect = -1 THEN o.value IS NOT NULL
+                    ELSE o.value IS NOT NULL AND o.version = op.expect END AS holds
+        FROM op
+        JOIN fencegate.fences f ON f.resource = op.resource
+        LEFT JOIN fencegate.objects o ON op.key IS NOT NULL
+            AND o.resource = op.resource AND o.key = op.key
+    ), verdict AS (
+        SELECT (SELECT runs FROM rec) AND NOT bool_or(stale) AND bool_and(holds) AS applies
+        FROM judged
+    ), raised AS (
+        UPDATE fencegate.fences f
+        SET highest = greatest(f.highest, t.token), raised_by = 'txn', updated_at = now()
+        FROM (SELECT resource, coalesce(max(token) FILTER (WHERE kind <> 3), 1) AS token
+              FROM judged GROUP BY resource) t, verdict v
+        WHERE v.applies AND f.resource = ANY ($2::text[]) AND f.resource = t.resource
+          AND (f.highest < t.token OR f.raised_by = 'lock')
+    ), written AS (
+        INSERT INTO fencegate.objects AS o (resource, key, value, token, version, born)
+        SELECT j.resource, j.key, j.value, j.token, (j.value IS NOT NULL)::int, (j.value IS NOT NULL)::int
+        FROM judged j, verdict v WHERE v.applies AND j.kind IN (0, 1) ORDER BY j.n",
+    group_objects_upsert!(),
+    "
+    )
+    SELECT (SELECT runs FROM rec), (SELECT applies FROM verdict), j.fence, j.stale, j.holds,
+           j.current, o.version, o.born,
+           (SELECT fingerprint FROM rec), (SELECT status FROM rec),
+           (SELECT headers FROM rec), (SELECT body FROM rec)
+    FROM judged j LEFT JOIN written o ON o.resource = j.resource AND o.key = j.key
+    ORDER BY j.n"
 );
 
 /// Stores the answers of a group's keyed writes that ran, under the keys

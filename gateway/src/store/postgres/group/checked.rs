@@ -3,8 +3,10 @@
 //! 1. `BEGIN`, [`statements::GROUP_CLAIM`] (the keys, in byte order), then
 //!    [`statements::GROUP_LOCK`] (the fences, in byte order) — the order a keyed
 //!    transaction takes its locks in too, so the two never wait on each other in a
-//!    cycle — and one [`statements::GROUP_APPLY_CHECKED`] per run of writes without a
-//!    repeated object: one round trip.
+//!    cycle — one [`statements::TXN_APPLY`] per transaction of several operations, and
+//!    one [`statements::GROUP_APPLY_CHECKED`] per run of writes without a repeated
+//!    object, and [`statements::GROUP_TIDY`] (the placeholder fences no accepted write
+//!    claimed, so that a refused write leaves none behind): one round trip.
 //! 2. The gateway renders the answer of every keyed write that ran, from what its
 //!    statement returned, with the write's own renderer (the bytes a retry gets), and
 //!    sends [`statements::GROUP_ANSWER`] and `COMMIT` together: a second round trip.
@@ -29,13 +31,14 @@ use tokio::time::Instant;
 use super::apply::{
     apply_on, pipeline, runs_without_repeats, send_together, unknown_outcome, Pipelined,
 };
-use super::{answer_plain, Lanes, Queued, Reply, Settled};
+use super::{answer_plain, Item, Lanes, Queued, Reply, Settled};
 use crate::store::postgres::connection::{in_transaction, with_client_until};
 use crate::store::postgres::errors::classify;
 use crate::store::postgres::statements;
 use crate::store::postgres::writes::{applied, non_negative, token_from_db, Attempt};
 use crate::store::txn::{
-    found_answer, replay, Answered, Keyed, OpDone, StaleMember, StoredAnswer, TxnOutcome,
+    found_answer, replay, Answered, Keyed, OpDone, StaleMember, StoredAnswer, Txn, TxnOp,
+    TxnOutcome,
 };
 use crate::store::{StoreError, Write, WriteOp};
 
@@ -66,7 +69,7 @@ pub(super) async fn apply_group(lanes: &Lanes, group: Vec<Queued>, deadline: Ins
                 let _ = queued.reply.send(Ok(Settled::Alone));
             }
             if let Some(deadline) = plain.iter().map(|queued| queued.deadline).min() {
-                let writes: Vec<&Write> = plain.iter().map(|queued| &queued.write).collect();
+                let writes: Vec<&Write> = plain.iter().filter_map(Queued::write).collect();
                 let answers = with_client_until(&lanes.pool, deadline, async |client| {
                     Ok(apply_on(client, &writes).await)
                 })
@@ -168,28 +171,75 @@ struct RunParams<'a> {
 }
 
 impl<'a> RunParams<'a> {
-    fn new(run: &[&'a Queued]) -> RunParams<'a> {
-        let keyed = |queued: &'a Queued| queued.keyed.as_deref();
+    fn new(run: &[(&'a Write, Option<&'a Keyed>)]) -> RunParams<'a> {
         RunParams {
-            resources: run.iter().map(|q| q.write.resource.as_str()).collect(),
-            tokens: run.iter().map(|q| q.write.token.as_i64()).collect(),
-            keys: run.iter().map(|q| q.write.key.as_str()).collect(),
+            resources: run.iter().map(|(w, _)| w.resource.as_str()).collect(),
+            tokens: run.iter().map(|(w, _)| w.token.as_i64()).collect(),
+            keys: run.iter().map(|(w, _)| w.key.as_str()).collect(),
             values: run
                 .iter()
-                .map(|q| match &q.write.op {
+                .map(|(w, _)| match &w.op {
                     WriteOp::Put(value) => Some(value.as_ref()),
                     WriteOp::Delete => None,
                 })
                 .collect(),
-            expect: run.iter().map(|q| expected(q.write.precondition)).collect(),
+            expect: run.iter().map(|(w, _)| expected(w.precondition)).collect(),
             identities: run
                 .iter()
-                .map(|q| keyed(q).map(|k| k.identity.as_str()))
+                .map(|(_, k)| k.map(|k| k.identity.as_str()))
                 .collect(),
-            idems: run
+            idems: run.iter().map(|(_, k)| k.map(|k| k.key.as_str())).collect(),
+        }
+    }
+}
+
+/// The columns of one [`statements::TXN_APPLY`].
+struct TxnParams<'a> {
+    kinds: Vec<i16>,
+    resources: Vec<&'a str>,
+    keys: Vec<Option<&'a str>>,
+    tokens: Vec<i64>,
+    values: Vec<Option<&'a [u8]>>,
+    expect: Vec<Option<i64>>,
+    identity: Option<&'a str>,
+    idem: Option<&'a str>,
+}
+
+impl<'a> TxnParams<'a> {
+    fn new(txn: &'a Txn, keyed: Option<&'a Keyed>) -> TxnParams<'a> {
+        let ops = txn.ops();
+        TxnParams {
+            kinds: ops
                 .iter()
-                .map(|q| keyed(q).map(|k| k.key.as_str()))
+                .map(|op| match op {
+                    TxnOp::Put { .. } => 0,
+                    TxnOp::Delete { .. } => 1,
+                    TxnOp::Advance { .. } => 2,
+                    TxnOp::Check { .. } => 3,
+                })
                 .collect(),
+            resources: ops.iter().map(|op| op.resource().as_str()).collect(),
+            keys: ops
+                .iter()
+                .map(|op| op.object().map(|(key, _)| key.as_str()))
+                .collect(),
+            tokens: ops.iter().map(|op| op.token().as_i64()).collect(),
+            values: ops
+                .iter()
+                .map(|op| match op {
+                    TxnOp::Put { value, .. } => Some(value.as_ref()),
+                    _ => None,
+                })
+                .collect(),
+            expect: ops
+                .iter()
+                .map(|op| {
+                    op.object()
+                        .and_then(|(_, precondition)| expected(precondition))
+                })
+                .collect(),
+            identity: keyed.map(|k| k.identity.as_str()),
+            idem: keyed.map(|k| k.key.as_str()),
         }
     }
 }
@@ -211,8 +261,10 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
         client.prepare_cached(statements::GROUP_LOCK),
         client.prepare_cached(statements::GROUP_APPLY_CHECKED),
         client.prepare_cached(statements::GROUP_ANSWER),
+        client.prepare_cached(statements::TXN_APPLY),
+        client.prepare_cached(statements::GROUP_TIDY),
     );
-    let (claim, lock, apply, answer) = match prepared {
+    let (claim, lock, apply, answer, txn_apply, tidy) = match prepared {
         Ok(prepared) => prepared,
         Err(error) => return everyone(group, classify(error, false)),
     };
@@ -236,15 +288,34 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
             .map(|k| i64::try_from(k.ttl_ms()).unwrap_or(i64::MAX))
             .collect::<Vec<_>>(),
     );
-    let mut resources: Vec<&str> = group.iter().map(|q| q.write.resource.as_str()).collect();
-    resources.dedup(); // sorted: the locks are taken in this order
-                       // The runs: consecutive writes, no object twice in one.
-    let writes: Vec<&Write> = group.iter().map(|q| &q.write).collect();
-    let queued: Vec<&Queued> = group.iter().collect();
+    // Every fence the group involves, in byte order: the locks are taken in this order.
+    let mut resources: Vec<&str> = group
+        .iter()
+        .flat_map(|q| match &q.item {
+            Item::Write(write) => vec![write.resource.as_str()],
+            Item::Txn(txn) => txn.involved().iter().map(|i| i.resource.as_str()).collect(),
+        })
+        .collect();
+    resources.sort_unstable();
+    resources.dedup();
+    // Its transactions (first in the group), then runs of its writes: consecutive
+    // writes, no object twice in one.
+    let txns: Vec<TxnParams<'_>> = group
+        .iter()
+        .filter_map(|q| match &q.item {
+            Item::Txn(txn) => Some(TxnParams::new(txn, q.keyed.as_deref())),
+            Item::Write(_) => None,
+        })
+        .collect();
+    let writes: Vec<&Write> = group.iter().filter_map(Queued::write).collect();
+    let items: Vec<(&Write, Option<&Keyed>)> = group
+        .iter()
+        .filter_map(|q| Some((q.write()?, q.keyed.as_deref())))
+        .collect();
     let mut runs = Vec::new();
     let mut at = 0;
     for run in runs_without_repeats(&writes) {
-        runs.push(RunParams::new(&queued[at..at + run.len()]));
+        runs.push(RunParams::new(&items[at..at + run.len()]));
         at += run.len();
     }
 
@@ -262,6 +333,26 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
     steps.push(Box::pin(
         async move { client.query(lock, &[resources]).await },
     ));
+    let txn_apply = &txn_apply;
+    for txn in &txns {
+        steps.push(Box::pin(async move {
+            client
+                .query(
+                    txn_apply,
+                    &[
+                        &txn.kinds,
+                        &txn.resources,
+                        &txn.keys,
+                        &txn.tokens,
+                        &txn.values,
+                        &txn.expect,
+                        &txn.identity,
+                        &txn.idem,
+                    ],
+                )
+                .await
+        }));
+    }
     for run in &runs {
         steps.push(Box::pin(async move {
             client
@@ -280,7 +371,12 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
                 .await
         }));
     }
-    let applied_at = steps.len() - runs.len();
+    let applied_at = steps.len() - runs.len() - txns.len();
+    // The placeholders no write claimed, gone before the commit.
+    let tidy = &tidy;
+    steps.push(Box::pin(
+        async move { client.query(tidy, &[resources]).await },
+    ));
     let keyed = !claims.is_empty();
     let (begun, results) = if keyed {
         send_together(client.batch_execute("BEGIN"), steps).await
@@ -312,28 +408,50 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
             return settled;
         }
     }
-    // Every statement answered: judge each write.
-    let mut judged = Vec::with_capacity(group.len());
-    for result in results.into_iter().skip(applied_at) {
+    // Every statement answered: the transactions' rows, a statement each, then the
+    // writes', a row each.
+    let mut results = results.into_iter().skip(applied_at);
+    let mut txn_rows = Vec::with_capacity(txns.len());
+    for result in results.by_ref().take(txns.len()) {
+        match result {
+            Ok(rows) => txn_rows.push(rows),
+            Err(error) => return everyone(group, classify(error, true)),
+        }
+    }
+    let mut judged = Vec::with_capacity(writes.len());
+    for result in results.by_ref().take(runs.len()) {
         match result {
             Ok(rows) => judged.extend(rows.iter().map(Judged::of)),
             Err(error) => return everyone(group, classify(error, true)),
         }
     }
-    if judged.len() != group.len() {
+    if let Some(Err(error)) = results.next() {
+        return everyone(group, classify(error, true));
+    }
+    if judged.len() != writes.len() {
         return everyone(
             group,
             StoreError::Internal(format!(
                 "a checked group answered {} rows for {} writes",
                 judged.len(),
-                group.len()
+                writes.len()
             )),
         );
     }
     let mut settled: Vec<Reply> = Vec::with_capacity(group.len());
     let mut answers = Answers::default();
-    for (queued, judged) in group.iter().zip(&judged) {
-        settled.push(settle(queued, judged, &mut answers));
+    let (mut txn_rows, mut judged) = (txn_rows.into_iter(), judged.iter());
+    for queued in group {
+        settled.push(match &queued.item {
+            Item::Txn(txn) => {
+                let rows = txn_rows.next().expect("a statement per transaction");
+                settle_txn(txn, queued.keyed.as_deref(), &rows, &mut answers)
+            }
+            Item::Write(write) => {
+                let judged = judged.next().expect("a row per write");
+                settle(write, queued.keyed.as_deref(), judged, &mut answers)
+            }
+        });
     }
     if !keyed {
         return Checked::Settled(settled);
@@ -374,24 +492,164 @@ struct Answers<'a> {
 
 /// One write's answer from its row; a keyed write that ran has its answer rendered and
 /// added to `answers`.
-fn settle<'a>(queued: &'a Queued, judged: &Judged, answers: &mut Answers<'a>) -> Reply {
-    let Some(keyed) = queued.keyed.as_deref() else {
-        return judged.attempt(&queued.write).map(Settled::Attempt);
+fn settle<'a>(
+    write: &Write,
+    keyed: Option<&'a Keyed>,
+    judged: &Judged,
+    answers: &mut Answers<'a>,
+) -> Reply {
+    let Some(keyed) = keyed else {
+        return judged.attempt(write).map(Settled::Attempt);
     };
-    if !judged.ran {
-        let Some((fingerprint, status, headers, body)) = judged.found.clone() else {
+    match &judged.found {
+        Some(found) if !judged.ran => replayed(keyed, found.clone()),
+        _ => ran(keyed, judged.outcome(write)?, answers),
+    }
+}
+
+/// A transaction's answer from its rows (one per operation); a keyed one that ran has
+/// its answer rendered and added to `answers`.
+fn settle_txn<'a>(
+    txn: &Txn,
+    keyed: Option<&'a Keyed>,
+    rows: &[tokio_postgres::Row],
+    answers: &mut Answers<'a>,
+) -> Reply {
+    let Some(first) = rows.first() else {
+        return Err(StoreError::Internal("a transaction answered no row".into()));
+    };
+    let (runs, applies): (bool, bool) = (first.get(0), first.get(1));
+    if let (Some(keyed), false) = (keyed, runs) {
+        let found = first
+            .get::<_, Option<Vec<u8>>>(8)
+            .map(|fingerprint| (fingerprint, first.get(9), first.get(10), first.get(11)));
+        return match found {
+            Some(found) => replayed(keyed, found),
+            None => Err(StoreError::Internal(
+                "a keyed transaction that did not run has no record".into(),
+            )),
+        };
+    }
+    let outcome = txn_outcome(txn, rows, applies)?;
+    match keyed {
+        Some(keyed) => ran(keyed, outcome, answers),
+        None => Ok(Settled::Answered(Answered::Ran {
+            outcome,
+            stored: None,
+        })),
+    }
+}
+
+/// What a transaction came to, from its rows: stale (every stale resource, in lock
+/// order), a failed precondition (the first, in operation order), or applied.
+fn txn_outcome(
+    txn: &Txn,
+    rows: &[tokio_postgres::Row],
+    applies: bool,
+) -> Result<TxnOutcome, StoreError> {
+    let ops = txn.ops();
+    if rows.len() != ops.len() {
+        return Err(StoreError::Internal(format!(
+            "a transaction of {} operations answered {} rows",
+            ops.len(),
+            rows.len()
+        )));
+    }
+    let mut stale = Vec::new();
+    for involved in txn.involved() {
+        let Some(row) = ops
+            .iter()
+            .position(|op| op.resource() == &involved.resource)
+            .map(|at| &rows[at])
+        else {
+            continue;
+        };
+        if row.get::<_, bool>(3) {
+            stale.push(StaleMember {
+                resource: involved.resource.clone(),
+                presented: involved.token,
+                highest: token_from_db(row.get(2))?,
+            });
+        }
+    }
+    if !stale.is_empty() {
+        return Ok(TxnOutcome::Stale(stale));
+    }
+    if !applies {
+        let Some(at) = rows.iter().position(|row| !row.get::<_, bool>(4)) else {
             return Err(StoreError::Internal(
-                "a keyed write that did not run has no record".into(),
+                "a transaction was refused for no reason".into(),
             ));
         };
-        let answer = found_answer(
-            status.and_then(|s| u16::try_from(s).ok()),
-            headers.as_deref().unwrap_or_default(),
-            body.unwrap_or_default().into(),
-        )?;
-        return Ok(Settled::Keyed(replay(&fingerprint, keyed, answer)));
+        let current: Option<i64> = rows[at].get(5);
+        return Ok(TxnOutcome::PreconditionFailed {
+            op: at,
+            current: current.map(non_negative).transpose()?,
+        });
     }
-    let outcome = judged.outcome(&queued.write)?;
+    let mut done = Vec::with_capacity(ops.len());
+    for (op, row) in ops.iter().zip(rows) {
+        let written: (Option<i64>, Option<i64>) = (row.get(6), row.get(7));
+        let current: Option<i64> = row.get(5);
+        done.push(match (op, written) {
+            (TxnOp::Put { value, .. }, (Some(version), Some(born))) => {
+                op_done(applied(&WriteOp::Put(value.clone()), version, born)?)
+            }
+            (TxnOp::Delete { .. }, (Some(version), Some(born))) => {
+                op_done(applied(&WriteOp::Delete, version, born)?)
+            }
+            (TxnOp::Check { object, .. }, _) => OpDone {
+                version: match object {
+                    Some(_) => Some(current.map(non_negative).transpose()?.unwrap_or(0)),
+                    None => None,
+                },
+                created: false,
+            },
+            (TxnOp::Advance { .. }, _) => OpDone {
+                version: None,
+                created: false,
+            },
+            _ => {
+                return Err(StoreError::Internal(
+                    "an applied transaction did not write its object".into(),
+                ))
+            }
+        });
+    }
+    Ok(TxnOutcome::Applied(done))
+}
+
+/// An applied operation's part of a transaction's answer.
+fn op_done(attempt: Attempt) -> OpDone {
+    match attempt {
+        Attempt::Applied { version, created } => OpDone {
+            version: Some(version),
+            created,
+        },
+        Attempt::Stale | Attempt::PreconditionFailed { .. } => OpDone {
+            version: None,
+            created: false,
+        },
+    }
+}
+
+/// The answer of a keyed item that did not run: its record's, replayed if the request
+/// is the same.
+fn replayed(
+    keyed: &Keyed,
+    (fingerprint, status, headers, body): (Vec<u8>, Option<i16>, Option<String>, Option<Vec<u8>>),
+) -> Reply {
+    let answer = found_answer(
+        status.and_then(|s| u16::try_from(s).ok()),
+        headers.as_deref().unwrap_or_default(),
+        body.unwrap_or_default().into(),
+    )?;
+    Ok(Settled::Answered(replay(&fingerprint, keyed, answer)))
+}
+
+/// The answer of a keyed item that ran: rendered from `outcome`, and added to
+/// `answers` to be stored with the commit.
+fn ran<'a>(keyed: &'a Keyed, outcome: TxnOutcome, answers: &mut Answers<'a>) -> Reply {
     let answer: StoredAnswer = (keyed.render)(&outcome);
     let status = i16::try_from(answer.status)
         .map_err(|_| StoreError::Internal(format!("status {} out of range", answer.status)))?;
@@ -400,7 +658,7 @@ fn settle<'a>(queued: &'a Queued, judged: &Judged, answers: &mut Answers<'a>) ->
     answers.statuses.push(status);
     answers.headers.push(answer.headers_text());
     answers.bodies.push(answer.body.to_vec());
-    Ok(Settled::Keyed(Answered::Ran {
+    Ok(Settled::Answered(Answered::Ran {
         outcome,
         stored: Some(answer),
     }))

@@ -7,13 +7,14 @@
 use std::sync::Arc;
 
 use fencegate_proto::headers::Precondition;
+use fencegate_proto::{ObjectKey, ResourceName, Token};
 use rand::Rng;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::checked::{apply_checked, Checked};
 use super::set_tests::{write, Scratch};
-use super::{by_resource, Queued, Settled};
+use super::{lock_order, Item, Queued, Settled};
 use crate::store::postgres::txn;
 use crate::store::postgres::writes::{write_conditional, write_unconditional, Attempt};
 use crate::store::txn::{Answered, Keyed, Render, StoredAnswer, Txn, TxnOp, TxnOutcome};
@@ -81,14 +82,69 @@ fn random_group(rng: &mut impl Rng, round: usize, keys: &mut Vec<(String, u8)>) 
             .filter(|keyed| used.insert(keyed.key.clone()));
             let (reply, _) = oneshot::channel();
             Queued {
-                write,
+                item: Item::Write(write),
                 keyed: keyed.map(Arc::new),
                 deadline: Instant::now(),
                 reply,
             }
         })
         .collect();
-    group.sort_by(|a, b| by_resource(&a.write, &b.write));
+    // Transactions of a few operations on distinct resources, some keyed.
+    for t in 0..rng.random_range(0..=3) {
+        let mut resources: Vec<usize> = (0..4).collect();
+        let ops: Vec<TxnOp> = (0..rng.random_range(1..=3))
+            .map(|o| {
+                let resource = ResourceName::new(format!(
+                    "r{}",
+                    resources.swap_remove(rng.random_range(0..resources.len()))
+                ))
+                .unwrap();
+                let key = ObjectKey::new(format!("k{}", rng.random_range(0..4))).unwrap();
+                let token = Token::new(rng.random_range(1..=6)).unwrap();
+                let precondition = match rng.random_range(0..6) {
+                    0 => Precondition::MustNotExist,
+                    1 => Precondition::MustExist,
+                    2 => Precondition::Version(rng.random_range(1..=4)),
+                    _ => Precondition::None,
+                };
+                match rng.random_range(0..5) {
+                    0 | 1 => TxnOp::Put {
+                        resource,
+                        key,
+                        token,
+                        value: format!("txn#{round}.{t}.{o}").into(),
+                        precondition,
+                    },
+                    2 => TxnOp::Delete {
+                        resource,
+                        key,
+                        token,
+                        precondition,
+                    },
+                    3 => TxnOp::Advance { resource, token },
+                    _ => TxnOp::Check {
+                        resource,
+                        token,
+                        object: rng.random_bool(0.5).then_some((key, precondition)),
+                    },
+                }
+            })
+            .collect();
+        let txn = Txn::new(ops).unwrap();
+        let keyed = rng.random_bool(0.5).then(|| {
+            let key = format!("txn-{round}-{t}");
+            keys.push((key.clone(), 9));
+            Arc::new(keyed(&key, 9))
+        });
+        let (reply, _) = oneshot::channel();
+        group.push(Queued {
+            item: Item::Txn(Arc::new(txn)),
+            keyed,
+            deadline: Instant::now(),
+            reply,
+        });
+    }
+    group.sort_by(lock_order);
     group
 }
 
@@ -151,22 +207,33 @@ async fn a_checked_group_answers_and_writes_as_one_transaction_per_write() {
         for (index, (queued, settled)) in group.iter().zip(settled).enumerate() {
             let got = match settled.unwrap_or_else(|e| panic!("round {round}: {e:?}")) {
                 Settled::Attempt(attempt) => Came::Attempt(attempt),
-                Settled::Keyed(answered) => Came::Keyed(answered),
+                Settled::Answered(answered) => Came::Keyed(answered),
                 Settled::Alone => panic!("round {round}: write {index} left alone"),
             };
-            let want = match queued.keyed.as_deref() {
-                Some(keyed) => Came::Keyed(
-                    txn::run(&mut each_client, &txn_of(&queued.write), Some(keyed))
-                        .await
-                        .unwrap(),
+            let want = match (&queued.item, queued.keyed.as_deref()) {
+                (Item::Txn(whole), keyed) => {
+                    Came::Keyed(txn::run(&mut each_client, whole, keyed).await.unwrap())
+                }
+                (Item::Write(_), Some(keyed)) => Came::Keyed(
+                    txn::run(
+                        &mut each_client,
+                        &txn_of(queued.write().unwrap()),
+                        Some(keyed),
+                    )
+                    .await
+                    .unwrap(),
                 ),
-                None if queued.write.precondition == Precondition::None => Came::Attempt(
-                    write_unconditional(&each_client, &queued.write)
-                        .await
-                        .unwrap(),
-                ),
-                None => Came::Attempt(
-                    write_conditional(&mut each_client, &queued.write)
+                (Item::Write(_), None)
+                    if queued.write().unwrap().precondition == Precondition::None =>
+                {
+                    Came::Attempt(
+                        write_unconditional(&each_client, &queued.write().unwrap())
+                            .await
+                            .unwrap(),
+                    )
+                }
+                (Item::Write(_), None) => Came::Attempt(
+                    write_conditional(&mut each_client, &queued.write().unwrap())
                         .await
                         .unwrap(),
                 ),

@@ -93,7 +93,7 @@ use crate::store::postgres::connection::{with_client_until, PgPool};
 #[cfg(test)]
 use crate::store::postgres::statements;
 use crate::store::postgres::writes::{write_unconditional, Attempt};
-use crate::store::txn::{Answered, Keyed};
+use crate::store::txn::{Answered, Keyed, Txn};
 use crate::store::{StoreError, UnavailableReason, Write};
 
 mod apply;
@@ -114,9 +114,9 @@ type Answer = Result<Attempt, StoreError>;
 pub(crate) enum Settled {
     /// A write without a key, as the group judged it.
     Attempt(Attempt),
-    /// A keyed write: run in the group with its answer stored, or answered from the
-    /// record of an earlier attempt.
-    Keyed(Answered),
+    /// A keyed write or a transaction: run in the group (a keyed one with its answer
+    /// stored), or answered from the record of an earlier attempt.
+    Answered(Answered),
     /// A conditional or keyed write that the group could not apply as a set, and left
     /// unapplied: the caller applies it alone, in a transaction of its own.
     Alone,
@@ -144,18 +144,41 @@ struct Lanes {
 }
 
 struct Queued {
-    write: Write,
-    /// The write's Idempotency-Key, if it has one.
+    item: Item,
+    /// The item's Idempotency-Key, if it has one.
     keyed: Option<Arc<Keyed>>,
     deadline: Instant,
     reply: oneshot::Sender<Reply>,
 }
 
+/// What a group carries.
+enum Item {
+    /// A write of one object.
+    Write(Write),
+    /// A transaction of several operations ([`crate::store::txn`]).
+    Txn(Arc<Txn>),
+}
+
 impl Queued {
-    /// Whether the write needs a checked group: a precondition or a key.
+    /// The write, if the item is one.
+    fn write(&self) -> Option<&Write> {
+        match &self.item {
+            Item::Write(write) => Some(write),
+            Item::Txn(_) => None,
+        }
+    }
+
+    /// The resource a write is sorted and locked by; `None` for a transaction.
+    fn resource(&self) -> Option<&ResourceName> {
+        self.write().map(|write| &write.resource)
+    }
+
+    /// Whether the item needs a checked group: a transaction, a precondition or a key.
     fn checked(&self) -> bool {
         self.keyed.is_some()
-            || self.write.precondition != fencegate_proto::headers::Precondition::None
+            || self.write().is_none_or(|write| {
+                write.precondition != fencegate_proto::headers::Precondition::None
+            })
     }
 
     fn answer(self, answer: Answer) {
@@ -200,9 +223,19 @@ impl GroupCommit {
     /// Applies `write`, with its Idempotency-Key if it has one, in the next group a lane
     /// takes.
     pub async fn write(&self, write: Write, keyed: Option<Arc<Keyed>>) -> Reply {
+        self.queue(Item::Write(write), keyed).await
+    }
+
+    /// Applies `txn`, with its Idempotency-Key if it has one, in the next group a lane
+    /// takes.
+    pub async fn txn(&self, txn: Arc<Txn>, keyed: Option<Arc<Keyed>>) -> Reply {
+        self.queue(Item::Txn(txn), keyed).await
+    }
+
+    async fn queue(&self, item: Item, keyed: Option<Arc<Keyed>>) -> Reply {
         let (reply, answer) = oneshot::channel();
         let queued = Queued {
-            write,
+            item,
             keyed,
             deadline: Instant::now() + self.timeout,
             reply,
@@ -239,11 +272,11 @@ async fn apply_group(lanes: &Lanes, group: Vec<Queued>) {
     let Some(deadline) = group.iter().map(|queued| queued.deadline).min() else {
         return;
     };
-    group.sort_by(|a, b| by_resource(&a.write, &b.write));
+    group.sort_by(lock_order);
     if group.iter().any(Queued::checked) {
         return checked::apply_group(lanes, group, deadline).await;
     }
-    let writes: Vec<&Write> = group.iter().map(|queued| &queued.write).collect();
+    let writes: Vec<&Write> = group.iter().filter_map(Queued::write).collect();
     let answers = with_client_until(&lanes.pool, deadline, async |client| {
         Ok(apply_on(client, &writes).await)
     })
@@ -311,7 +344,9 @@ impl OffLanes {
     fn divert(self: &Arc<Self>, pool: &PgPool, blocked: Vec<Queued>) {
         let mut queues = self.queues();
         for writes in runs_by_resource(blocked) {
-            let resource = writes[0].write.resource.clone();
+            let Some(resource) = writes[0].resource().cloned() else {
+                continue;
+            };
             tracing::debug!(
                 %resource,
                 writes = writes.len(),
@@ -337,14 +372,16 @@ impl OffLanes {
         }
         group
             .into_iter()
-            .filter_map(|queued| match queues.get_mut(&queued.write.resource) {
-                Some(queue) => {
-                    self.waiting.inc();
-                    queue.push_back(queued);
-                    None
-                }
-                None => Some(queued),
-            })
+            .filter_map(
+                |queued| match queued.resource().and_then(|r| queues.get_mut(r)) {
+                    Some(queue) => {
+                        self.waiting.inc();
+                        queue.push_back(queued);
+                        None
+                    }
+                    None => Some(queued),
+                },
+            )
             .collect()
     }
 
@@ -364,15 +401,15 @@ impl OffLanes {
                     }
                 }
             };
-            if next.checked() {
+            let Some(write) = next.write().filter(|_| !next.checked()) else {
                 // Its caller applies it alone on the shared pool, where it waits for
                 // the lock as this queue would.
                 self.waiting.dec();
                 let _ = next.reply.send(Ok(Settled::Alone));
                 continue;
-            }
+            };
             let answer = with_client_until(&pool, next.deadline, async |client| {
-                write_unconditional(client, &next.write).await
+                write_unconditional(client, write).await
             })
             .await;
             self.waiting.dec();
@@ -388,7 +425,7 @@ fn runs_by_resource(writes: Vec<Queued>) -> Vec<Vec<Queued>> {
     for queued in writes {
         match runs
             .iter_mut()
-            .find(|run| run[0].write.resource == queued.write.resource)
+            .find(|run| run[0].resource() == queued.resource())
         {
             Some(run) => run.push(queued),
             None => runs.push(vec![queued]),
@@ -401,6 +438,17 @@ fn runs_by_resource(writes: Vec<Queued>) -> Vec<Vec<Queued>> {
 /// resource keep their order.
 fn by_resource(a: &Write, b: &Write) -> Ordering {
     a.resource.as_str().cmp(b.resource.as_str())
+}
+
+/// The order of a group's items: its transactions first, in their order, then its
+/// writes in resource order ([`by_resource`]).
+fn lock_order(a: &Queued, b: &Queued) -> Ordering {
+    match (a.write(), b.write()) {
+        (Some(a), Some(b)) => by_resource(a, b),
+        (None, Some(_)) => Ordering::Less,
+        (Some(_), None) => Ordering::Greater,
+        (None, None) => Ordering::Equal,
+    }
 }
 
 #[cfg(test)]

@@ -27,7 +27,7 @@ fn write(resource: &str, token: u64) -> Write {
 fn queued(resource: &str, token: u64, deadline: Instant) -> (Queued, oneshot::Receiver<Reply>) {
     let (reply, answer) = oneshot::channel();
     let queued = Queued {
-        write: write(resource, token),
+        item: super::Item::Write(write(resource, token)),
         keyed: None,
         deadline,
         reply,
@@ -130,7 +130,9 @@ async fn writes_past_their_deadline_are_answered_unapplied_and_never_sent() {
     let live = answer_expired(vec![early, late], Instant::now());
 
     assert_eq!(
-        live.iter().map(|q| label(&q.write)).collect::<Vec<_>>(),
+        live.iter()
+            .map(|q| label(q.write().unwrap()))
+            .collect::<Vec<_>>(),
         [("r".to_owned(), 2)]
     );
     match early_answer.await.unwrap() {
@@ -157,7 +159,7 @@ fn a_locked_resources_writes_wait_together_in_arrival_order() {
 
     let runs: Vec<Vec<_>> = runs
         .iter()
-        .map(|run| run.iter().map(|q| label(&q.write)).collect())
+        .map(|run| run.iter().map(|q| label(q.write().unwrap())).collect())
         .collect();
     let owned = |run: &[(&str, u64)]| {
         run.iter()
