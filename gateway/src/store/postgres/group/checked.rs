@@ -104,7 +104,28 @@ struct Judged {
     fence: i64,
     current: Option<i64>,
     written: Option<(i64, i64)>,
-    found: Option<(Vec<u8>, Option<i16>, Option<String>, Option<Vec<u8>>)>,
+    found: Option<Record>,
+}
+
+/// The idempotency record of a keyed item that did not run, as its statement returns it.
+#[derive(Clone)]
+struct Record {
+    fingerprint: Vec<u8>,
+    status: Option<i16>,
+    headers: Option<String>,
+    body: Option<Vec<u8>>,
+}
+
+impl Record {
+    /// The record in `row`'s four columns from `at`, if there is one.
+    fn at(row: &tokio_postgres::Row, at: usize) -> Option<Record> {
+        Some(Record {
+            fingerprint: row.get::<_, Option<Vec<u8>>>(at)?,
+            status: row.get(at + 1),
+            headers: row.get(at + 2),
+            body: row.get(at + 3),
+        })
+    }
 }
 
 impl Judged {
@@ -113,9 +134,7 @@ impl Judged {
             (Some(version), Some(born)) => Some((version, born)),
             _ => None,
         };
-        let found = row
-            .get::<_, Option<Vec<u8>>>(6)
-            .map(|fingerprint| (fingerprint, row.get(7), row.get(8), row.get(9)));
+        let found = Record::at(row, 6);
         Judged {
             ran: row.get(0),
             stale: row.get(1),
@@ -520,10 +539,7 @@ fn settle_txn<'a>(
     };
     let (runs, applies): (bool, bool) = (first.get(0), first.get(1));
     if let (Some(keyed), false) = (keyed, runs) {
-        let found = first
-            .get::<_, Option<Vec<u8>>>(8)
-            .map(|fingerprint| (fingerprint, first.get(9), first.get(10), first.get(11)));
-        return match found {
+        return match Record::at(first, 8) {
             Some(found) => replayed(keyed, found),
             None => Err(StoreError::Internal(
                 "a keyed transaction that did not run has no record".into(),
@@ -635,16 +651,17 @@ fn op_done(attempt: Attempt) -> OpDone {
 
 /// The answer of a keyed item that did not run: its record's, replayed if the request
 /// is the same.
-fn replayed(
-    keyed: &Keyed,
-    (fingerprint, status, headers, body): (Vec<u8>, Option<i16>, Option<String>, Option<Vec<u8>>),
-) -> Reply {
+fn replayed(keyed: &Keyed, record: Record) -> Reply {
     let answer = found_answer(
-        status.and_then(|s| u16::try_from(s).ok()),
-        headers.as_deref().unwrap_or_default(),
-        body.unwrap_or_default().into(),
+        record.status.and_then(|s| u16::try_from(s).ok()),
+        record.headers.as_deref().unwrap_or_default(),
+        record.body.unwrap_or_default().into(),
     )?;
-    Ok(Settled::Answered(replay(&fingerprint, keyed, answer)))
+    Ok(Settled::Answered(replay(
+        &record.fingerprint,
+        keyed,
+        answer,
+    )))
 }
 
 /// The answer of a keyed item that ran: rendered from `outcome`, and added to

@@ -227,13 +227,13 @@ async fn a_checked_group_answers_and_writes_as_one_transaction_per_write() {
                     if queued.write().unwrap().precondition == Precondition::None =>
                 {
                     Came::Attempt(
-                        write_unconditional(&each_client, &queued.write().unwrap())
+                        write_unconditional(&each_client, queued.write().unwrap())
                             .await
                             .unwrap(),
                     )
                 }
                 (Item::Write(_), None) => Came::Attempt(
-                    write_conditional(&mut each_client, &queued.write().unwrap())
+                    write_conditional(&mut each_client, queued.write().unwrap())
                         .await
                         .unwrap(),
                 ),
