@@ -133,6 +133,68 @@ async fn a_reset_goes_past_the_forged_token_only() {
     );
 }
 
+/// Every way a fence comes to be is in the raise log, so a reset cannot go below a new
+/// fence's first token: a fence made by an advance (one statement's insert), and one
+/// made by a transaction in a write group (a placeholder the group claims). A
+/// transaction the group refuses leaves neither a fence nor a raise behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_fences_first_raise_is_a_floor() {
+    let admin = new_key();
+    let key_file = KeyFile::new(&admin);
+    let db = TestDb::create().await;
+    let gateway = Gateway::builder()
+        .database(&db.url())
+        .args(&["--admin-key-file", &key_file.path()])
+        .spawn()
+        .await;
+    let client = gateway.client();
+    let txn = |operations: serde_json::Value| {
+        let client = client.clone();
+        async move {
+            client
+                .request(
+                    Method::POST,
+                    "/v1/txn",
+                    &[("content-type", "application/json")],
+                    json!({ "operations": operations }).to_string(),
+                )
+                .await
+        }
+    };
+    assert_eq!(client.advance("made-by-advance", 5).await.status, 200);
+    let grouped = txn(json!([
+        {"op": "advance", "resource": "made-by-txn", "token": 5},
+        {"op": "put", "resource": "other", "key": "k", "token": 1, "value": "v"}
+    ]))
+    .await;
+    assert_eq!(grouped.status, 200, "{:?}", grouped.json());
+    for resource in ["made-by-advance", "made-by-txn"] {
+        assert_eq!(client.advance(resource, MAX).await.status, 200);
+        let below = reset(&client, Some(&admin), resource, 4).await;
+        assert_eq!(
+            below.error_code(),
+            "reset_refused",
+            "{resource}: {:?}",
+            below.json()
+        );
+        let back = reset(&client, Some(&admin), resource, 5).await;
+        assert_eq!(back.status, 200, "{resource}: {:?}", back.json());
+    }
+
+    // Refused in the store (a precondition), not by the gateway's cache of fences.
+    let refused = txn(json!([
+        {"op": "advance", "resource": "never-made", "token": 5},
+        {"op": "put", "resource": "other", "key": "k", "token": 1, "value": "w", "if_match": 0}
+    ]))
+    .await;
+    assert_eq!(refused.status, 412, "{:?}", refused.json());
+    assert_eq!(db.highest("never-made").await, None);
+    let raises: i64 = db
+        .value("SELECT count(*) FROM fencegate.raises WHERE resource = 'never-made'")
+        .await;
+    assert_eq!(raises, 0);
+}
+
 /// The embedded store keeps the same record: an advance is a floor.
 #[tokio::test]
 async fn the_embedded_store_records_every_raise() {

@@ -1030,9 +1030,24 @@ DROP TRIGGER IF EXISTS fencegate_raised ON fencegate.fences;
 CREATE TRIGGER fencegate_raised AFTER UPDATE OF highest ON fencegate.fences
     FOR EACH ROW WHEN (NEW.highest > OLD.highest OR OLD.raised_by = 'lock')
     EXECUTE FUNCTION fencegate.log_raise();
+-- A new fence's first raise, for all the fences a statement created at once: a fence
+-- row is never deleted once a raise claimed it, so a new one has no raises to evict.
+CREATE OR REPLACE FUNCTION fencegate.log_created() RETURNS trigger
+    LANGUAGE plpgsql
+    SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    INSERT INTO fencegate.raises (resource, token, path)
+        SELECT c.resource, c.highest, c.raised_by FROM created c WHERE c.raised_by <> 'lock'
+        ON CONFLICT (resource, token) DO NOTHING;
+    RETURN NULL;
+END
+$fn$;
+
 DROP TRIGGER IF EXISTS fencegate_created ON fencegate.fences;
 CREATE TRIGGER fencegate_created AFTER INSERT ON fencegate.fences
-    FOR EACH ROW WHEN (NEW.raised_by <> 'lock') EXECUTE FUNCTION fencegate.log_raise();
+    REFERENCING NEW TABLE AS created
+    FOR EACH STATEMENT EXECUTE FUNCTION fencegate.log_created();
 ALTER TABLE fencegate.fences ENABLE ALWAYS TRIGGER fencegate_raised;
 ALTER TABLE fencegate.fences ENABLE ALWAYS TRIGGER fencegate_created;
 

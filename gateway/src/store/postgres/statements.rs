@@ -352,6 +352,13 @@ pub const GROUP_CLAIM: &str = "
 /// stale, the fence it was judged against, its object's current version (NULL: none),
 /// the written version and born version (NULL: not written), and the fingerprint,
 /// status, headers and body of the record of a write that did not run.
+///
+/// A lane plans its statements once, often while the tables are still empty, when a
+/// join that scans a whole table looks cheapest; and that plan stays. So every row
+/// this statement and [`TXN_APPLY`] and [`GROUP_ANSWER`] look up is looked up by its
+/// primary key in a `LATERAL` subquery with `LIMIT 1`, which no plan can turn into a
+/// scan of the table: the cost of a group stays that of its own rows however large the
+/// tables grow.
 pub const GROUP_APPLY_CHECKED: &str = concat!(
     "
     WITH w AS (
@@ -365,10 +372,14 @@ pub const GROUP_APPLY_CHECKED: &str = concat!(
                r.headers AS found_headers, r.body AS found_body,
                CASE WHEN o.value IS NOT NULL THEN o.version END AS current
         FROM w
-        LEFT JOIN fencegate.idempotency r ON w.identity IS NOT NULL
-            AND r.identity = w.identity AND r.key = w.idem
-        LEFT JOIN fencegate.objects o ON w.expect IS NOT NULL
-            AND o.resource = w.resource AND o.key = w.key
+        LEFT JOIN LATERAL (
+            SELECT r.* FROM fencegate.idempotency r
+            WHERE w.identity IS NOT NULL AND r.identity = w.identity AND r.key = w.idem LIMIT 1
+        ) r ON true
+        LEFT JOIN LATERAL (
+            SELECT o.value, o.version FROM fencegate.objects o
+            WHERE w.expect IS NOT NULL AND o.resource = w.resource AND o.key = w.key LIMIT 1
+        ) o ON true
     ), checked AS (
         SELECT l.*, CASE WHEN l.expect IS NULL THEN true
                          WHEN l.expect = 0 THEN l.current IS NULL
@@ -438,9 +449,13 @@ pub const TXN_APPLY: &str = concat!(
                     WHEN op.expect = -1 THEN o.value IS NOT NULL
                     ELSE o.value IS NOT NULL AND o.version = op.expect END AS holds
         FROM op
-        JOIN fencegate.fences f ON f.resource = op.resource
-        LEFT JOIN fencegate.objects o ON op.key IS NOT NULL
-            AND o.resource = op.resource AND o.key = op.key
+        CROSS JOIN LATERAL (
+            SELECT f.highest FROM fencegate.fences f WHERE f.resource = op.resource LIMIT 1
+        ) f
+        LEFT JOIN LATERAL (
+            SELECT o.value, o.version FROM fencegate.objects o
+            WHERE op.key IS NOT NULL AND o.resource = op.resource AND o.key = op.key LIMIT 1
+        ) o ON true
     ), verdict AS (
         SELECT (SELECT runs FROM rec) AND NOT bool_or(stale) AND bool_and(holds) AS applies
         FROM judged
@@ -474,7 +489,11 @@ pub const GROUP_ANSWER: &str = "
     SET status = u.status, headers = u.headers, body = u.body
     FROM unnest($1::text[], $2::text[], $3::smallint[], $4::text[], $5::bytea[])
         AS u(identity, key, status, headers, body)
-    WHERE i.identity = u.identity AND i.key = u.key";
+    CROSS JOIN LATERAL (
+        SELECT r.ctid AS at FROM fencegate.idempotency r
+        WHERE r.identity = u.identity AND r.key = u.key LIMIT 1
+    ) claimed
+    WHERE i.ctid = claimed.at";
 
 /// A whole group in one autocommitted statement, for a group in which every write of a
 /// resource carries the same token and no object is written twice (the common group:
