@@ -128,7 +128,8 @@ pub struct Config {
 
     /// Most concurrent writes committed together in one transaction (group commit): one
     /// durable commit for many writes, each still checked against its own fence. 1
-    /// commits every write on its own. Postgres groups only writes without If-Match.
+    /// commits every write on its own. On Postgres, keyed and conditional writes and
+    /// transactions ride the groups too.
     #[arg(long, env = "FENCEGATE_GROUP_COMMIT_MAX", default_value_t = DEFAULT_GROUP_COMMIT_MAX)]
     pub group_commit_max: usize,
 

@@ -1,5 +1,5 @@
 //! Group commit for writes: plain, conditional (`If-Match`) and keyed
-//! (`Idempotency-Key`) alike.
+//! (`Idempotency-Key`) alike, and for transactions of several operations (`/v1/txn`).
 //!
 //! Concurrent writes queue here, and a few *lanes* take them in groups: each lane takes
 //! every write queued when it becomes free (up to `--group-commit-max`), and applies the
@@ -16,14 +16,18 @@
 //! writes, one statement for the whole group instead of one per write, and on a
 //! contended resource one hold of its fence lock instead of one per write.
 //!
-//! A group with conditional or keyed writes is always a transaction ([`checked`]):
-//! `BEGIN`, the claims of its keys, its fence locks, one checked statement per run —
-//! which judges each write's token, then its precondition, and runs a keyed write only
-//! on its own claim — and, once those answered, the answers of its keyed writes,
-//! rendered by the gateway, stored with `COMMIT`: two round trips, one commit for the
-//! whole group, no savepoint. If such a group fails as a set, its plain writes are
-//! applied as a plain group, and its conditional and keyed writes are answered
-//! [`Settled::Alone`]: each runs then in a transaction of its own, off the lanes.
+//! A group with conditional or keyed writes or transactions is always a transaction
+//! ([`checked`]): `BEGIN`, the claims of its keys, its fence locks, one statement per
+//! transaction — which judges every operation before it changes anything — then one
+//! checked statement per run of writes — which judges each write's token, then its
+//! precondition, and runs a keyed write only on its own claim — the removal of the
+//! placeholder fences no accepted write claimed, and, once those answered, the answers
+//! of its keyed requests, rendered by the gateway, stored with `COMMIT`: two round trips
+//! (one without keys), one commit for the whole group, no savepoint. If such a group
+//! fails as a set, its plain writes are applied as a plain group, and the rest are
+//! answered [`Settled::Alone`]: each runs then in a transaction of its own, off the
+//! lanes. Whatever its items, a group takes all its locks up front, in one order: its
+//! keys, then its fences in byte order.
 //!
 //! This module holds the queue and the lanes; [`apply`] holds how one group is applied
 //! on one connection (its statements, and the pipelining of a transaction), [`checked`]
