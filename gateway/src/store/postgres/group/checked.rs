@@ -275,6 +275,9 @@ fn expected(precondition: Precondition) -> Option<i64> {
 
 /// The group's statements on `client`; see the module doc.
 pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked {
+    // Until its COMMIT, a deadline rolls the group back: nothing applied. So too while
+    // its statements are prepared, which applies nothing either.
+    in_transaction();
     let prepared = tokio::try_join!(
         client.prepare_cached(statements::GROUP_CLAIM),
         client.prepare_cached(statements::GROUP_LOCK),
@@ -287,8 +290,6 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
         Ok(prepared) => prepared,
         Err(error) => return everyone(group, classify(error, false)),
     };
-    // Until its COMMIT, a deadline rolls the group back: nothing applied.
-    in_transaction();
     // The claims, in byte order of (identity, key).
     let mut claims: Vec<&Keyed> = group.iter().filter_map(|q| q.keyed.as_deref()).collect();
     claims.sort_by(|a, b| (&a.identity, &a.key).cmp(&(&b.identity, &b.key)));
