@@ -32,8 +32,9 @@ async fn keyed_txn(client: &Client, idem: &str, operations: Value) -> Reply {
         .await
 }
 
-/// The check of both `one_stale_member_refuses_all` tests: one stale resource refuses the whole transaction: every stale one is named, nothing
-/// is written, no fence moves, each stale resource is counted and logged.
+/// The check of both `one_stale_member_refuses_all` tests: one stale resource refuses
+/// the whole transaction, every stale one is named, nothing is written, no fence moves,
+/// each stale resource is counted and logged.
 async fn stale_member_refuses_all(deployment: fencegate_tests::deployment::Deployment) {
     let client = deployment.client();
     assert_eq!(client.advance("b", 9).await.status, 200);
