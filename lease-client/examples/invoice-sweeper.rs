@@ -95,12 +95,16 @@ struct Args {
     /// How often the leader renews (default: a third of the lease).
     #[arg(long, env = "SWEEPER_RENEW_INTERVAL", value_parser = humantime::parse_duration)]
     renew_interval: Option<Duration>,
-    /// Step down after this long without a successful renewal (default: two thirds).
+    /// Step down after this long without a successful renewal (default: 13/15 of the
+    /// lease).
     #[arg(long, env = "SWEEPER_RENEW_DEADLINE", value_parser = humantime::parse_duration)]
     renew_deadline: Option<Duration>,
     /// How often a follower tries to acquire (default: 2/15 of the lease).
     #[arg(long, env = "SWEEPER_RETRY_PERIOD", value_parser = humantime::parse_duration)]
     retry_period: Option<Duration>,
+    /// How soon the leader retries a failed renewal (default: 1/30 of the lease).
+    #[arg(long, env = "SWEEPER_RENEW_RETRY_PERIOD", value_parser = humantime::parse_duration)]
+    renew_retry_period: Option<Duration>,
     /// The longest a lease store or gateway call may take (default: 1/15 of the lease).
     #[arg(long, env = "SWEEPER_MAX_ROUND_TRIP", value_parser = humantime::parse_duration)]
     max_round_trip: Option<Duration>,
@@ -136,6 +140,9 @@ impl Args {
             renew_interval: self.renew_interval.unwrap_or(defaults.renew_interval),
             renew_deadline: self.renew_deadline.unwrap_or(defaults.renew_deadline),
             retry_period: self.retry_period.unwrap_or(defaults.retry_period),
+            renew_retry_period: self
+                .renew_retry_period
+                .unwrap_or(defaults.renew_retry_period),
             max_round_trip: self.max_round_trip.unwrap_or(defaults.max_round_trip),
         }
     }

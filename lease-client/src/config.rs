@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! t = 0        last renewal sent (the store stamps expiry >= 0 + lease_duration)
-//! t = renew_interval       next renewal; on failure retry every retry_period
+//! t = renew_interval       next renewal; on failure retry every renew_retry_period
 //! t = renew_deadline       no renewal succeeded since t = 0: step down, on our own clock
 //! t = lease_duration       the earliest instant a rival can acquire
 //! ```
@@ -14,11 +14,18 @@
 //! expiry it wrote is at least `sent + lease_duration`. Stepping down at
 //! `sent + renew_deadline` therefore leaves `lease_duration - renew_deadline` for the
 //! leading code to stop and for a write it sent just before to land, before any rival
-//! can hold the lease. That gap must fit at least one round trip (`max_round_trip`).
+//! can hold the lease. That gap must fit at least one round trip (`max_round_trip`);
+//! anything later is refused by the fence anyway, since the rival's term has a higher
+//! token.
 //!
-//! Every default scales with the lease duration; for 15 s they are the seed's and
-//! Kubernetes' numbers: renew every 5 s, give up after 10 s, retry every 2 s while
-//! following, one round trip of 1 s.
+//! Every default scales with the lease duration. For 15 s: renew every 5 s, retry a
+//! failed renewal every 0.5 s (each try abandoned after 1 s), step down 13 s after the
+//! last successful renewal was sent, followers retry every 2 s. A holder rides out a
+//! store or gateway outage of `renew_deadline - renew_interval - max_round_trip` at the
+//! least (7 s of a 15 s lease) — a database switchover or a failover that the cluster
+//! finishes in that time does not end a live holder's term. (Kubernetes' leader
+//! election steps down at 10 s of 15; the two seconds that fencing makes unnecessary
+//! are given to riding out outages.)
 
 use std::time::Duration;
 
@@ -39,11 +46,15 @@ pub struct LeaseConfig {
     pub renew_interval: Duration,
     /// After this long without a successful renewal, measured on the holder's own
     /// monotonic clock from the renewal's send instant, the holder steps down.
-    /// Default: two thirds of the lease.
+    /// Default: 13/15 of the lease (the lease less two round trips).
     pub renew_deadline: Duration,
-    /// How often a follower tries to acquire, and a holder retries a failed renewal;
-    /// each wait is jittered up by to 20 %. Default: 2/15 of the lease.
+    /// How often a follower tries to acquire; each wait is jittered up by to 20 %.
+    /// Default: 2/15 of the lease.
     pub retry_period: Duration,
+    /// How soon a holder retries a failed renewal, again and again until one succeeds
+    /// or `renew_deadline` passes; jittered as `retry_period`. Default: 1/30 of the
+    /// lease.
+    pub renew_retry_period: Duration,
     /// The longest a store call or a gateway call is expected to take; each one is
     /// abandoned after this long. Default: 1/15 of the lease.
     pub max_round_trip: Duration,
@@ -61,8 +72,9 @@ impl LeaseConfig {
         LeaseConfig {
             lease_duration,
             renew_interval: lease_duration / 3,
-            renew_deadline: lease_duration * 2 / 3,
+            renew_deadline: lease_duration * 13 / 15,
             retry_period: lease_duration * 2 / 15,
+            renew_retry_period: lease_duration / 30,
             max_round_trip: lease_duration / 15,
         }
     }
@@ -74,6 +86,7 @@ impl LeaseConfig {
             renew_interval,
             renew_deadline,
             retry_period,
+            renew_retry_period,
             max_round_trip,
         } = *self;
         for (name, value) in [
@@ -81,6 +94,7 @@ impl LeaseConfig {
             ("renew_interval", renew_interval),
             ("renew_deadline", renew_deadline),
             ("retry_period", retry_period),
+            ("renew_retry_period", renew_retry_period),
             ("max_round_trip", max_round_trip),
         ] {
             if value.is_zero() {
@@ -104,11 +118,17 @@ impl LeaseConfig {
                 max_round_trip,
             });
         }
-        if retry_period >= renew_deadline {
-            return Err(ConfigError::RetryPeriodTooLong {
-                retry_period,
-                renew_deadline,
-            });
+        for (name, period) in [
+            ("retry_period", retry_period),
+            ("renew_retry_period", renew_retry_period),
+        ] {
+            if period >= renew_deadline {
+                return Err(ConfigError::RetryPeriodTooLong {
+                    name,
+                    period,
+                    renew_deadline,
+                });
+            }
         }
         Ok(())
     }
@@ -142,11 +162,12 @@ pub enum ConfigError {
         max_round_trip: Duration,
     },
     #[error(
-        "retry_period ({retry_period:?}) must be shorter than renew_deadline \
-         ({renew_deadline:?}): a failed renewal must be retried before the holder gives up"
+        "{name} ({period:?}) must be shorter than renew_deadline ({renew_deadline:?}): a \
+         failed renewal must be retried before the holder gives up"
     )]
     RetryPeriodTooLong {
-        retry_period: Duration,
+        name: &'static str,
+        period: Duration,
         renew_deadline: Duration,
     },
     #[error("invalid lease name: {0}")]
@@ -197,13 +218,18 @@ mod tests {
     const MS: fn(u64) -> Duration = Duration::from_millis;
 
     #[test]
-    fn defaults_are_the_seeds_numbers() {
+    fn defaults_ride_out_seven_seconds_of_a_fifteen_second_lease() {
         let config = LeaseConfig::default();
         assert_eq!(config.lease_duration, Duration::from_secs(15));
         assert_eq!(config.renew_interval, Duration::from_secs(5));
-        assert_eq!(config.renew_deadline, Duration::from_secs(10));
+        assert_eq!(config.renew_deadline, Duration::from_secs(13));
         assert_eq!(config.retry_period, Duration::from_secs(2));
+        assert_eq!(config.renew_retry_period, MS(500));
         assert_eq!(config.max_round_trip, Duration::from_secs(1));
+        assert_eq!(
+            config.renew_deadline - config.renew_interval - config.max_round_trip,
+            Duration::from_secs(7)
+        );
         assert_eq!(config.validate(), Ok(()));
         assert_eq!(LeaseConfig::with_lease(MS(600)).validate(), Ok(()));
     }
@@ -235,17 +261,24 @@ mod tests {
             ),
             (
                 LeaseConfig {
-                    renew_interval: MS(400),
+                    renew_retry_period: MS(520),
+                    ..base
+                },
+                "renew_retry_period (520ms) must be shorter than renew_deadline",
+            ),
+            (
+                LeaseConfig {
+                    renew_interval: MS(500),
                     ..base
                 },
                 "at least one retry",
             ),
             (
                 LeaseConfig {
-                    retry_period: MS(400),
+                    retry_period: MS(520),
                     ..base
                 },
-                "retry_period (400ms) must be shorter than renew_deadline",
+                "retry_period (520ms) must be shorter than renew_deadline",
             ),
         ];
         for (config, expected) in cases {

@@ -9,7 +9,8 @@
 //!   still in flight from older terms are rejected from now on; then the leading code
 //!   starts with the term.
 //! - **Leading**: renew every `renew_interval` from the last successful renewal's send
-//!   instant; retry a failed renewal every `retry_period`. The term ends, first reason
+//!   instant; retry a failed renewal every `renew_retry_period`, each try abandoned after
+//!   `max_round_trip`, until one succeeds or the deadline passes. The term ends, first reason
 //!   wins, when:
 //!   a renewal matches nothing (`replaced`); no renewal has succeeded for
 //!   `renew_deadline` on this process's monotonic clock (`renew_deadline`); the gateway
@@ -287,12 +288,12 @@ impl<S: LeaseStore> Elector<S> {
                     Ok(Err(error)) => {
                         failures += 1;
                         self.store_trouble(failures, "renew", &error.to_string());
-                        next_renewal = Instant::now() + self.jittered(config.retry_period);
+                        next_renewal = Instant::now() + self.jittered(config.renew_retry_period);
                     }
                     Err(_) => {
                         failures += 1;
                         self.store_trouble(failures, "renew", "no answer in time");
-                        next_renewal = Instant::now() + self.jittered(config.retry_period);
+                        next_renewal = Instant::now() + self.jittered(config.renew_retry_period);
                     }
                 },
             }

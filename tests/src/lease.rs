@@ -23,11 +23,13 @@ use fencegate_lease::{Elector, LeaseConfig, LeaseStore, LossReason, Term, Transi
 use tokio_util::sync::CancellationToken;
 
 /// The short timing of the failover tests: a 600 ms lease, renewed every 200 ms, given
-/// up after 400 ms without a renewal; followers retry every 80 ms. Store calls may
-/// take 150 ms (a loaded CI machine), which the arithmetic still allows.
+/// up after 400 ms without a renewal; followers and failed renewals retry every 80 ms.
+/// Store calls may take 150 ms (a loaded CI machine), which the arithmetic still allows.
 pub fn short_timing() -> LeaseConfig {
     LeaseConfig {
         max_round_trip: Duration::from_millis(150),
+        renew_deadline: Duration::from_millis(400),
+        renew_retry_period: Duration::from_millis(80),
         ..LeaseConfig::with_lease(Duration::from_millis(600))
     }
 }
@@ -40,14 +42,17 @@ pub fn steady_timing() -> LeaseConfig {
         renew_interval: Duration::from_millis(200),
         renew_deadline: Duration::from_secs(6),
         retry_period: Duration::from_millis(80),
+        renew_retry_period: Duration::from_millis(80),
         max_round_trip: Duration::from_secs(1),
     }
 }
 
-/// The timing of the `invoice-sweeper` processes in tests: a 1 s lease.
+/// The timing of the `invoice-sweeper` processes in tests: a 1 s lease, given up after
+/// two thirds of it.
 pub fn process_timing() -> LeaseConfig {
     LeaseConfig {
         max_round_trip: Duration::from_millis(150),
+        renew_deadline: Duration::from_millis(666),
         ..LeaseConfig::with_lease(Duration::from_secs(1))
     }
 }
@@ -61,6 +66,7 @@ pub fn process_timing_args() -> Vec<String> {
         ("--renew-interval", config.renew_interval),
         ("--renew-deadline", config.renew_deadline),
         ("--retry-period", config.retry_period),
+        ("--renew-retry-period", config.renew_retry_period),
         ("--max-round-trip", config.max_round_trip),
     ]
     .into_iter()

@@ -302,3 +302,78 @@ async fn writes_are_resent_after_a_transport_failure() {
         Some((b"y".to_vec(), 1, 1))
     );
 }
+
+/// With the default timing scaled to a 6 s lease (renew every 2 s, retry a failed
+/// renewal every 0.2 s, each try abandoned after 0.4 s, step down 5.2 s after the last
+/// renewal was sent), a hosted lease rides out a gateway that stops answering for 4.2 s
+/// right after a renewal — past the step-down at two thirds of the lease (4 s) — and
+/// keeps its term; stopped for longer than the deadline, the term ends with
+/// `renew_deadline`, on the holder's clock, and not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hosted_lease_rides_out_an_outage_shorter_than_its_budget() {
+    use fencegate_lease::{GatewayStore, Transition};
+    use fencegate_tests::lease::next_transition;
+    use tokio::time::Instant;
+
+    let deployment = Deployment::start(Backend::Postgres).await;
+    let gateway = &deployment.gateway;
+    let config = fencegate_lease::LeaseConfig::with_lease(Duration::from_secs(6));
+    let store = GatewayStore::new(FencedClient::new(&gateway.url()).unwrap());
+    let elector = Elector::new(store, LEASE, "node-a", config).unwrap();
+    let mut events = elector.subscribe();
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            elector
+                .run(shutdown, |term: Term| async move { term.cancelled().await })
+                .await
+        }
+    });
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &gateway.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {name}");
+    };
+    let renewed = |t: &Transition| matches!(t, Transition::Renewed { .. });
+    next_transition(&mut events, PATIENCE, |t| {
+        matches!(t, Transition::Acquired { .. })
+    })
+    .await;
+
+    // A pause of 4.2 s just after a renewal: the term lasts.
+    next_transition(&mut events, PATIENCE, renewed).await;
+    signal("-STOP");
+    tokio::time::sleep(Duration::from_millis(4200)).await;
+    signal("-CONT");
+    let after = next_transition(&mut events, Duration::from_secs(6), |t| {
+        renewed(t) || matches!(t, Transition::Lost { .. })
+    })
+    .await;
+    assert!(
+        renewed(&after),
+        "the term ended in a 4.2 s outage: {after:?}"
+    );
+
+    // A pause past the deadline: the term ends, at the deadline.
+    let Transition::Renewed { deadline, .. } =
+        next_transition(&mut events, PATIENCE, renewed).await
+    else {
+        unreachable!()
+    };
+    signal("-STOP");
+    let reason = lost(&mut events).await;
+    let ended = Instant::now();
+    signal("-CONT");
+    assert_eq!(reason, LossReason::RenewDeadline);
+    assert!(ended >= deadline, "stepped down before its deadline");
+    assert!(
+        ended - deadline < Duration::from_millis(500),
+        "stepped down {:?} after its deadline",
+        ended - deadline
+    );
+    shutdown.cancel();
+    let _ = run.await;
+}

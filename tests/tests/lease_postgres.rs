@@ -485,6 +485,13 @@ async fn bad_configuration_is_rejected() {
         ),
         (
             LeaseConfig {
+                renew_retry_period: base.renew_deadline,
+                ..base
+            },
+            "renew_retry_period",
+        ),
+        (
+            LeaseConfig {
                 lease_duration: Duration::ZERO,
                 ..base
             },

@@ -199,6 +199,7 @@ async fn etcd_a_revoked_lease_ends_the_term_at_once() {
         renew_interval: Duration::from_secs(8),
         renew_deadline: Duration::from_secs(15),
         retry_period: Duration::from_millis(100),
+        renew_retry_period: Duration::from_millis(100),
         max_round_trip: Duration::from_secs(2),
     };
     let elector = Elector::new(Arc::clone(&store), LEASE, "node-a", config).unwrap();
