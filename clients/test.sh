@@ -11,6 +11,11 @@
 #    installed into a fresh venv, pytest against it.
 # 4. Node: tsc --strict (the package and its example), `npm pack`, the tarball installed
 #    into the test project clients/node/test, node --test against it.
+# 5. Installs as a user runs them: a copy of clients/node without node_modules and dist
+#    installed as a directory, from a git URL, and packed with `npm pack`; then
+#    clients/release.sh, and each artefact it writes installed into a clean environment
+#    (a fresh venv for the wheel and for the sdist, a fresh npm project for the tarball)
+#    and imported.
 #
 # Every test starts its own gateways on free ports, each with its own database or data
 # directory. Exits non-zero on the first failure.
@@ -140,5 +145,82 @@ step "node: the tarball in the test project"
 
 step "node: node --test"
 (cd "$node_dir/test" && node --test --test-concurrency=4 build/)
+
+# ---------------------------------------------------------------- installs
+
+scratch=$(mktemp -d)
+trap 'rm -rf "$scratch"' EXIT
+quiet_npm=(--no-audit --no-fund --loglevel=error)
+
+fresh_node_copy() { # fresh_node_copy DIR: clients/node as a fresh checkout has it
+  mkdir -p "$1"
+  tar -C "$node_dir" --exclude=./node_modules --exclude=./dist --exclude='./*.tgz' \
+    --exclude=./test/node_modules --exclude=./test/build -cf - . | tar -C "$1" -xf -
+}
+new_npm_project() { # new_npm_project DIR
+  mkdir -p "$1"
+  (cd "$1" && npm init -y >/dev/null)
+}
+# Imports the installed package in the project of the current directory and uses it.
+node_uses_fencegate='
+  const { checkToken, Gateway, VERSION } = await import("fencegate");
+  if (checkToken(7) !== 7n) throw new Error("checkToken(7) is not 7n");
+  if (new Gateway("http://127.0.0.1:7070").url !== "http://127.0.0.1:7070") throw new Error("Gateway.url");
+  console.log(`fencegate ${VERSION} imported`);'
+
+step "node: npm install of a checkout directory (prepare builds dist)"
+fresh_node_copy "$scratch/checkout/node"
+new_npm_project "$scratch/from-directory"
+(
+  cd "$scratch/from-directory"
+  npm install "${quiet_npm[@]}" "$scratch/checkout/node"
+  [[ -f node_modules/fencegate/dist/index.js ]] || fail "npm install of the directory built no dist/"
+  node --input-type=module -e "$node_uses_fencegate"
+)
+
+step "node: npm install from a git URL (prepare builds dist)"
+# npm installs a git URL's package from the repository's root: a repository that holds
+# clients/node at its root stands in for one.
+fresh_node_copy "$scratch/repo"
+git -C "$scratch/repo" init -q
+git -C "$scratch/repo" add -A
+git -C "$scratch/repo" -c user.name=test -c user.email=test@localhost commit -q -m "clients/node"
+new_npm_project "$scratch/from-git"
+(
+  cd "$scratch/from-git"
+  npm install "${quiet_npm[@]}" "git+file://$scratch/repo"
+  node --input-type=module -e "$node_uses_fencegate"
+)
+
+step "node: npm pack in a fresh checkout"
+fresh_node_copy "$scratch/pack"
+(
+  cd "$scratch/pack"
+  packed=$(npm pack --silent)
+  [[ $packed == fencegate-*.tgz && -f $packed ]] || fail "npm pack in a fresh checkout printed '$packed'"
+  listing=$(tar tzf "$packed")
+  grep -q 'package/dist/index.js' <<<"$listing" || fail "npm pack in a fresh checkout packed no dist/"
+)
+
+step "release: clients/release.sh, each artefact installed into a clean environment"
+"$clients/release.sh" --help >/dev/null
+"$clients/release.sh" --out "$scratch/release" >/dev/null
+(cd "$scratch/release" && sha256sum --check --quiet SHA256SUMS) || fail "SHA256SUMS does not match the artefacts"
+version=$(cd "$py" && .venv/bin/python -c 'import runpy; print(runpy.run_path("src/fencegate/_version.py")["__version__"])')
+for artefact in "$scratch/release"/fencegate-"$version"-py3-none-any.whl "$scratch/release"/fencegate-"$version".tar.gz; do
+  [[ -f $artefact ]] || fail "release.sh wrote no $(basename "$artefact")"
+  venv="$scratch/venv-$(basename "$artefact")"
+  "$test_python" -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "$artefact"
+  imported=$(cd "$scratch" && "$venv/bin/python" -c 'import fencegate; print(fencegate.__version__)')
+  [[ $imported == "$version" ]] || fail "$(basename "$artefact") imports as version '$imported'"
+  echo "$(basename "$artefact"): fencegate $imported imported"
+done
+new_npm_project "$scratch/from-tarball"
+(
+  cd "$scratch/from-tarball"
+  npm install "${quiet_npm[@]}" "$scratch/release/fencegate-$version.tgz"
+  node --input-type=module -e "$node_uses_fencegate"
+)
 
 step "all passed"
