@@ -21,6 +21,8 @@
  * @module
  */
 
+import { type Json, toJson } from './json.js';
+
 /** The JSON fields of an error answer, or of a Postgres fence error made to look alike. */
 export type ErrorBody = Readonly<Record<string, unknown>>;
 
@@ -63,6 +65,14 @@ export class FencegateError extends Error {
     this.code = typeof code === 'string' ? code : undefined;
     const sqlstate = init.sqlstate ?? this.body['sqlstate'];
     this.sqlstate = typeof sqlstate === 'string' ? sqlstate : undefined;
+  }
+
+  /**
+   * What `JSON.stringify(error)` writes: the name, the message and every field, with
+   * tokens (bigint, which `JSON.stringify` refuses) as decimal strings.
+   */
+  toJSON(): { [key: string]: Json } {
+    return toJson({ ...this, name: this.name, message: this.message }) as { [key: string]: Json };
   }
 }
 

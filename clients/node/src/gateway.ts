@@ -14,7 +14,7 @@
  * @module
  */
 
-import { StaleToken } from './errors.js';
+import { GatewayUnreachable, StaleToken } from './errors.js';
 import { Lease, type LeaseOptions } from './lease.js';
 import * as proto from './protocol.js';
 import type {
@@ -282,9 +282,21 @@ export class Gateway {
     return new Lease(this, resource, this.#holder(options.holder), options);
   }
 
-  /** Whether the gateway and its backend answer (`GET /readyz`). */
-  async ready(): Promise<boolean> {
-    return await this.#send({ method: 'GET', path: '/readyz', headers: {}, context: {} }, proto.ready);
+  /**
+   * Whether the gateway and its backend are ready: `GET /readyz` answers `200`.
+   *
+   * `false` when it answers anything else (`503` while its database is down or refuses
+   * writes) and when no answer comes: the gateway is stopped, paused or out of reach, or
+   * `timeoutMs` passes (default: the gateway's `timeoutMs`). Throws only for a request
+   * that cannot be sent at all, a mistake in the code.
+   */
+  async ready(options: { timeoutMs?: number | undefined } = {}): Promise<boolean> {
+    try {
+      return await this.#send({ method: 'GET', path: '/readyz', headers: {}, context: {} }, proto.ready, options.timeoutMs);
+    } catch (error) {
+      if (error instanceof GatewayUnreachable) return false;
+      throw error;
+    }
   }
 
   #holder(holder: string | undefined): string {

@@ -24,6 +24,8 @@ export { fenceError, fenceErrorFromSqlstate, fencedTransaction, SQLSTATE_STALE, 
 export type { Queryable } from './fenced.js';
 export { DEFAULT_TIMEOUT_MS, DEFAULT_URL, Gateway } from './gateway.js';
 export type { GatewayOptions, LeaseStepOptions } from './gateway.js';
+export { jsonReplacer } from './json.js';
+export type { Json, Jsonable } from './json.js';
 export { Lease, leaseTiming } from './lease.js';
 export type { LeaseOptions, LeaseTiming, LostReason } from './lease.js';
 export { MAX_TOKEN, checkToken } from './protocol.js';

@@ -5,6 +5,7 @@
  */
 
 import { type ErrorBody, FencegateError, GatewayUnreachable, TransientError, errorForCode } from './errors.js';
+import { type Jsonable, withJson } from './json.js';
 import { keyFor } from './retry.js';
 
 /** The largest fencing token: tokens are 1 to 2^63 - 1. */
@@ -21,7 +22,14 @@ export function checkToken(token: TokenLike): bigint {
   let value: bigint;
   if (typeof token === 'bigint') value = token;
   else if (typeof token === 'number' && Number.isSafeInteger(token)) value = BigInt(token);
-  else throw new TypeError(`a fencing token is an integer, not ${String(token)}`);
+  else if (typeof token === 'number' && Number.isInteger(token)) {
+    // Above 2^53 a number has already lost digits: the token it stood for is unknown.
+    throw new TypeError(
+      `a fencing token above 2^53 must be passed as a bigint, e.g. 2n ** 60n or BigInt("1152921504606846976"): ` +
+        `the number ${String(token)} is not exact`,
+    );
+  } else if (typeof token === 'number') throw new TypeError(`a fencing token is an integer, not ${String(token)}`);
+  else throw new TypeError(`a fencing token is a bigint or an integer number, not ${typeof token} ${String(token)}`);
   if (value < 1n || value > MAX_TOKEN) throw new RangeError(`a fencing token is 1 to ${MAX_TOKEN}, not ${value}`);
   return value;
 }
@@ -79,8 +87,11 @@ export interface PutOptions extends ObjectWriteOptions {
   ifNoneMatch?: boolean | undefined;
 }
 
-/** An accepted `PUT` or `DELETE`: committed, with the fence at least `token`. */
-export interface WriteResult {
+/**
+ * An accepted `PUT` or `DELETE`: committed, with the fence at least `token`.
+ * `JSON.stringify` writes its token as a decimal string (see {@link Jsonable}).
+ */
+export interface WriteResult extends Jsonable {
   readonly resource: string;
   readonly key: string;
   readonly token: bigint;
@@ -96,8 +107,8 @@ export interface WriteResult {
   readonly replayed: boolean;
 }
 
-/** An object read with `GET`. */
-export interface StoredObject {
+/** An object read with `GET`; `JSON.stringify` writes its value as base64. */
+export interface StoredObject extends Jsonable {
   readonly value: Uint8Array;
   readonly version: number;
   /** The token of the write that stored this value. */
@@ -107,7 +118,7 @@ export interface StoredObject {
 }
 
 /** A resource's fence. */
-export interface FenceState {
+export interface FenceState extends Jsonable {
   readonly resource: string;
   /** The highest accepted token, `null` if nothing was ever accepted. */
   readonly highest: bigint | null;
@@ -116,7 +127,7 @@ export interface FenceState {
 }
 
 /** A lease hosted by the gateway, as it stands after a request. */
-export interface LeaseState {
+export interface LeaseState extends Jsonable {
   readonly resource: string;
   readonly held: boolean;
   readonly holder: string | null;
@@ -148,7 +159,7 @@ export interface SqlResult {
 }
 
 /** A committed fenced SQL transaction. */
-export interface SqlOutcome {
+export interface SqlOutcome extends Jsonable {
   readonly resource: string;
   readonly token: bigint;
   readonly results: readonly SqlResult[];
@@ -195,30 +206,32 @@ export type TxnOperation =
     };
 
 /** What one operation of a committed transaction did. */
-export type TxnResult =
-  | {
-      readonly op: 'put';
-      readonly resource: string;
-      readonly token: bigint;
-      readonly key: string;
-      /** The object's version after the transaction. */
-      readonly version: number;
-      /** `true` when the put created the object. */
-      readonly created: boolean;
-    }
-  | { readonly op: 'delete'; readonly resource: string; readonly token: bigint; readonly key: string; readonly version: number }
-  | { readonly op: 'advance'; readonly resource: string; readonly token: bigint }
-  | {
-      readonly op: 'check';
-      readonly resource: string;
-      readonly token: bigint;
-      /** With a key: the object, and the version it was found at. */
-      readonly key?: string;
-      readonly version?: number;
-    };
+export type TxnResult = Jsonable &
+  (
+    | {
+        readonly op: 'put';
+        readonly resource: string;
+        readonly token: bigint;
+        readonly key: string;
+        /** The object's version after the transaction. */
+        readonly version: number;
+        /** `true` when the put created the object. */
+        readonly created: boolean;
+      }
+    | { readonly op: 'delete'; readonly resource: string; readonly token: bigint; readonly key: string; readonly version: number }
+    | { readonly op: 'advance'; readonly resource: string; readonly token: bigint }
+    | {
+        readonly op: 'check';
+        readonly resource: string;
+        readonly token: bigint;
+        /** With a key: the object, and the version it was found at. */
+        readonly key?: string;
+        readonly version?: number;
+      }
+  );
 
 /** A committed transaction: one result per operation, in order. */
-export interface TxnOutcome {
+export interface TxnOutcome extends Jsonable {
   readonly results: readonly TxnResult[];
   /** The stored answer of an earlier attempt, replayed (see {@link WriteResult.replayed}). */
   readonly replayed: boolean;
@@ -443,42 +456,42 @@ function check(answer: Answer, request: Request): void {
 export function writeResult(answer: Answer, request: Request): WriteResult {
   check(answer, request);
   const body = parseJson(answer.body);
-  return {
+  return withJson({
     resource: String(body['resource']),
     key: String(body['key']),
     token: asBigint(body['token']),
     version: Number(body['version']),
     created: answer.status === 201,
     replayed: replayed(answer),
-  };
+  });
 }
 
 export function storedObject(answer: Answer, request: Request): StoredObject | null {
   if (answer.status === 404) return null;
   check(answer, request);
   const value = answer.body;
-  return {
+  return withJson({
     value,
     version: Number((header(answer, 'etag') ?? '"0"').replaceAll('"', '')),
     token: BigInt(header(answer, 'fencing-token') ?? '0'),
     text: () => decoder.decode(value),
-  };
+  });
 }
 
 export function fenceState(answer: Answer, request: Request): FenceState {
   check(answer, request);
   const body = parseJson(answer.body);
-  return {
+  return withJson({
     resource: String(body['resource']),
     highest: body['highest'] == null ? null : asBigint(body['highest']),
     replayed: replayed(answer),
-  };
+  });
 }
 
 export function leaseState(answer: Answer, request: Request): LeaseState {
   check(answer, request);
   const body = parseJson(answer.body);
-  return {
+  return withJson({
     resource: String(body['resource']),
     held: body['held'] === true,
     holder: typeof body['holder'] === 'string' ? body['holder'] : null,
@@ -486,7 +499,7 @@ export function leaseState(answer: Answer, request: Request): LeaseState {
     token: body['token'] == null ? null : asBigint(body['token']),
     expiresInMs: Number(body['expires_in_ms'] ?? 0),
     replayed: replayed(answer),
-  };
+  });
 }
 
 export function sqlOutcome(answer: Answer, request: Request): SqlOutcome {
@@ -498,7 +511,7 @@ export function sqlOutcome(answer: Answer, request: Request): SqlOutcome {
     rows: (result['rows'] as unknown[][] | undefined) ?? [],
     truncated: result['truncated'] === true,
   }));
-  return { resource: String(body['resource']), token: asBigint(body['token']), results, replayed: replayed(answer) };
+  return withJson({ resource: String(body['resource']), token: asBigint(body['token']), results, replayed: replayed(answer) });
 }
 
 function txnResult(result: Record<string, unknown>): TxnResult {
@@ -507,22 +520,24 @@ function txnResult(result: Record<string, unknown>): TxnResult {
   const op = result['op'];
   switch (op) {
     case 'put':
-      return {
+      return withJson({
         op,
         resource,
         token,
         key: String(result['key']),
         version: Number(result['version']),
         created: result['created'] === true,
-      };
+      });
     case 'delete':
-      return { op, resource, token, key: String(result['key']), version: Number(result['version']) };
+      return withJson({ op, resource, token, key: String(result['key']), version: Number(result['version']) });
     case 'advance':
-      return { op, resource, token };
+      return withJson({ op, resource, token });
     case 'check':
-      return result['key'] === undefined
-        ? { op, resource, token }
-        : { op, resource, token, key: String(result['key']), version: Number(result['version']) };
+      return withJson(
+        result['key'] === undefined
+          ? { op, resource, token }
+          : { op, resource, token, key: String(result['key']), version: Number(result['version']) },
+      );
     default:
       throw new FencegateError(`a transaction result of an unknown operation: ${String(op)}`);
   }
@@ -531,7 +546,7 @@ function txnResult(result: Record<string, unknown>): TxnResult {
 export function txnOutcome(answer: Answer, request: Request): TxnOutcome {
   check(answer, request);
   const body = parseJson(answer.body);
-  return { results: (body['results'] as Record<string, unknown>[]).map(txnResult), replayed: replayed(answer) };
+  return withJson({ results: (body['results'] as Record<string, unknown>[]).map(txnResult), replayed: replayed(answer) });
 }
 
 export function ready(answer: Answer): boolean {

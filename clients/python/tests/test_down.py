@@ -36,6 +36,41 @@ def test_no_gateway_is_a_transient_error_and_nothing_was_applied() -> None:
     assert error.status is None
 
 
+def test_ready_is_false_while_the_gateway_cannot_answer(gateway_process: GatewayProcess) -> None:
+    with fencegate.Gateway(gateway_process.url, timeout=0.5) as gateway:
+        assert gateway.ready()
+        gateway_process.pause()
+        try:
+            started = time.monotonic()
+            assert not gateway.ready(), "a paused gateway is not ready"
+            assert time.monotonic() - started < 2, "ready() waited past the gateway's timeout"
+            assert not gateway.ready(timeout=0.1)
+        finally:
+            gateway_process.resume()
+        assert gateway.ready()
+        gateway_process.stop()
+        assert not gateway.ready(), "a stopped gateway is not ready"
+    with fencegate.Gateway(f"http://127.0.0.1:{closed_port()}") as nobody:
+        assert not nobody.ready()
+    # A mistake in the code is no "not ready".
+    with pytest.raises(ValueError, match="http:// or https://"):
+        fencegate.Gateway("ftp://127.0.0.1:7070")
+
+
+@pytest.mark.anyio
+async def test_async_ready_is_false_while_the_gateway_cannot_answer(gateway_process: GatewayProcess) -> None:
+    async with fencegate.AsyncGateway(gateway_process.url, timeout=0.5) as gateway:
+        assert await gateway.ready()
+        gateway_process.pause()
+        try:
+            assert not await gateway.ready()
+        finally:
+            gateway_process.resume()
+        assert await gateway.ready()
+        gateway_process.stop()
+        assert not await gateway.ready()
+
+
 def test_a_hung_gateway_leaves_the_write_in_doubt(gateway_process: GatewayProcess) -> None:
     with fencegate.Gateway(gateway_process.url, timeout=0.3) as gateway:
         gateway.put("orders", "o-1", b"v", token=1)  # the connection is open now

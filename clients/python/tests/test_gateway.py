@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import fencegate
@@ -84,6 +86,24 @@ def test_lease_steps_one_by_one(gateway: fencegate.Gateway) -> None:
     second = gateway.acquire_lease("sweeper", holder="node-b", ttl=30)
     assert second.token == 2
     assert gateway.read_lease("sweeper").holder == "node-b"
+
+
+def test_a_value_is_bytes_or_str_and_json_is_sent_as_text(gateway: fencegate.Gateway) -> None:
+    document = {"invoice": "invoice-001", "reminded": True}
+    for value in (document, [1, 2], 5, None):
+        with pytest.raises(TypeError) as refused:
+            gateway.put("orders", "o-1", value, token=1)  # type: ignore[arg-type]
+        message = str(refused.value)
+        assert "bytes or str" in message and type(value).__name__ in message, message
+        assert "json.dumps(value)" in message, message
+    with pytest.raises(TypeError, match=r"TxnPut's value is bytes or str, not dict: .*json\.dumps\(value\)"):
+        gateway.txn([fencegate.TxnPut("orders", "o-1", document, token=1)])  # type: ignore[arg-type]
+    assert gateway.fence("orders").highest is None, "nothing was sent"
+
+    # What the message says to do works.
+    gateway.put("orders", "o-1", json.dumps(document), token=1)
+    stored = gateway.get("orders", "o-1")
+    assert stored is not None and json.loads(stored.value) == document
 
 
 def test_holder_is_required_for_leases() -> None:

@@ -82,6 +82,26 @@ test('tokens are checked before anything is sent, and kept exact', async () => {
   gateway.close();
 });
 
+test('a token past 2^53 given as a number is refused with what to pass instead', () => {
+  // 2 ** 60 is exact, but any number this large stands for many integers: refused all the same.
+  for (const token of [2 ** 60, Number.MAX_SAFE_INTEGER + 1, 1e300]) {
+    assert.throws(
+      () => fencegate.checkToken(token),
+      (error: unknown) => {
+        assert.ok(error instanceof TypeError);
+        assert.match(error.message, /above 2\^53 must be passed as a bigint/);
+        assert.match(error.message, /2n \*\* 60n or BigInt\("1152921504606846976"\)/);
+        return true;
+      },
+    );
+  }
+  assert.equal(fencegate.checkToken(2n ** 60n), 1152921504606846976n);
+  assert.equal(fencegate.checkToken(BigInt('1152921504606846976')), 2n ** 60n);
+  assert.equal(fencegate.checkToken(Number.MAX_SAFE_INTEGER), 2n ** 53n - 1n);
+  assert.throws(() => fencegate.checkToken(1.5), /a fencing token is an integer, not 1\.5/);
+  assert.throws(() => fencegate.checkToken('7' as unknown as number), /a bigint or an integer number, not string 7/);
+});
+
 test('lease timing defaults and checks', () => {
   assert.deepEqual(fencegate.leaseTiming({ ttlMs: 15_000 }), {
     ttlMs: 15_000,

@@ -21,8 +21,34 @@ test('no gateway is a transient error, and nothing was applied', async () => {
   gateway.close();
 });
 
+test('ready() is false without a gateway, and throws only for a mistake in the code', async () => {
+  const gateway = new fencegate.Gateway(`http://127.0.0.1:${await closedPort()}`);
+  assert.equal(await gateway.ready(), false);
+  gateway.close();
+  assert.throws(() => new fencegate.Gateway('ftp://127.0.0.1:7070'), /http:\/\/ or https:\/\//);
+});
+
 for (const backend of BACKENDS) {
   describe(`on the ${backend} backend`, () => {
+    test('ready() is false while the gateway is paused or stopped', async (t) => {
+      const process = await gatewayOn(t, backend);
+      const gateway = new fencegate.Gateway(process.url, { timeoutMs: 500 });
+      defer(t, () => gateway.close());
+      assert.equal(await gateway.ready(), true);
+      process.pause();
+      try {
+        const started = performance.now();
+        assert.equal(await gateway.ready(), false, 'a paused gateway is not ready');
+        assert.ok(performance.now() - started < 2_000, "ready() waited past the gateway's timeoutMs");
+        assert.equal(await gateway.ready({ timeoutMs: 100 }), false);
+      } finally {
+        process.resume();
+      }
+      assert.equal(await gateway.ready(), true);
+      await process.stop();
+      assert.equal(await gateway.ready(), false, 'a stopped gateway is not ready');
+    });
+
     test('a hung gateway leaves the write in doubt', async (t) => {
       const process = await gatewayOn(t, backend);
       const gateway = new fencegate.Gateway(process.url, { timeoutMs: 300 });

@@ -104,6 +104,21 @@ def _write_headers(
     return headers
 
 
+def _value_bytes(value: bytes | str, what: str = "an object's value") -> bytes:
+    """The bytes of a value to store: ``str`` as UTF-8, any bytes-like object as is.
+    Anything else is refused here, rather than turned into bytes by ``bytes()``, which
+    makes ``n`` zero bytes of an int and fails obscurely on a dict."""
+    if isinstance(value, str):
+        return value.encode()
+    try:
+        return memoryview(value).tobytes()
+    except TypeError:
+        raise TypeError(
+            f"{what} is bytes or str, not {type(value).__name__}: to store JSON, "
+            "pass json.dumps(value) (or json.dumps(value).encode())"
+        ) from None
+
+
 def _json(value: Mapping[str, Any]) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
@@ -122,7 +137,7 @@ def put(
     if_none_match: bool,
     idempotency_key: str,
 ) -> Request:
-    content = value.encode() if isinstance(value, str) else bytes(value)
+    content = _value_bytes(value)
     headers = _write_headers(token, holder, idempotency_key, if_match, if_none_match)
     headers["Content-Type"] = "application/octet-stream"
     return Request(
@@ -244,7 +259,8 @@ def _operation(op: TxnOp) -> dict[str, Any]:
         if isinstance(op.value, str):
             value: dict[str, str] = {"value": op.value}
         else:
-            value = {"value_base64": base64.b64encode(bytes(op.value)).decode("ascii")}
+            raw = _value_bytes(op.value, "a TxnPut's value")
+            value = {"value_base64": base64.b64encode(raw).decode("ascii")}
         return {"op": "put", "resource": op.resource, "key": op.key, "token": token, **value, **_if_match(op.if_match)}
     if isinstance(op, TxnDelete):
         return {"op": "delete", "resource": op.resource, "key": op.key, "token": token, **_if_match(op.if_match)}

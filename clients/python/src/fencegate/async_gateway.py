@@ -15,7 +15,7 @@ from . import _protocol as proto
 from . import _retry
 from ._protocol import Request
 from ._retry import Live, RetryPolicy, key_for
-from .errors import StaleToken
+from .errors import GatewayUnreachable, StaleToken
 from .gateway import DEFAULT_TIMEOUT, DEFAULT_URL, Settings, all_live, stale_terms
 from .models import (
     FenceState,
@@ -101,6 +101,8 @@ class AsyncGateway:
                 content=request.content,
                 timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
             )
+        except (httpx.UnsupportedProtocol, httpx.LocalProtocolError):
+            raise  # the request cannot be sent at all (the URL, a header): a mistake, not the network
         except httpx.TransportError as error:
             raise proto.unreachable(error, self.url) from error
         return parse(response, request)
@@ -303,6 +305,9 @@ class AsyncGateway:
             retry_every=retry_every,
         )
 
-    async def ready(self) -> bool:
+    async def ready(self, *, timeout: float | None = None) -> bool:
         """See :meth:`Gateway.ready <fencegate.Gateway.ready>`."""
-        return await self._send(Request("GET", "/readyz"), proto.ready)
+        try:
+            return await self._send(Request("GET", "/readyz"), proto.ready, timeout)
+        except GatewayUnreachable:
+            return False

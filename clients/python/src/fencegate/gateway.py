@@ -30,7 +30,7 @@ from ._protocol import Request
 from ._retry import Live, RetryPolicy, key_for
 from ._term import LostReason
 from ._version import __version__
-from .errors import StaleToken
+from .errors import GatewayUnreachable, StaleToken
 from .models import (
     FenceState,
     IfMatch,
@@ -72,6 +72,8 @@ class Settings:
         timeout: float,
         retry: RetryPolicy | None,
     ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"a gateway URL is http:// or https://, not {url!r}")
         self.url = url.rstrip("/")
         self.holder = holder
         self.headers = {"User-Agent": f"fencegate-python/{__version__}"}
@@ -197,6 +199,8 @@ class Gateway:
                 content=request.content,
                 timeout=timeout if timeout is not None else httpx.USE_CLIENT_DEFAULT,
             )
+        except (httpx.UnsupportedProtocol, httpx.LocalProtocolError):
+            raise  # the request cannot be sent at all (the URL, a header): a mistake, not the network
         except httpx.TransportError as error:
             raise proto.unreachable(error, self.url) from error
         return parse(response, request)
@@ -468,9 +472,18 @@ class Gateway:
 
     # -- health
 
-    def ready(self) -> bool:
-        """Whether the gateway and its backend answer (``GET /readyz``)."""
-        return self._send(Request("GET", "/readyz"), proto.ready)
+    def ready(self, *, timeout: float | None = None) -> bool:
+        """Whether the gateway and its backend are ready: ``GET /readyz`` answers 200.
+
+        ``False`` when it answers anything else (``503`` while its database is down or
+        refuses writes) and when no answer comes: the gateway is stopped, paused or out
+        of reach, or ``timeout`` seconds (default: the gateway's ``timeout``) pass.
+        Raises only for a request that cannot be sent at all, a mistake in the code.
+        """
+        try:
+            return self._send(Request("GET", "/readyz"), proto.ready, timeout)
+        except GatewayUnreachable:
+            return False
 
 
 def all_live(leases: Sequence[Any]) -> Live:
