@@ -4,7 +4,8 @@
 //! "Connection could not be recycled", "Connection error"), so a database switchover
 //! writes one line per connection, all alike. Unless the filter names that target
 //! itself, those lines are summarised instead: one warning when they start, then at
-//! most one every [`SUMMARY_EVERY`], with how many there were.
+//! most one every [`SUMMARY_EVERY`], each with the count of the pool's warnings since
+//! the one before (`warnings`) and the last of them (`last`).
 
 use std::io::IsTerminal;
 use std::sync::Mutex;
