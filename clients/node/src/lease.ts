@@ -10,9 +10,18 @@
  *
  * The holder's own monotonic clock (`performance.now()`) decides when to stop. Each
  * successful renewal moves the **deadline** to the instant the renewal was *sent*, plus
- * the TTL, less `marginMs` (a third of the TTL by default). The gateway starts the TTL
- * when the request arrives, later than it was sent, so the holder stops at least
- * `marginMs` before any rival can take over, whatever the network did.
+ * the TTL (or what the gateway granted, if less), less `marginMs` (2/15 of the TTL by
+ * default: 2 s of 15 s). The gateway starts the TTL when the request arrives, later than
+ * it was sent, so the holder stops at least `marginMs` before any rival can take over,
+ * whatever the network did.
+ *
+ * A renewal that fails is tried again every `renewRetryEveryMs` (1/30 of the TTL) until
+ * the deadline, each attempt abandoned after `renewTimeoutMs` (1/15 of the TTL) or at the
+ * deadline, whichever comes first. So a gateway that hangs (its database failing over)
+ * cannot use up the time left with one request, and the last attempt is sent shortly
+ * before the deadline: a lease whose database is back in time is kept. `marginMs` must
+ * stay above `renewTimeoutMs`, so that an attempt sent just before the deadline reaches
+ * the gateway before the lease can pass there.
  *
  * ## The end of the term
  *
@@ -59,19 +68,25 @@ export type LostReason =
   /** Released by its holder. */
   | 'released';
 
-/** A lease's timing, in milliseconds; every default is a fraction of `ttlMs`. */
+/**
+ * A lease's timing, in milliseconds. Every default is a fraction of `ttlMs`, the same in
+ * every fencegate client; for a 15 s lease: renew every 5 s; step down 13 s after the
+ * last renewal that got through was sent, 2 s before a rival may acquire; after a failed
+ * renewal, try again every 0.5 s, each attempt given at most 1 s.
+ */
 export interface LeaseOptions {
   /** How long each acquisition or renewal holds on the gateway's clock (15 s). */
   ttlMs?: number | undefined;
-  /** How long before the TTL could pass the holder steps down (`ttlMs / 3`). */
+  /** How long before the TTL could pass the holder steps down (`ttlMs * 2 / 15`); above `renewTimeoutMs`. */
   marginMs?: number | undefined;
   /** Time between renewals (`ttlMs / 3`); below `ttlMs - marginMs`. */
   renewEveryMs?: number | undefined;
-  /**
-   * Time between tries after a failed renewal, and between tries to acquire a lease
-   * someone else holds (`min(renewEveryMs, ttlMs / 10)`).
-   */
+  /** Time between tries to acquire a lease someone else holds (`min(renewEveryMs, ttlMs / 10)`). */
   retryEveryMs?: number | undefined;
+  /** Time between renewal attempts after a failed one, until the deadline (`ttlMs / 30`). */
+  renewRetryEveryMs?: number | undefined;
+  /** The longest one renewal attempt may take (`ttlMs / 15`; less when the deadline is nearer). */
+  renewTimeoutMs?: number | undefined;
 }
 
 /** A checked timing. */
@@ -80,14 +95,18 @@ export interface LeaseTiming {
   readonly marginMs: number;
   readonly renewEveryMs: number;
   readonly retryEveryMs: number;
+  readonly renewRetryEveryMs: number;
+  readonly renewTimeoutMs: number;
 }
 
 /** Fills in the defaults and checks that the timing can work. */
 export function leaseTiming(options: LeaseOptions = {}): LeaseTiming {
   const ttlMs = checkTtl(options.ttlMs ?? 15_000);
-  const marginMs = options.marginMs ?? ttlMs / 3;
+  const marginMs = options.marginMs ?? (ttlMs * 2) / 15;
   const renewEveryMs = options.renewEveryMs ?? ttlMs / 3;
   const retryEveryMs = options.retryEveryMs ?? Math.min(renewEveryMs, ttlMs / 10);
+  const renewRetryEveryMs = options.renewRetryEveryMs ?? ttlMs / 30;
+  const renewTimeoutMs = options.renewTimeoutMs ?? ttlMs / 15;
   if (!(marginMs > 0 && marginMs < ttlMs)) {
     throw new RangeError(`marginMs must be above 0 and below ttlMs (${ttlMs}), not ${marginMs}`);
   }
@@ -98,7 +117,16 @@ export function leaseTiming(options: LeaseOptions = {}): LeaseTiming {
     );
   }
   if (!(retryEveryMs > 0)) throw new RangeError(`retryEveryMs must be above 0, not ${retryEveryMs}`);
-  return { ttlMs, marginMs, renewEveryMs, retryEveryMs };
+  if (!(renewRetryEveryMs > 0)) throw new RangeError(`renewRetryEveryMs must be above 0, not ${renewRetryEveryMs}`);
+  if (!(renewTimeoutMs > 0)) throw new RangeError(`renewTimeoutMs must be above 0, not ${renewTimeoutMs}`);
+  if (!(marginMs > renewTimeoutMs)) {
+    throw new RangeError(
+      `marginMs (${marginMs}) must be above renewTimeoutMs (${renewTimeoutMs}): a renewal sent just before ` +
+        'the holder steps down must be able to reach the gateway before the lease can pass there; ' +
+        'raise marginMs or lower renewTimeoutMs',
+    );
+  }
+  return { ttlMs, marginMs, renewEveryMs, retryEveryMs, renewRetryEveryMs, renewTimeoutMs };
 }
 
 /** Longest wait for a release on the way out: an unreleased lease just expires. */
@@ -322,7 +350,8 @@ export class Lease {
     }
     const sent = now();
     try {
-      const state = await this.#step('renew', token, Math.ceil(left), this.timing.ttlMs);
+      const timeoutMs = Math.max(1, Math.ceil(Math.min(left, this.timing.renewTimeoutMs)));
+      const state = await this.#step('renew', token, timeoutMs, this.timing.ttlMs);
       if (this.#reason !== undefined) return;
       this.#extend(state, sent);
       this.#scheduleRenewal(this.timing.renewEveryMs);
@@ -333,8 +362,10 @@ export class Lease {
         return;
       }
       // Down, slow or refusing: the term lasts until the deadline, and the deadline
-      // timer ends it there if no renewal gets through by then.
-      this.#scheduleRenewal(this.timing.retryEveryMs);
+      // timer ends it there if no renewal gets through by then. Until then, short
+      // attempts at short intervals: the last one is sent close to the deadline, in case
+      // the gateway or its database is back by then.
+      this.#scheduleRenewal(this.timing.renewRetryEveryMs);
     }
   }
 

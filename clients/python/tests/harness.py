@@ -133,7 +133,7 @@ class Hop:
     ``release()``: to the client it looks like a network that delays its packets, to
     the gateway like requests that arrive late. ``lose_answers(n)`` drops the next
     ``n`` answers and cuts their connections: the gateway has done the request, the
-    client never hears of it.
+    client never hears of it. ``sent_at(marker)`` says when requests were sent.
     """
 
     def __init__(self, target: str) -> None:
@@ -145,6 +145,7 @@ class Hop:
         self._flowing.set()
         self._lock = threading.Lock()
         self._sent = bytearray()
+        self._chunks: list[tuple[float, bytes]] = []
         self._losing = 0
         self.lost = 0
         """Answers dropped so far."""
@@ -159,6 +160,12 @@ class Hop:
         """Everything clients sent through the hop so far."""
         with self._lock:
             return bytes(self._sent)
+
+    def sent_at(self, marker: bytes) -> list[float]:
+        """When (``time.monotonic()``) the hop read each chunk a client sent that holds
+        ``marker``, such as a request line: one per request, in order."""
+        with self._lock:
+            return [at for at, chunk in self._chunks if marker in chunk]
 
     def lose_answers(self, count: int) -> None:
         """Drops the next ``count`` answers, cutting the connection each came on."""
@@ -207,6 +214,7 @@ class Hop:
                 if from_client:
                     with self._lock:
                         self._sent += chunk
+                        self._chunks.append((time.monotonic(), chunk))
                     self._flowing.wait()
                 elif self._lose():
                     break  # the answer is dropped; the finally cuts both ends

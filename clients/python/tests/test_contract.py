@@ -145,11 +145,25 @@ def test_tokens_are_checked_before_anything_is_sent() -> None:
 
 def test_lease_timing_defaults_and_checks() -> None:
     timing = fencegate.LeaseTiming.of(15.0)
-    assert (timing.margin, timing.renew_every, timing.retry_every) == (5.0, 5.0, 1.5)
+    # The same numbers in every client: step down 2 s before the lease can pass, retry a
+    # failed renewal every 0.5 s, each attempt at most 1 s; acquire retries unchanged.
+    assert (timing.renew_every, timing.margin) == pytest.approx((5.0, 2.0))
+    assert (timing.renew_retry_every, timing.renew_timeout) == pytest.approx((0.5, 1.0))
+    assert timing.retry_every == pytest.approx(1.5)
+    assert fencegate.LeaseTiming.of(3.0, renew_retry_every=0.05, renew_timeout=0.3).renew_retry_every == 0.05
     with pytest.raises(ValueError, match="renew_every"):
         fencegate.LeaseTiming.of(1.0, margin=0.5, renew_every=0.6)
     with pytest.raises(ValueError, match="margin"):
         fencegate.LeaseTiming.of(1.0, margin=1.0)
+    # A renewal sent just before the step-down must be able to land before the lease passes.
+    with pytest.raises(ValueError, match=r"margin \(1\.0 s\) must be above renew_timeout \(1\.0 s\)"):
+        fencegate.LeaseTiming.of(15.0, margin=1.0)
+    with pytest.raises(ValueError, match="must be above renew_timeout"):
+        fencegate.LeaseTiming.of(3.0, renew_timeout=0.5)
+    assert fencegate.LeaseTiming.of(15.0, margin=1.0, renew_timeout=0.5).margin == 1.0
+    for setting in ("renew_retry_every", "renew_timeout"):
+        with pytest.raises(ValueError, match=setting):
+            fencegate.LeaseTiming.of(15.0, **{setting: 0})
 
 
 def test_the_package_under_test_is_the_installed_artifact() -> None:

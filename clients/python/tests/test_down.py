@@ -84,7 +84,7 @@ def test_a_hung_gateway_leaves_the_write_in_doubt(gateway_process: GatewayProces
 
 
 def test_a_lease_rides_out_a_gateway_restart_without_a_false_lost(gateway_process: GatewayProcess) -> None:
-    ttl = 3.0  # renewals every 1 s, step-down 2 s after the last renewal that got through
+    ttl = 3.0  # renewals every 1 s, step-down 2.6 s after the last renewal that got through
     with fencegate.Gateway(gateway_process.url, holder="node-a", timeout=1) as gateway:
         with gateway.lease("sweeper", ttl=ttl) as lease:
             token = lease.token

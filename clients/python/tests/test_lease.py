@@ -204,7 +204,7 @@ async def test_async_lease_steps_down_before_the_lease_can_pass(
         await asyncio.wait_for(lease.lost.wait(), TTL * 2)
         stepped_down = time.monotonic() - sent
         assert lease.reason is LostReason.DEADLINE
-        assert TTL * 2 / 3 - 0.05 <= stepped_down < TTL
+        assert TTL - lease.timing.margin - 0.05 <= stepped_down < TTL
         with pytest.raises(fencegate.LeaseLost):
             await lease.put("k", b"v")
         hop.release()

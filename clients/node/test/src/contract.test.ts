@@ -103,14 +103,28 @@ test('a token past 2^53 given as a number is refused with what to pass instead',
 });
 
 test('lease timing defaults and checks', () => {
+  // The same numbers in every client: step down 2 s before the lease can pass, retry a
+  // failed renewal every 0.5 s, each attempt at most 1 s; acquire retries unchanged.
   assert.deepEqual(fencegate.leaseTiming({ ttlMs: 15_000 }), {
     ttlMs: 15_000,
-    marginMs: 5_000,
+    marginMs: 2_000,
     renewEveryMs: 5_000,
     retryEveryMs: 1_500,
+    renewRetryEveryMs: 500,
+    renewTimeoutMs: 1_000,
   });
+  assert.equal(fencegate.leaseTiming({ ttlMs: 3_000, renewRetryEveryMs: 50, renewTimeoutMs: 300 }).renewRetryEveryMs, 50);
   assert.throws(() => fencegate.leaseTiming({ ttlMs: 1_000, marginMs: 500, renewEveryMs: 600 }), /renewEveryMs/);
   assert.throws(() => fencegate.leaseTiming({ ttlMs: 1_000, marginMs: 1_000 }), /marginMs/);
+  // A renewal sent just before the step-down must be able to land before the lease passes.
+  assert.throws(
+    () => fencegate.leaseTiming({ ttlMs: 15_000, marginMs: 1_000 }),
+    /marginMs \(1000\) must be above renewTimeoutMs \(1000\)/,
+  );
+  assert.throws(() => fencegate.leaseTiming({ ttlMs: 3_000, renewTimeoutMs: 500 }), /must be above renewTimeoutMs/);
+  assert.equal(fencegate.leaseTiming({ ttlMs: 15_000, marginMs: 1_000, renewTimeoutMs: 500 }).marginMs, 1_000);
+  assert.throws(() => fencegate.leaseTiming({ renewRetryEveryMs: 0 }), /renewRetryEveryMs/);
+  assert.throws(() => fencegate.leaseTiming({ renewTimeoutMs: 0 }), /renewTimeoutMs/);
 });
 
 test('the package under test is the installed tarball', () => {

@@ -67,7 +67,7 @@ for (const backend of BACKENDS) {
     });
 
     test('a lease rides out a gateway restart without a false lost', async (t) => {
-      const ttlMs = 3_000; // renewals every 1 s, step-down 2 s after the last one that got through
+      const ttlMs = 3_000; // renewals every 1 s, step-down 2.6 s after the last one that got through
       const process = await gatewayOn(t, backend);
       const gateway = new fencegate.Gateway(process.url, { holder: 'node-a', timeoutMs: 1_000 });
       defer(t, () => gateway.close());

@@ -301,6 +301,7 @@ export async function gatewayOn(t: TestContext, backend: Backend, ...extra: stri
  * `hold()` keeps every byte sent from then on until `release()`, as a network that
  * delays packets. `loseAnswers(n)` drops the next `n` answers and cuts their
  * connections: the gateway has done the request, the client never hears of it.
+ * `sentAt(marker)` says when requests were sent.
  */
 export class Hop {
   readonly #target: { host: string; port: number };
@@ -309,6 +310,7 @@ export class Hop {
   #held = false;
   #waiting: (() => void)[] = [];
   #sent: Buffer[] = [];
+  #sentAt: number[] = [];
   #losing = 0;
   /** Answers dropped so far. */
   lost = 0;
@@ -335,6 +337,14 @@ export class Hop {
   /** Everything clients sent through the hop so far. */
   sent(): Buffer {
     return Buffer.concat(this.#sent);
+  }
+
+  /**
+   * When (`performance.now()`) the hop read each chunk a client sent that holds
+   * `marker`, such as a request line: one per request, in order.
+   */
+  sentAt(marker: string): number[] {
+    return this.#sent.flatMap((chunk, index) => (chunk.includes(marker) ? [this.#sentAt[index]!] : []));
   }
 
   /** Drops the next `count` answers, cutting the connection each came on. */
@@ -364,6 +374,7 @@ export class Hop {
     let queue = Promise.resolve();
     client.on('data', (chunk: Buffer) => {
       this.#sent.push(chunk);
+      this.#sentAt.push(performance.now());
       queue = queue.then(async () => {
         if (this.#held) await new Promise<void>((resume) => this.#waiting.push(resume));
         upstream.write(chunk);

@@ -290,6 +290,8 @@ class AsyncGateway:
         margin: float | None = None,
         renew_every: float | None = None,
         retry_every: float | None = None,
+        renew_retry_every: float | None = None,
+        renew_timeout: float | None = None,
     ) -> AsyncLease:
         """An :class:`~fencegate.AsyncLease` on ``resource``; see
         :meth:`Gateway.lease <fencegate.Gateway.lease>`."""
@@ -303,6 +305,8 @@ class AsyncGateway:
             margin=margin,
             renew_every=renew_every,
             retry_every=retry_every,
+            renew_retry_every=renew_retry_every,
+            renew_timeout=renew_timeout,
         )
 
     async def ready(self, *, timeout: float | None = None) -> bool:

@@ -71,11 +71,13 @@ class AsyncLease:
         margin: float | None = None,
         renew_every: float | None = None,
         retry_every: float | None = None,
+        renew_retry_every: float | None = None,
+        renew_timeout: float | None = None,
     ) -> None:
         self.gateway = gateway
         self.resource = resource
         self.holder = holder
-        self.timing = LeaseTiming.of(ttl, margin, renew_every, retry_every)
+        self.timing = LeaseTiming.of(ttl, margin, renew_every, retry_every, renew_retry_every, renew_timeout)
         self.lost = asyncio.Event()
         self._term = Term()
         self._tasks: list[asyncio.Task[None]] = []
@@ -233,14 +235,16 @@ class AsyncLease:
                 self._end(LostReason.DEADLINE)
                 return
             sent = time.monotonic()
+            bound = self.timing.attempt_timeout(left)
             try:
-                state = await asyncio.wait_for(self._step("renew", token, ttl=self.timing.ttl), left)
+                state = await asyncio.wait_for(self._step("renew", token, ttl=self.timing.ttl, timeout=bound), bound)
             except LeaseLost:
                 self._end(LostReason.LEASE_LOST)
                 return
             except (Exception, asyncio.TimeoutError) as error:
+                # See Lease._renew: retried at short intervals until the deadline.
                 logger.warning("lease %s: renewal failed, %.3f s to the deadline: %r", self.resource, left, error)
-                delay = self.timing.retry_every
+                delay = self.timing.renew_retry_every
                 continue
             if self._term.reason is None:
                 self._term.deadline = max(self._term.deadline, self.timing.deadline(sent, state))

@@ -455,6 +455,8 @@ class Gateway:
         margin: float | None = None,
         renew_every: float | None = None,
         retry_every: float | None = None,
+        renew_retry_every: float | None = None,
+        renew_timeout: float | None = None,
     ) -> Lease:
         """A :class:`~fencegate.Lease` on ``resource``: acquire it with ``with`` or
         :meth:`~fencegate.Lease.acquire`; it renews itself and steps down on time."""
@@ -468,6 +470,8 @@ class Gateway:
             margin=margin,
             renew_every=renew_every,
             retry_every=retry_every,
+            renew_retry_every=renew_retry_every,
+            renew_timeout=renew_timeout,
         )
 
     # -- health

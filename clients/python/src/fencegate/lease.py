@@ -10,9 +10,18 @@ Timing
 ------
 The holder's own monotonic clock decides when to stop, never the gateway's answer
 alone. Each successful renewal moves the **deadline** to the instant the renewal was
-*sent*, plus the TTL, less ``margin`` (a third of the TTL by default). The gateway
-starts the TTL when it receives the request, later than it was sent, so the holder
-stops at least ``margin`` before any rival can take over, whatever the network did.
+*sent*, plus the TTL (or what the gateway granted, if less), less ``margin`` (2/15 of
+the TTL by default: 2 s of 15 s). The gateway starts the TTL when it receives the
+request, later than it was sent, so the holder stops at least ``margin`` before any
+rival can take over, whatever the network did.
+
+A renewal that fails is tried again every ``renew_retry_every`` (1/30 of the TTL) until
+the deadline, each attempt abandoned after ``renew_timeout`` (1/15 of the TTL) or at the
+deadline, whichever comes first. So a gateway that hangs (its database failing over)
+cannot use up the time left with one request, and the last attempt is sent shortly
+before the deadline: a lease whose database is back in time is kept. ``margin`` must
+stay above ``renew_timeout``, so that an attempt sent just before the deadline reaches
+the gateway before the lease can pass there.
 
 The term ends (``lost`` is set, callbacks run, ``reason`` says why) on the first of:
 
@@ -95,11 +104,13 @@ class Lease:
         margin: float | None = None,
         renew_every: float | None = None,
         retry_every: float | None = None,
+        renew_retry_every: float | None = None,
+        renew_timeout: float | None = None,
     ) -> None:
         self.gateway = gateway
         self.resource = resource
         self.holder = holder
-        self.timing = LeaseTiming.of(ttl, margin, renew_every, retry_every)
+        self.timing = LeaseTiming.of(ttl, margin, renew_every, retry_every, renew_retry_every, renew_timeout)
         self.lost = threading.Event()
         # Guards _term; notified when the term ends, to wake the watchdog.
         self._cond = threading.Condition()
@@ -279,15 +290,17 @@ class Lease:
                 return
             sent = time.monotonic()
             try:
-                state = self._step("renew", token, ttl=self.timing.ttl, timeout=left)
+                state = self._step("renew", token, ttl=self.timing.ttl, timeout=self.timing.attempt_timeout(left))
             except LeaseLost:
                 self._end(LostReason.LEASE_LOST)
                 return
             except Exception as error:
                 # Down, slow or refusing: the term lasts until the deadline, and the
-                # watchdog ends it there if no renewal gets through by then.
+                # watchdog ends it there if no renewal gets through by then. Until then,
+                # short attempts at short intervals: the last one is sent close to the
+                # deadline, in case the gateway or its database is back by then.
                 logger.warning("lease %s: renewal failed, %.3f s to the deadline: %s", self.resource, left, error)
-                delay = self.timing.retry_every
+                delay = self.timing.renew_retry_every
                 continue
             with self._cond:
                 if self._term.reason is None:
