@@ -10,12 +10,40 @@ use fencegate_gateway::auth;
 use fencegate_gateway::config::{Cli, Command, Config, KeyCommand, LogFormat, TablesCommand};
 use fencegate_gateway::telemetry;
 
-fn main() -> anyhow::Result<ExitCode> {
-    match Cli::parse().into_command() {
+/// Exit status of a configuration or start-up error (clap's own usage errors exit 2).
+const ERROR_EXIT: u8 = 1;
+
+fn main() -> ExitCode {
+    let outcome = match Cli::parse().into_command() {
         Command::Serve(config) => serve(*config).map(|()| ExitCode::SUCCESS),
         Command::Tables(command) => tables(command),
         Command::Key(command) => key(command).map(|()| ExitCode::SUCCESS),
+    };
+    // Printed here rather than by returning the error from `main`: that prints its
+    // Debug form, which adds a stack backtrace whenever RUST_BACKTRACE is set, and a
+    // backtrace of where a bad flag was noticed only hides the message. Panics keep
+    // theirs.
+    outcome.unwrap_or_else(|error| {
+        eprintln!("error: {}", message(&error));
+        ExitCode::from(ERROR_EXIT)
+    })
+}
+
+/// The error and its causes on one line, joined by colons; a cause whose text the
+/// message already holds (an error that prints its source too) is not repeated.
+fn message(error: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in error.chain() {
+        let cause = cause.to_string();
+        if text.contains(&cause) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&cause);
     }
+    text
 }
 
 /// `fencegate key new` and `fencegate key hash`.
@@ -90,4 +118,25 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
             _ = interrupt.recv() => tracing::info!("SIGINT received"),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("could not open the store: {0}")]
+    struct Repeats(#[source] std::io::Error);
+
+    #[test]
+    fn a_message_names_each_cause_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let error = anyhow::Error::new(Repeats(io())).context("could not start");
+        assert_eq!(
+            message(&error),
+            "could not start: could not open the store: no such file"
+        );
+        let error = anyhow::Error::new(io()).context("could not read the key");
+        assert_eq!(message(&error), "could not read the key: no such file");
+    }
 }

@@ -10,7 +10,10 @@ pub const DEFAULT_ETCD_PREFIX: &str = "/fencegate/elections/";
 pub const DEFAULT_ZOOKEEPER_PREFIX: &str = "/fencegate/elections";
 
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = super::heading::ISSUERS)]
 pub struct IssuerArgs {
+    /// Binds resources to the issuer of their tokens (repeatable).
+    ///
     /// Binds resources to the issuer of their tokens, as ISSUER:PATTERN (repeatable):
     /// `gateway:orders` for the gateway's own leases (/v1/leases), `leader_lease:sweep-*`
     /// for the `leader_lease` table (see --leader-lease-url), `etcd:billing-*` for etcd
@@ -21,46 +24,72 @@ pub struct IssuerArgs {
     /// identity than its holder (403 token_holder_mismatch). Checked when a token is
     /// above the latest one this gateway knows the issuer issued, so a term's steady
     /// writes cost nothing. Give every replica the same bindings.
-    #[arg(long = "issued-by", env = "FENCEGATE_ISSUED_BY", value_delimiter = ',', value_parser = parse_binding)]
+    #[arg(long = "issued-by", env = "FENCEGATE_ISSUED_BY", value_delimiter = ',', value_parser = parse_binding, value_name = "ISSUER:PATTERN")]
     pub bindings: Vec<Binding>,
 
+    /// Postgres database of the `leader_lease` table.
+    ///
     /// Postgres database of the `leader_lease` table that `leader_lease:` bindings check
     /// (default: --database-url).
-    #[arg(long, env = "FENCEGATE_LEADER_LEASE_URL", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "FENCEGATE_LEADER_LEASE_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
     pub leader_lease_url: Option<String>,
 
+    /// The table of `leader_lease:` bindings.
+    ///
     /// The table of `leader_lease:` bindings, optionally schema-qualified; its `name`
     /// column holds the resource, `epoch` the token and `holder` the holder. It must be
     /// guarded (`fencegate leader-lease guard`), so that electors cannot forge epochs.
-    #[arg(long, env = "FENCEGATE_LEADER_LEASE_TABLE", default_value = DEFAULT_LEADER_LEASE_TABLE, value_parser = parse_table)]
+    #[arg(long, env = "FENCEGATE_LEADER_LEASE_TABLE", default_value = DEFAULT_LEADER_LEASE_TABLE, value_parser = parse_table, value_name = "TABLE")]
     pub leader_lease_table: String,
 
+    /// etcd endpoints of `etcd:` bindings.
+    ///
     /// etcd endpoints of `etcd:` bindings (`host:port`, comma-separated). The election of
     /// resource R is every key under --etcd-prefix followed by `R/`; its first-created
     /// key leads, and that key's create revision is the current term's token.
-    #[arg(long, env = "FENCEGATE_ETCD_ENDPOINTS", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "FENCEGATE_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        value_name = "HOST:PORT"
+    )]
     pub etcd_endpoints: Vec<String>,
 
+    /// Key prefix of the etcd elections.
+    ///
     /// The key prefix of the etcd elections that `etcd:` bindings check.
-    #[arg(long, env = "FENCEGATE_ETCD_PREFIX", default_value = DEFAULT_ETCD_PREFIX)]
+    #[arg(long, env = "FENCEGATE_ETCD_PREFIX", default_value = DEFAULT_ETCD_PREFIX, value_name = "PREFIX")]
     pub etcd_prefix: String,
 
+    /// ZooKeeper connect string of `zookeeper:` bindings.
+    ///
     /// ZooKeeper connect string of `zookeeper:` bindings (`host:port,host:port`,
     /// optionally with a chroot). The election of resource R is the children of
     /// --zookeeper-prefix followed by `/R`; the child with the lowest sequence number
     /// leads, and its czxid is the current term's token.
-    #[arg(long, env = "FENCEGATE_ZOOKEEPER_CONNECT")]
+    #[arg(long, env = "FENCEGATE_ZOOKEEPER_CONNECT", value_name = "HOSTS")]
     pub zookeeper_connect: Option<String>,
 
+    /// Path of the ZooKeeper elections.
+    ///
     /// The path under which the ZooKeeper elections of `zookeeper:` bindings live.
-    #[arg(long, env = "FENCEGATE_ZOOKEEPER_PREFIX", default_value = DEFAULT_ZOOKEEPER_PREFIX, value_parser = parse_zookeeper_prefix)]
+    #[arg(long, env = "FENCEGATE_ZOOKEEPER_PREFIX", default_value = DEFAULT_ZOOKEEPER_PREFIX, value_parser = parse_zookeeper_prefix, value_name = "PATH")]
     pub zookeeper_prefix: String,
 
+    /// Longest wait for one answer of etcd or ZooKeeper.
+    ///
     /// How long one question to etcd or ZooKeeper may take before the token it is about
     /// is refused (503 issuer_unavailable).
-    #[arg(long, env = "FENCEGATE_ISSUER_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "FENCEGATE_ISSUER_TIMEOUT", default_value = "2s", value_parser = humantime::parse_duration, value_name = "DURATION")]
     pub issuer_timeout: std::time::Duration,
 
+    /// Replace the bindings recorded in the database with --issued-by.
+    ///
     /// Replace the issuer bindings recorded in the database (which every replica and
     /// the in-database fence follow) with this gateway's --issued-by flags. Without it,
     /// a gateway whose flags differ from the recorded ones refuses to start, so that one

@@ -301,3 +301,106 @@ fn etcd_and_zookeeper_bindings_need_their_sources() {
     assert_eq!(both.issuers.etcd_prefix, DEFAULT_ETCD_PREFIX);
     assert_eq!(both.issuers.zookeeper_prefix, DEFAULT_ZOOKEEPER_PREFIX);
 }
+
+/// `command` and every command below it, each with its path (`fencegate grant`).
+fn commands(command: &clap::Command, path: String) -> Vec<(String, clap::Command)> {
+    let mut all = vec![(path.clone(), command.clone())];
+    for sub in command.get_subcommands() {
+        all.extend(commands(sub, format!("{path} {}", sub.get_name())));
+    }
+    all
+}
+
+/// `-h` shows `help`, `--help` shows `long_help`: a one-line summary, then (for flags
+/// with more to say) the summary again, a blank line and the details.
+#[test]
+fn every_flag_has_a_one_line_summary_and_its_details_for_long_help() {
+    use clap::CommandFactory;
+    for (path, command) in commands(&Cli::command(), "fencegate".into()) {
+        for arg in command.get_arguments().filter(|arg| !arg.is_hide_set()) {
+            let name = format!("{path} {}", arg.get_id());
+            let summary = arg
+                .get_help()
+                .unwrap_or_else(|| panic!("{name} has no help"))
+                .to_string();
+            assert!(
+                !summary.contains('\n') && summary.len() <= 80,
+                "{name}: the summary is not one short line: {summary:?}"
+            );
+            if let Some(long) = arg.get_long_help() {
+                let long = long.to_string();
+                let (first, details) = long
+                    .split_once("\n\n")
+                    .unwrap_or_else(|| panic!("{name}: long help without details: {long:?}"));
+                assert_eq!(first.trim_end_matches('.'), summary, "{name}");
+                assert!(!details.trim().is_empty(), "{name}");
+            }
+        }
+        for sub in command.get_subcommands() {
+            let name = format!("{path} {}", sub.get_name());
+            let about = sub
+                .get_about()
+                .unwrap_or_else(|| panic!("{name} has no about"))
+                .to_string();
+            assert!(
+                !about.contains('\n') && about.len() <= 70,
+                "{name}: the about is not one short line: {about:?}"
+            );
+            if let Some(long) = sub.get_long_about() {
+                assert!(long.to_string().starts_with(&about), "{name}");
+            }
+        }
+    }
+}
+
+/// Each heading holds one run of flags, in the order of [`heading::ALL`], and every
+/// flag of `serve` is under one of them.
+#[test]
+fn serve_flags_are_grouped_under_the_headings() {
+    use clap::CommandFactory;
+    let cli = Cli::command();
+    let mut seen: Vec<&str> = Vec::new();
+    for arg in cli.get_arguments().filter(|arg| !arg.is_hide_set()) {
+        let Some(found) = arg.get_help_heading() else {
+            panic!("--{} has no heading", arg.get_id())
+        };
+        assert!(heading::ALL.contains(&found), "{found}");
+        if seen.last() != Some(&found) {
+            assert!(!seen.contains(&found), "heading {found} is split");
+            seen.push(found);
+        }
+    }
+    assert_eq!(seen, heading::ALL);
+}
+
+/// `grant`, `revoke` and `grants` change or read the schema's own grants, which only
+/// its owner or a superuser may; owning the fenced tables is not enough.
+#[test]
+fn the_grant_commands_ask_for_the_schema_owner() {
+    use clap::CommandFactory;
+    let cli = Cli::command();
+    for name in ["grant", "revoke", "grants"] {
+        let command = cli.find_subcommand(name).unwrap();
+        let url = command
+            .get_arguments()
+            .find(|arg| arg.get_id() == "database_url")
+            .unwrap();
+        let text = format!(
+            "{} {}",
+            url.get_help().unwrap(),
+            url.get_long_help().unwrap()
+        );
+        assert!(!text.contains("owns the tables"), "{name}: {text}");
+        assert!(
+            text.contains("owner of schema `fencegate`") && text.contains("superuser"),
+            "{name}: {text}"
+        );
+    }
+    let protect = cli.find_subcommand("protect").unwrap();
+    let url = protect
+        .get_arguments()
+        .find(|arg| arg.get_id() == "database_url")
+        .unwrap();
+    let summary = url.get_help().unwrap().to_string();
+    assert!(summary.contains("owns the tables"), "{summary}");
+}
