@@ -6,8 +6,9 @@
 //! lease of a resource and write with its token, through both gateways, while a fault
 //! hits the cluster: kill -9 of the primary's postmaster, a switchover, the primary
 //! frozen (SIGSTOP) until another node is promoted, a restart of etcd, the primary cut
-//! off from the network until another node is promoted. Then every key is read once
-//! more and the history is checked for
+//! off from the network until another node is promoted, and in synchronous mode kill -9
+//! of the primary's whole node (Patroni and Postgres; started again afterwards). Then
+//! every key is read once more and the history is checked for
 //! linearizability against a fenced register ([`history::check`]): every acknowledged
 //! write is there, and no write of an older term got in after a newer term's.
 //!
@@ -22,11 +23,19 @@
 //! an answer that does not say whether a write was applied (`503` with
 //! `write_applied: null`, a broken connection) is indeterminate in the history.
 //!
+//! In synchronous mode a third gateway runs as `deploy/patroni/README.md` sets it up:
+//! its own login and database made by the README's SQL (a member of `pg_monitor`, not a
+//! superuser), through HAProxy, with `--patroni-url` and
+//! `--require-synchronous-replication`. It must report the cluster as synchronously
+//! replicated, in its ready line and its metrics, at the start and after the faults.
+//!
 //! Each fault prints one line: operations, acknowledged, indeterminate, violations, and
 //! how long writes were unavailable (`cargo test -p fencegate-tests --test patroni --
-//! --nocapture`). Synchronous mode must keep everything; asynchronous mode prints the
-//! same and asserts only that no older term's write was applied after a newer term's
-//! was acknowledged.
+//! --nocapture`); and one more with each gateway's outage, timed by [`Probe`]s that
+//! write through it on their own: from the fault (the switchover request, the kill) to
+//! the first write it accepted again. Synchronous mode must keep everything;
+//! asynchronous mode prints the same and asserts only that no older term's write was
+//! applied after a newer term's was acknowledged.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -35,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use fencegate_tests::faults::late_applied;
 use fencegate_tests::gateway::Gateway;
-use fencegate_tests::ha::HaCluster;
+use fencegate_tests::ha::{HaCluster, Outage, Probe};
 use fencegate_tests::history::{self, Counts, Entry, Op, Outcome, Recorder};
 use fencegate_tests::http::{kv_path, Client};
 use fencegate_tests::prometheus::Prometheus;
@@ -97,16 +106,30 @@ enum Fault {
     /// (packets dropped, no resets) until another node is promoted and a while more,
     /// then healed: the old primary, demoted when it lost etcd, rejoins as a replica.
     PrimaryPartition,
+    /// kill -9 of the primary's Patroni and Postgres, as when its machine dies; the
+    /// leader key expires after `ttl` and the synchronous standby is promoted. The node
+    /// is started again once the fault's history is taken.
+    NodeKill,
 }
 
 impl Fault {
-    const ALL: [Fault; 5] = [
-        Fault::PostmasterKill,
-        Fault::Switchover,
-        Fault::PrimaryFreeze,
-        Fault::EtcdRestart,
-        Fault::PrimaryPartition,
-    ];
+    /// The faults of a run. Killing a whole node is timed in synchronous mode, where
+    /// `--require-synchronous-replication` waits for the surviving replica to become
+    /// the new primary's synchronous standby; asynchronous mode has the frozen and the
+    /// cut-off primary for an expired leader key.
+    fn all(synchronous: bool) -> Vec<Fault> {
+        let mut faults = vec![
+            Fault::PostmasterKill,
+            Fault::Switchover,
+            Fault::PrimaryFreeze,
+            Fault::EtcdRestart,
+            Fault::PrimaryPartition,
+        ];
+        if synchronous {
+            faults.push(Fault::NodeKill);
+        }
+        faults
+    }
 
     fn name(self) -> &'static str {
         match self {
@@ -115,6 +138,7 @@ impl Fault {
             Fault::PrimaryFreeze => "primary-freeze",
             Fault::EtcdRestart => "etcd-restart",
             Fault::PrimaryPartition => "primary-partition",
+            Fault::NodeKill => "node-kill",
         }
     }
 
@@ -144,6 +168,11 @@ impl Fault {
                     "froze {}; {primary} primary after {took:.1?}; {} continued",
                     stopped.node, stopped.node
                 )
+            }
+            Fault::NodeKill => {
+                let old = cluster.kill_primary_node().await;
+                let (primary, took) = cluster.wait_for_new_primary(&old, RECOVERY_TIMEOUT).await;
+                format!("killed {old}'s Patroni and Postgres; {primary} primary after {took:.1?}")
             }
             Fault::EtcdRestart => {
                 let started = Instant::now();
@@ -192,6 +221,8 @@ struct Summary {
     /// outage ([`OUTAGE`]).
     fault_to_write: Option<f64>,
     recovery_to_write: Option<f64>,
+    /// Each gateway's outage as its probe saw it, by the probe's label.
+    outages: Vec<(String, Outage)>,
 }
 
 /// A gap between acknowledged writes at least this long is an outage; shorter ones are
@@ -217,6 +248,30 @@ impl Summary {
             self.unavailable.as_secs_f64(),
             seconds(self.fault_to_write),
             seconds(self.recovery_to_write),
+        )
+    }
+
+    /// Each gateway's outage: from the fault to its first accepted write after the
+    /// longest gap, or the longest gap alone when it was too short to be one.
+    fn outages_line(&self, mode: &str) -> String {
+        let outages: Vec<String> = self
+            .outages
+            .iter()
+            .map(|(label, outage)| {
+                if outage.longest_gap >= OUTAGE {
+                    format!("{label} {:.2} s", outage.fault_to_write.as_secs_f64())
+                } else {
+                    format!(
+                        "{label} none (longest gap {:.2} s)",
+                        outage.longest_gap.as_secs_f64()
+                    )
+                }
+            })
+            .collect();
+        format!(
+            "{mode:<12} {:<16} fault -> first accepted write: {}",
+            self.fault.name(),
+            outages.join(", ")
         )
     }
 }
@@ -271,13 +326,32 @@ async fn run(synchronous: bool, check: impl Fn(&Summary)) {
     let started = Instant::now();
     let mut cluster = HaCluster::start(synchronous).await;
     println!("{mode}: cluster up in {:.1?}", started.elapsed());
-    let node1 = cluster.node("node1");
-    let patroni = format!("http://{}:{}", node1.addr, node1.rest_port);
+    let patroni = cluster.node("node1").rest_url();
     let via_haproxy = gateway(&cluster.haproxy_url(), &patroni).await;
     let via_hosts = gateway(&cluster.multi_host_url(), &patroni).await;
     for (name, gateway) in [("haproxy", &via_haproxy), ("multi-host", &via_hosts)] {
         serves(&gateway.client(), &format!("smoke-{name}")).await;
     }
+    // Synchronous mode is how patroni.yml bootstraps the cluster: the README's gateway
+    // runs there, and must say that it is synchronously replicated.
+    let as_documented = if synchronous {
+        let gateway = documented_gateway(&cluster, &patroni).await;
+        reports_synchronous_at_start(&gateway).await;
+        serves(&gateway.client(), "smoke-documented").await;
+        Some(gateway)
+    } else {
+        None
+    };
+    let mut gateways = vec![("haproxy", &via_haproxy), ("multi-host", &via_hosts)];
+    gateways.extend(
+        as_documented
+            .iter()
+            .map(|gateway| ("haproxy --require-synchronous-replication", gateway)),
+    );
+    let probes: Vec<Probe> = gateways
+        .iter()
+        .map(|(label, gateway)| Probe::start(label, gateway.client()))
+        .collect();
     let clients = vec![via_haproxy.client(), via_hosts.client()];
     // The doors, logged in to as the cluster's superuser (the fence's triggers hold for
     // every role).
@@ -286,22 +360,31 @@ async fn run(synchronous: bool, check: impl Fn(&Summary)) {
         .map(|gateway| door_url(&cluster.haproxy_url(), gateway))
         .collect();
     let mut logged = BTreeSet::new();
-    for fault in Fault::ALL {
-        let summary = run_fault(&mut cluster, &clients, &doors, fault).await;
+    for fault in Fault::all(synchronous) {
+        let summary = run_fault(&mut cluster, &clients, &doors, &probes, fault).await;
         println!("{}", summary.line(mode));
-        for (name, gateway) in [("haproxy", &via_haproxy), ("multi-host", &via_hosts)] {
+        println!("{}", summary.outages_line(mode));
+        for (name, gateway) in &gateways {
             for error in logged_errors(gateway) {
-                if logged.insert((name, error.clone())) {
+                if logged.insert((*name, error.clone())) {
                     println!("{mode} {}: the {name} gateway logged {error}", fault.name());
                 }
             }
         }
         check(&summary);
+        for node in cluster.restart_killed_nodes() {
+            println!("{}: started {node} again", fault.name());
+        }
         cluster.wait_until_streaming(RECOVERY_TIMEOUT).await;
         println!("{}: then {}", fault.name(), roles(&cluster).await);
     }
+    for probe in probes {
+        probe.stop().await;
+    }
     // What the gateways read of the cluster's replication is what it is.
-    reports_replication(&clients, synchronous).await;
+    let mut readers = clients.clone();
+    readers.extend(as_documented.iter().map(Gateway::client));
+    reports_replication(&readers, synchronous).await;
     if !synchronous {
         lost_grant(&cluster, &via_haproxy, &via_hosts).await;
     }
@@ -329,6 +412,58 @@ async fn gateway(url: &str, patroni: &str) -> Gateway {
         .args(&["--backend-timeout", "2s", "--patroni-url", patroni])
         .spawn()
         .await
+}
+
+/// The gateway as `deploy/patroni/README.md` runs it: its login and database made by
+/// the README's SQL, through HAProxy, with the README's flags.
+async fn documented_gateway(cluster: &HaCluster, patroni: &str) -> Gateway {
+    let url = cluster.create_gateway_login().await;
+    Gateway::builder()
+        .database(&url)
+        .args(&[
+            "--backend-timeout",
+            "2s",
+            "--patroni-url",
+            patroni,
+            "--require-synchronous-replication",
+        ])
+        .spawn()
+        .await
+}
+
+/// Checks that `gateway`'s ready line says the cluster is synchronously replicated,
+/// with no standby hidden from its login, and waits until its metrics say so too.
+async fn reports_synchronous_at_start(gateway: &Gateway) {
+    let ready = gateway.events("fencegate ready");
+    let replication = ready
+        .first()
+        .and_then(|event| event["fields"]["replication"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        replication.starts_with("synchronous (") && !replication.contains("hidden"),
+        "the documented gateway's ready line says replication={replication:?}"
+    );
+    let client = gateway.client();
+    let started = Instant::now();
+    loop {
+        let synchronous = client
+            .metric("fencegate_backend_synchronous_replication")
+            .await;
+        let standbys = client
+            .metric("fencegate_backend_synchronous_standbys")
+            .await;
+        if synchronous == Some(1.0) && standbys.is_some_and(|n| n >= 1.0) {
+            println!("the documented gateway: replication={replication:?}");
+            return;
+        }
+        assert!(
+            started.elapsed() < RECOVERY_TIMEOUT,
+            "the documented gateway reports synchronous replication {synchronous:?}, \
+             {standbys:?} synchronous standbys"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Waits until each gateway reports the cluster's replication as `synchronous` says,
@@ -386,6 +521,7 @@ async fn run_fault(
     cluster: &mut HaCluster,
     clients: &[Client],
     doors: &[String],
+    probes: &[Probe],
     fault: Fault,
 ) -> Summary {
     let suffix = format!("{}-{:08x}", fault.name(), rand::random::<u32>());
@@ -425,13 +561,24 @@ async fn run_fault(
     let fault_at = history::now();
     let (what, primary_seen) = fault.inject(cluster).await;
     let recovered_at = primary_seen.unwrap_or_else(history::now);
-    // Write on until some write after the recovery was acknowledged, and a while more.
+    // Write on until some write after the recovery was acknowledged, through every
+    // gateway, and a while more.
     let deadline = Instant::now() + RECOVERY_TIMEOUT;
-    while !acknowledged_after(&recorder.entries(), recovered_at) {
+    while !acknowledged_after(&recorder.entries(), recovered_at)
+        || probes
+            .iter()
+            .any(|probe| !probe.acknowledged_after(recovered_at))
+    {
         if Instant::now() > deadline {
             cancel.cancel();
+            let waiting: Vec<&str> = probes
+                .iter()
+                .filter(|probe| !probe.acknowledged_after(recovered_at))
+                .map(|probe| probe.label.as_str())
+                .collect();
             cluster.fail(&format!(
-                "{}: no write acknowledged within {RECOVERY_TIMEOUT:?} of the recovery ({what})",
+                "{}: no write acknowledged within {RECOVERY_TIMEOUT:?} of the recovery ({what}); \
+                 gateways without one: {waiting:?}",
                 fault.name()
             ));
         }
@@ -464,6 +611,10 @@ async fn run_fault(
         unavailable,
         fault_to_write: outage.then(|| seconds_between(fault_at, resumed)),
         recovery_to_write: outage.then(|| seconds_between(recovered_at, resumed)),
+        outages: probes
+            .iter()
+            .map(|probe| (probe.label.clone(), probe.outage(fault_at)))
+            .collect(),
     }
 }
 
@@ -772,22 +923,12 @@ fn lost(entries: &[Entry]) -> Vec<String> {
 /// The longest time between two acknowledged writes' answers, counted from `fault_at`
 /// (the last answer before it opens the first gap), and when that gap closed.
 fn longest_gap(entries: &[Entry], fault_at: u64) -> (Duration, u64) {
-    let mut answers: Vec<u64> = entries
+    let answers = entries
         .iter()
         .filter(|entry| is_acknowledged_write(entry))
         .map(|entry| entry.completed)
         .collect();
-    answers.sort_unstable();
-    let first = answers
-        .partition_point(|&at| at < fault_at)
-        .saturating_sub(1);
-    answers[first..]
-        .windows(2)
-        .map(|pair| (pair[1] - pair[0], pair[1]))
-        .max()
-        .map_or((Duration::ZERO, fault_at), |(gap, end)| {
-            (Duration::from_nanos(gap), end)
-        })
+    fencegate_tests::ha::longest_gap(answers, fault_at)
 }
 
 fn seconds_between(from: u64, to: u64) -> f64 {

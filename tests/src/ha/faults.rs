@@ -1,6 +1,6 @@
-//! The faults a test injects into the cluster: kill -9 of the primary's postmaster, the
-//! primary frozen whole, the primary cut off from the network, a switchover, etcd
-//! restarted.
+//! The faults a test injects into the cluster: kill -9 of the primary's postmaster, or
+//! of its whole node, the primary frozen whole, the primary cut off from the network, a
+//! switchover, etcd restarted.
 
 use std::time::{Duration, Instant};
 
@@ -31,6 +31,40 @@ impl HaCluster {
             .unwrap_or_else(|| self.fail(&format!("{name} is primary without a postmaster.pid")));
         crate::gateway::signal(pid, "KILL");
         (name, pid)
+    }
+
+    /// kill -9 of the primary's whole node, as when its machine dies: its Patroni
+    /// first, so that nothing starts Postgres again, then the postmaster and every
+    /// child. The node stays down until [`HaCluster::restart_killed_nodes`]; its leader key
+    /// expires after `ttl`. The node killed.
+    pub async fn kill_primary_node(&self) -> String {
+        let (name, _) = self.wait_for_primary(Duration::from_secs(30)).await;
+        let node = self.node(&name);
+        node.patroni.signal("KILL");
+        node.kill_postgres();
+        name
+    }
+
+    /// Starts again the Patroni of every node that [`HaCluster::kill_primary_node`]
+    /// killed: each recovers its Postgres and rejoins as a replica (rewound if need
+    /// be). The nodes restarted.
+    pub fn restart_killed_nodes(&mut self) -> Vec<String> {
+        let mut restarted = Vec::new();
+        for index in 0..self.nodes.len() {
+            let node = &self.nodes[index];
+            if !node.patroni.was_stopped() {
+                continue;
+            }
+            let patroni = self.spawn_patroni(
+                node.index,
+                &node.name,
+                (node.addr, node.pg_port, node.rest_port),
+                &node.dir,
+            );
+            restarted.push(node.name.clone());
+            self.nodes[index].patroni = patroni;
+        }
+        restarted
     }
 
     /// SIGSTOP of the primary's Patroni and of all its Postgres processes — the
@@ -119,12 +153,9 @@ impl HaCluster {
 
     /// Stops etcd (SIGTERM, waiting until it exits) and starts it again on its data.
     pub async fn restart_etcd(&mut self) {
-        if let Some(mut etcd) = self.etcd.take() {
+        if let Some(etcd) = self.etcd.take() {
             etcd.signal("TERM");
-            if tokio::time::timeout(Duration::from_secs(30), etcd.child.wait())
-                .await
-                .is_err()
-            {
+            if !etcd.wait_exit(Duration::from_secs(30)).await {
                 self.etcd = Some(etcd);
                 self.fail("etcd did not exit within 30 s of SIGTERM");
             }

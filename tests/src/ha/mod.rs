@@ -9,6 +9,17 @@
 //! etcd listens on the host's address there, HAProxy on loopback. Ports are free ones,
 //! data and logs go to a fresh temp dir.
 //!
+//! # What the `postgres` user reads
+//!
+//! Patroni runs as `postgres`, which may not be able to enter the checkout (a clone
+//! under `/root`, a home directory or a `mktemp -d` is mode 700), and Patroni 3.0.2
+//! takes a config file it cannot read for a missing one: it exits with "Can not find
+//! suitable configuration of distributed configuration store", naming no file. So, as
+//! `deploy/patroni/README.md` tells operators, `patroni.yml` is copied into each node's
+//! directory (owned by `postgres`, mode 700, in a temp dir it can traverse), and
+//! `postgres` is made to read the copy before Patroni starts: a permission error stops
+//! the start at once, saying which file and why.
+//!
 //! # Processes
 //!
 //! Each process runs in a process group of its own: etcd, HAProxy, and per node
@@ -26,11 +37,15 @@
 //!
 //! After bootstrap the cluster's dynamic configuration (`PATCH /config`) turns `fsync`
 //! off, for speed on a machine of two cores, and `synchronous_mode` off if asked; the
-//! rest is as `patroni.yml` says. Every log goes to `logs/<process>.log`, and a
-//! component that does not start panics with the tails of all of them.
+//! rest is as `patroni.yml` says. Every log goes to `logs/<process>.log`; a wait that
+//! runs out, or a process that exits unasked (found by every wait), panics with what
+//! was awaited and last seen, the processes that exited, any permission error in the
+//! logs, and the tails of all of them (Patroni's logs hold its Postgres's output too).
 
 mod faults;
+mod gateway_login;
 mod network;
+mod probe;
 mod process;
 
 use std::net::Ipv4Addr;
@@ -45,7 +60,11 @@ use tokio::process::Command;
 use crate::cluster::BIN;
 use crate::http::Client;
 use network::Network;
-use process::{children, postgres_ids, process_group, signal_group, signal_process, Process};
+pub use probe::{longest_gap, Outage, Probe};
+use process::{
+    children, postgres_ids, process_group, readable_by_postgres, signal_group, signal_process,
+    Process,
+};
 
 /// The reference deployment: `patroni.yml` and `haproxy.cfg`.
 pub const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/patroni");
@@ -70,16 +89,24 @@ const SWITCHOVER_TIMEOUT: Duration = Duration::from_secs(60);
 /// One Patroni node and its Postgres.
 pub struct Node {
     pub name: String,
+    /// Its network namespace's index, from 0.
+    index: usize,
     /// Its address in its namespace, for Postgres and the REST API.
     pub addr: Ipv4Addr,
     pub pg_port: u16,
     pub rest_port: u16,
-    /// The node's directory, owned by `postgres`: `data/`, `pgpass`.
+    /// The node's directory, owned by `postgres`: `patroni.yml` (a copy of
+    /// [`DEPLOY`]'s), `data/`, `pgpass`.
     dir: PathBuf,
     patroni: Process,
 }
 
 impl Node {
+    /// Its Patroni's REST API, e.g. `http://10.100.1.6:8008`.
+    pub fn rest_url(&self) -> String {
+        format!("http://{}:{}", self.addr, self.rest_port)
+    }
+
     pub fn data_dir(&self) -> PathBuf {
         self.dir.join("data")
     }
@@ -90,8 +117,23 @@ impl Node {
         text.lines().next()?.trim().parse().ok()
     }
 
+    /// SIGKILL of the postmaster's process group and of each of its children: each
+    /// backend leads a process group of its own, and may be stopped (SIGKILL reaches
+    /// stopped processes).
+    fn kill_postgres(&self) {
+        if let Some(postmaster) = self.postmaster_pid() {
+            let children = children(postmaster);
+            if let Some(group) = process_group(postmaster) {
+                signal_group(group, "KILL");
+            }
+            for child in children {
+                signal_process(child, "KILL");
+            }
+        }
+    }
+
     fn rest(&self) -> Client {
-        Client::new(format!("http://{}:{}", self.addr, self.rest_port))
+        Client::new(self.rest_url())
     }
 
     /// `method path` on this node's REST API: status and body, or `None` if it did not
@@ -166,6 +208,9 @@ impl HaCluster {
             rand::random::<u32>()
         ));
         std::fs::create_dir_all(dir.join("logs")).expect("the temp dir can be created");
+        // Whatever the umask: `postgres` must pass through to its nodes' directories.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o711))
+            .expect("chmod 0711 of the temp dir");
         let network = Network::create(NODES.len())
             .await
             .unwrap_or_else(|e| panic!("the nodes' namespaces cannot be made: {e}"));
@@ -186,13 +231,22 @@ impl HaCluster {
         for (index, name) in NODES.into_iter().enumerate() {
             let node_dir = cluster.dir.join(name);
             std::fs::create_dir(&node_dir).expect("a node's directory can be created");
-            std::os::unix::fs::chown(&node_dir, Some(uid), Some(gid))
-                .expect("a node's directory can be given to postgres");
-            std::fs::set_permissions(
-                &node_dir,
-                std::os::unix::fs::PermissionsExt::from_mode(0o700),
-            )
-            .expect("chmod 0700 of a node's directory");
+            let config = node_dir.join("patroni.yml");
+            std::fs::copy(Path::new(DEPLOY).join("patroni.yml"), &config)
+                .unwrap_or_else(|e| panic!("{DEPLOY}/patroni.yml cannot be copied: {e}"));
+            for (path, mode) in [(&node_dir, 0o700), (&config, 0o600)] {
+                std::os::unix::fs::chown(path, Some(uid), Some(gid))
+                    .unwrap_or_else(|e| panic!("chown postgres {}: {e}", path.display()));
+                std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+                    .unwrap_or_else(|e| panic!("chmod {mode:o} {}: {e}", path.display()));
+            }
+            if let Err(error) = readable_by_postgres(&config).await {
+                cluster.fail(&format!(
+                    "the postgres user cannot read {} ({error}): it must be able to \
+                     enter every directory above it (set TMPDIR to one it can)",
+                    config.display()
+                ));
+            }
             let node = cluster.start_node(index, name, node_dir);
             cluster.nodes.push(node);
         }
@@ -323,11 +377,33 @@ impl HaCluster {
                     return (name, started.elapsed());
                 }
             }
+            self.check_processes(&format!("waiting for {what}"));
             if started.elapsed() > timeout {
-                self.fail(&format!("no {what} within {timeout:?}"));
+                let answers = self.primary_answers().await;
+                self.fail(&format!(
+                    "waited {timeout:?} for {what}, in vain; GET /primary answers: {answers}"
+                ));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// What each node's Patroni answers `GET /primary`, for a failure's message:
+    /// `node1: 503 replica running; node2: no answer; ...`.
+    async fn primary_answers(&self) -> String {
+        let mut answers = Vec::new();
+        for node in &self.nodes {
+            let answer = match node.call(Method::GET, "/primary", None).await {
+                Some((status, body)) => format!(
+                    "{status} {} {}",
+                    body["role"].as_str().unwrap_or("-"),
+                    body["state"].as_str().unwrap_or("-")
+                ),
+                None => "no answer".to_owned(),
+            };
+            answers.push(format!("{}: {answer}", node.name));
+        }
+        answers.join("; ")
     }
 
     /// The members as `GET /cluster` of the first node that answers lists them.
@@ -381,6 +457,7 @@ impl HaCluster {
                     return;
                 }
             }
+            self.check_processes("waiting for the replicas to stream");
             if started.elapsed() > timeout {
                 self.fail(&format!(
                     "the replicas are not streaming after {timeout:?}: {members:#?}"
@@ -400,6 +477,7 @@ impl HaCluster {
                 Ok(false) => last = "in recovery".to_owned(),
                 Err(error) => last = error,
             }
+            self.check_processes("waiting for writes through HAProxy");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
         self.fail(&format!(
@@ -408,13 +486,34 @@ impl HaCluster {
         ));
     }
 
-    /// The tails of every process's log.
-    pub fn logs(&self) -> String {
+    /// etcd, each node's Patroni, HAProxy: those started.
+    fn processes(&self) -> Vec<&Process> {
         let mut processes: Vec<&Process> = Vec::new();
         processes.extend(&self.etcd);
         processes.extend(self.nodes.iter().map(|node| &node.patroni));
         processes.extend(&self.haproxy);
+        processes
+    }
+
+    /// What the logs say of the cluster's processes: those that exited unasked, the
+    /// lines of any log that report a permission error, and the tail of every log.
+    pub fn logs(&self) -> String {
+        let processes = self.processes();
         let mut text = String::new();
+        let exited: Vec<String> = processes
+            .iter()
+            .filter_map(|process| process.unexpected_exit())
+            .collect();
+        if !exited.is_empty() {
+            text.push_str(&format!("exited: {}\n", exited.join("; ")));
+        }
+        let denied: Vec<String> = processes
+            .iter()
+            .flat_map(|process| process.permission_errors())
+            .collect();
+        if !denied.is_empty() {
+            text.push_str(&format!("permission errors:\n{}\n", denied.join("\n")));
+        }
         for process in processes {
             text.push_str(&process.tail());
             text.push('\n');
@@ -422,9 +521,21 @@ impl HaCluster {
         text
     }
 
-    /// Panics with `message` and the tails of every log.
+    /// Panics with `message` and [`HaCluster::logs`].
     pub fn fail(&self, message: &str) -> ! {
         panic!("{message}\n{}", self.logs())
+    }
+
+    /// Fails at once, `while_doing` what, if a process exited that the test did not
+    /// stop: no wait can end well then.
+    fn check_processes(&self, while_doing: &str) {
+        if let Some(exited) = self
+            .processes()
+            .iter()
+            .find_map(|process| process.unexpected_exit())
+        {
+            self.fail(&format!("{exited}, {while_doing}"));
+        }
     }
 
     /// etcd's client address as the nodes reach it.
@@ -468,6 +579,7 @@ impl HaCluster {
                     return;
                 }
             }
+            self.check_processes("waiting for etcd to be healthy");
             if started.elapsed() > Duration::from_secs(30) {
                 self.fail("etcd is not healthy after 30 s");
             }
@@ -475,20 +587,41 @@ impl HaCluster {
         }
     }
 
-    /// Starts node `index` (from 0) in its namespace.
+    /// Starts node `index` (from 0) in its namespace, in `dir`, where its copy of
+    /// `patroni.yml` is.
     fn start_node(&self, index: usize, name: &str, dir: PathBuf) -> Node {
         let addr = self.network.node_addr(index);
         // Free in the node's namespace too, where nothing else listens.
-        let pg_port = crate::free_port();
-        let rest_port = crate::free_port();
+        let (pg_port, rest_port) = (crate::free_port(), crate::free_port());
+        let patroni = self.spawn_patroni(index, name, (addr, pg_port, rest_port), &dir);
+        Node {
+            name: name.to_owned(),
+            index,
+            addr,
+            pg_port,
+            rest_port,
+            dir,
+            patroni,
+        }
+    }
+
+    /// Starts the Patroni of node `index`, `name`, at `addr` with its Postgres and REST
+    /// ports, reading `dir/patroni.yml`; its output is appended to `logs/<name>.log`.
+    fn spawn_patroni(
+        &self,
+        index: usize,
+        name: &str,
+        (addr, pg_port, rest_port): (Ipv4Addr, u16, u16),
+        dir: &Path,
+    ) -> Process {
         let pg = format!("{addr}:{pg_port}");
         let rest = format!("{addr}:{rest_port}");
         let mut command = Command::new("ip");
         command
             .args(["netns", "exec", &self.network.namespace(index)])
             .args(["runuser", "-u", "postgres", "--", "patroni"])
-            .arg(Path::new(DEPLOY).join("patroni.yml"))
-            .current_dir(&dir)
+            .arg(dir.join("patroni.yml"))
+            .current_dir(dir)
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("LANG", "C.UTF-8")
@@ -504,14 +637,7 @@ impl HaCluster {
             .env("PATRONI_SUPERUSER_PASSWORD", &self.password)
             .env("PATRONI_REPLICATION_PASSWORD", &self.password);
         let log = self.dir.join(format!("logs/{name}.log"));
-        Node {
-            name: name.to_owned(),
-            addr,
-            pg_port,
-            rest_port,
-            dir,
-            patroni: Process::spawn(&format!("patroni {name}"), command, log),
-        }
+        Process::spawn(&format!("patroni {name}"), command, log)
     }
 
     fn start_haproxy(&mut self) {
@@ -555,18 +681,8 @@ impl Drop for HaCluster {
             node.patroni.signal("CONT");
             node.patroni.signal("KILL");
         }
-        // Each backend leads a process group of its own, and may be stopped: SIGKILL
-        // reaches stopped processes.
         for node in &self.nodes {
-            if let Some(postmaster) = node.postmaster_pid() {
-                let children = children(postmaster);
-                if let Some(group) = process_group(postmaster) {
-                    signal_group(group, "KILL");
-                }
-                for child in children {
-                    signal_process(child, "KILL");
-                }
-            }
+            node.kill_postgres();
         }
         if let Some(etcd) = &self.etcd {
             etcd.signal("KILL");

@@ -1,19 +1,32 @@
 //! The processes of the cluster: spawned in process groups of their own with their
 //! output in log files, signalled by group or by pid, and found in `/proc`.
+//!
+//! A process that exits without having been sent SIGTERM or SIGKILL by the test has
+//! failed: [`Process::unexpected_exit`] says so, and the cluster's waits stop at once
+//! with its exit status and its log instead of running out their time.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
 
 /// Lines of each log a failure shows.
 const TAIL_LINES: usize = 40;
 
+/// Lines naming a permission error a failure shows, over all logs.
+const PERMISSION_LINES: usize = 10;
+
 /// A process of the cluster, in a process group of its own, logging to a file.
 pub(super) struct Process {
     name: String,
-    pub(super) child: Child,
+    /// Locked only to look at or reap the child, never across an `.await`.
+    child: Mutex<Child>,
     log: PathBuf,
+    /// Set once the test sent the process SIGTERM or SIGKILL: its exit is expected.
+    stopped: AtomicBool,
 }
 
 impl Process {
@@ -35,23 +48,65 @@ impl Process {
             .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
         Process {
             name: name.to_owned(),
-            child,
+            child: Mutex::new(child),
             log,
+            stopped: AtomicBool::new(false),
         }
     }
 
-    /// The process group: the pid of the process spawned, unless it has exited.
+    /// The process group: the pid of the process spawned, unless it has exited and
+    /// was reaped.
     pub(super) fn group(&self) -> Option<u32> {
-        self.child.id()
+        self.child.lock().unwrap().id()
     }
 
     /// Sends `signal` (`STOP`, `CONT`, `TERM`, `KILL`) to the whole group.
     pub(super) fn signal(&self, signal: &str) {
+        if matches!(signal, "TERM" | "KILL") {
+            self.stopped.store(true, Ordering::Relaxed);
+        }
         if let Some(group) = self.group() {
             signal_group(group, signal);
         }
     }
 
+    /// Whether the test sent the process SIGTERM or SIGKILL.
+    pub(super) fn was_stopped(&self) -> bool {
+        self.stopped.load(Ordering::Relaxed)
+    }
+
+    /// The exit status, once the process has exited.
+    pub(super) fn exit_status(&self) -> Option<ExitStatus> {
+        self.child.lock().unwrap().try_wait().ok().flatten()
+    }
+
+    /// Waits up to `timeout` for the process to exit; whether it did.
+    pub(super) async fn wait_exit(&self, timeout: Duration) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < timeout {
+            if self.exit_status().is_some() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    /// `<name> exited (<status>)` if the process exited although the test did not
+    /// stop it.
+    pub(super) fn unexpected_exit(&self) -> Option<String> {
+        if self.was_stopped() {
+            return None;
+        }
+        let status = self.exit_status()?;
+        Some(format!(
+            "{} exited ({status}); its log is {}",
+            self.name,
+            self.log.display()
+        ))
+    }
+
+    /// The last lines of the log, under a header naming the process and the file.
     pub(super) fn tail(&self) -> String {
         format!(
             "--- {} ({}):\n{}",
@@ -59,6 +114,17 @@ impl Process {
             self.log.display(),
             tail(&self.log)
         )
+    }
+
+    /// The lines of the whole log that report a permission error, each prefixed with
+    /// the process's name.
+    pub(super) fn permission_errors(&self) -> Vec<String> {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        text.lines()
+            .filter(|line| line.to_ascii_lowercase().contains("permission denied"))
+            .take(PERMISSION_LINES)
+            .map(|line| format!("{}: {line}", self.name))
+            .collect()
     }
 }
 
@@ -106,6 +172,22 @@ pub(super) fn children(pid: u32) -> Vec<u32> {
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
         .filter(|child| parent(*child) == Some(pid))
         .collect()
+}
+
+/// Checks that the `postgres` OS user can read `path` (and enter every directory
+/// above it); else the error it gets, e.g. `Permission denied`.
+pub(super) async fn readable_by_postgres(path: &Path) -> Result<(), String> {
+    let output = Command::new("runuser")
+        .args(["-u", "postgres", "--", "head", "-c", "0"])
+        .arg(path)
+        .output()
+        .await
+        .map_err(|e| format!("runuser: {e}"))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
+    }
 }
 
 /// The uid and gid of the `postgres` OS user.
