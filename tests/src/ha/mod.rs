@@ -13,8 +13,8 @@
 //!
 //! Patroni runs as `postgres`, which may not be able to enter the checkout (a clone
 //! under `/root`, a home directory or a `mktemp -d` is mode 700), and Patroni 3.0.2
-//! takes a config file it cannot read for a missing one: it exits with "Can not find
-//! suitable configuration of distributed configuration store", naming no file. So, as
+//! takes a config file it cannot read for a missing one: it exits with `KeyError:
+//! 'scope'`, naming neither the file nor the permission. So, as
 //! `deploy/patroni/README.md` tells operators, `patroni.yml` is copied into each node's
 //! directory (owned by `postgres`, mode 700, in a temp dir it can traverse), and
 //! `postgres` is made to read the copy before Patroni starts: a permission error stops
@@ -486,12 +486,13 @@ impl HaCluster {
         ));
     }
 
-    /// etcd, each node's Patroni, HAProxy: those started.
+    /// Each node's Patroni, HAProxy, etcd: those started, Patroni's first, whose logs
+    /// say most when the cluster does not come up.
     fn processes(&self) -> Vec<&Process> {
         let mut processes: Vec<&Process> = Vec::new();
-        processes.extend(&self.etcd);
         processes.extend(self.nodes.iter().map(|node| &node.patroni));
         processes.extend(&self.haproxy);
+        processes.extend(&self.etcd);
         processes
     }
 
