@@ -651,14 +651,22 @@ pub struct Config {
     #[arg(long, env = "FENCEGATE_REQUIRE_SYNCHRONOUS_REPLICATION", help_heading = heading::REPLICATION)]
     pub require_synchronous_replication: bool,
 
-    /// Patroni REST API of the fence database's cluster.
+    /// Patroni REST APIs of the fence database's cluster, comma-separated.
     ///
-    /// Postgres under Patroni: the REST API of a Patroni node of the fence database's
-    /// cluster (e.g. http://db-1:8008), whose /config the gateway reads for
-    /// synchronous_mode and synchronous_mode_strict, exported as
-    /// fencegate_backend_patroni_synchronous_mode and said in the ready line.
-    #[arg(long, env = "FENCEGATE_PATRONI_URL", value_name = "URL", help_heading = heading::REPLICATION)]
-    pub patroni_url: Option<String>,
+    /// Postgres under Patroni: the REST API of each Patroni node of the fence database's
+    /// cluster, comma-separated (e.g. http://db-1:8008,http://db-2:8008,http://db-3:8008;
+    /// one is enough, but is not read while that node is down). The gateway reads
+    /// /config of the first that answers, every second, for synchronous_mode and
+    /// synchronous_mode_strict, exported as fencegate_backend_patroni_synchronous_mode
+    /// and said in the ready line.
+    #[arg(
+        long,
+        env = "FENCEGATE_PATRONI_URL",
+        value_name = "URL[,URL...]",
+        value_delimiter = ',',
+        help_heading = heading::REPLICATION
+    )]
+    pub patroni_url: Vec<String>,
 
     /// Log format: `json` for log pipelines.
     ///

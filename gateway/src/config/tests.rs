@@ -256,10 +256,27 @@ fn replication_flags_need_postgres_and_a_patroni_url_is_http() {
     let invalid = |args: &[&str]| parse(args).unwrap().validate().unwrap_err().to_string();
     assert!(invalid(&["--require-synchronous-replication"]).contains("--database-url"));
     assert!(invalid(&["--patroni-url", "http://db-1:8008"]).contains("--database-url"));
-    for url in ["db-1:8008", "https://db-1:8008", "http://"] {
+    for url in [
+        "db-1:8008",
+        "https://db-1:8008",
+        "http://",
+        "http://db-1:8008,db-2:8008",
+    ] {
         let error = invalid(&["--database-url", "postgres://x", "--patroni-url", url]);
         assert!(error.contains("--patroni-url"), "{url}: {error}");
     }
+    let several = parse(&[
+        "--database-url",
+        "postgres://x",
+        "--patroni-url",
+        "http://db-1:8008,http://db-2:8008,http://db-3:8008",
+    ])
+    .unwrap();
+    assert!(several.validate().is_ok());
+    assert_eq!(
+        several.patroni_url,
+        ["http://db-1:8008", "http://db-2:8008", "http://db-3:8008"]
+    );
     let config = parse(&[
         "--database-url",
         "postgres://x",

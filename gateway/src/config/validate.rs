@@ -54,14 +54,14 @@ impl Config {
             return fail("--group-commit-max must be at least 1");
         }
         if self.database_url.is_none()
-            && (self.require_synchronous_replication || self.patroni_url.is_some())
+            && (self.require_synchronous_replication || !self.patroni_url.is_empty())
         {
             return fail(
                 "--require-synchronous-replication and --patroni-url need the Postgres \
                  backend (--database-url)",
             );
         }
-        if let Some(url) = &self.patroni_url {
+        for url in &self.patroni_url {
             if !(url.starts_with("http://")
                 && url
                     .parse::<hyper::Uri>()

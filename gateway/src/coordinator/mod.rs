@@ -119,7 +119,10 @@ pub struct Coordinator {
     /// `--require-synchronous-replication`.
     require_synchronous_replication: bool,
     /// `--patroni-url`.
-    patroni_url: Option<String>,
+    /// Patroni's REST APIs (`--patroni-url`), read in order until one answers.
+    patroni_urls: Vec<String>,
+    /// Which of them answered last: the first one tried next time.
+    patroni_answered: std::sync::atomic::AtomicUsize,
     /// The last reading of the fence database's replication was synchronous
     /// ([`replication`]).
     synchronously_replicated: AtomicBool,
@@ -205,7 +208,8 @@ impl Coordinator {
             txn_max_operations: config.txn_max_operations,
             txn_max_bytes: config.txn_max_bytes.min(config.max_body),
             require_synchronous_replication: config.require_synchronous_replication,
-            patroni_url: config.patroni_url.clone(),
+            patroni_urls: config.patroni_url.clone(),
+            patroni_answered: std::sync::atomic::AtomicUsize::new(0),
             synchronously_replicated: AtomicBool::new(false),
             write_probe: tokio::sync::Mutex::new(None),
         })

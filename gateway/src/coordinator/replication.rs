@@ -73,20 +73,12 @@ impl Coordinator {
         let Store::Postgres(store) = &self.store else {
             return None;
         };
-        let patroni = match &self.patroni_url {
-            Some(url) => match patroni_config(url, PATRONI_TIMEOUT).await {
-                Ok(config) => Some(config),
-                Err(error) => {
-                    tracing::warn!(%error, "could not read Patroni's configuration");
-                    None
-                }
-            },
-            None => None,
-        };
+        // Both at once: a Patroni node that does not answer delays nothing else.
+        let (patroni, replication) = tokio::join!(self.read_patroni(), store.replication());
         self.metrics.patroni_synchronous_mode(
             patroni.map(|config| (config.synchronous_mode, config.synchronous_mode_strict)),
         );
-        let reading = match store.replication().await {
+        let reading = match replication {
             Ok((replication, server)) => ReplicationReading {
                 replication,
                 timeline: server.timeline,
@@ -103,6 +95,31 @@ impl Coordinator {
             .backend_replication(r.synchronous_standbys, r.synchronous(), reading.timeline);
         self.replicated(r.synchronous());
         Some(reading)
+    }
+
+    /// Patroni's configuration from the first of `--patroni-url` that answers, starting
+    /// with the one that answered last; `None` without the flag, or if none does (then
+    /// a warning with each one's error).
+    async fn read_patroni(&self) -> Option<PatroniConfig> {
+        let urls = &self.patroni_urls;
+        let first = self.patroni_answered.load(Ordering::Relaxed);
+        let mut errors = Vec::new();
+        for at in (0..urls.len()).map(|n| (first + n) % urls.len()) {
+            match patroni_config(&urls[at], PATRONI_TIMEOUT).await {
+                Ok(config) => {
+                    self.patroni_answered.store(at, Ordering::Relaxed);
+                    return Some(config);
+                }
+                Err(error) => errors.push(format!("{}: {error}", urls[at])),
+            }
+        }
+        if !errors.is_empty() {
+            tracing::warn!(
+                errors = errors.join("; "),
+                "could not read Patroni's configuration from any --patroni-url"
+            );
+        }
+        None
     }
 
     /// Records whether the fence database is synchronously replicated, logging changes.
