@@ -500,6 +500,14 @@ async fn a_fence_reset_is_seen_by_every_replica() {
         ops1.reset("orders", 5, "").await.error_code(),
         "invalid_body"
     );
+    // A reason that would show in another order than it has (a right-to-left override)
+    // is refused like a control character, before anything changes.
+    assert_eq!(
+        ops1.reset("orders", 5, "token \u{202E}never issued")
+            .await
+            .error_code(),
+        "invalid_body"
+    );
     let done = ops1
         .reset("orders", 5, "token 2^63-1 was never issued")
         .await;

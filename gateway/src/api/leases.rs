@@ -182,9 +182,12 @@ pub async fn reset(
     let _in_flight = coordinator.write_permit(request.client(coordinator))?;
     let FenceResetRequest { to, reason } = read_json(coordinator, request).await?;
     let reason = reason.trim().to_owned();
-    if reason.is_empty() || reason.len() > MAX_REASON_LEN || reason.chars().any(char::is_control) {
+    if reason.is_empty()
+        || reason.len() > MAX_REASON_LEN
+        || reason.chars().any(fencegate_proto::names::is_forbidden_char)
+    {
         return Err(invalid(format!(
-            "`reason` must say why, in 1 to {MAX_REASON_LEN} bytes without control characters"
+            "`reason` must say why, in 1 to {MAX_REASON_LEN} bytes without control or bidirectional formatting characters"
         )));
     }
     let identity = request.identity.clone();
