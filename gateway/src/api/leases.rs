@@ -184,7 +184,9 @@ pub async fn reset(
     let reason = reason.trim().to_owned();
     if reason.is_empty()
         || reason.len() > MAX_REASON_LEN
-        || reason.chars().any(fencegate_proto::names::is_forbidden_char)
+        || reason
+            .chars()
+            .any(fencegate_proto::names::is_forbidden_char)
     {
         return Err(invalid(format!(
             "`reason` must say why, in 1 to {MAX_REASON_LEN} bytes without control or bidirectional formatting characters"
