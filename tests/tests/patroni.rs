@@ -25,15 +25,24 @@
 //!
 //! In synchronous mode a third gateway runs as `deploy/patroni/README.md` sets it up:
 //! its own login and database made by the README's SQL (a member of `pg_monitor`, not a
-//! superuser), through HAProxy, with `--patroni-url` and
+//! superuser), through HAProxy, with `--patroni-url` naming every node and
 //! `--require-synchronous-replication`. It must report the cluster as synchronously
 //! replicated, in its ready line and its metrics, at the start and after the faults.
+//!
+//! Through each fault, one lease holder per gateway — the Rust client's elector on a
+//! hosted lease of its own, default timing — holds its lease, as an application would.
+//! `deploy/patroni/README.md` promises that a 15 s ttl rides out a switchover and a
+//! 30 s ttl a dead node: there each holder must keep its term, the same token renewed
+//! after the recovery. The other faults run with 15 s (a crash of Postgres, etcd
+//! restarted) or 30 s (a frozen or cut-off primary), and how the holders fared is
+//! printed only ([`Fault::holder_ttl`]).
 //!
 //! Each fault prints one line: operations, acknowledged, indeterminate, violations, and
 //! how long writes were unavailable (`cargo test -p fencegate-tests --test patroni --
 //! --nocapture`); and one more with each gateway's outage, timed by [`Probe`]s that
 //! write through it on their own: from the fault (the switchover request, the kill) to
-//! the first write it accepted again. Synchronous mode must keep everything;
+//! the first write it accepted again; and one with how each lease holder fared.
+//! Synchronous mode must keep everything;
 //! asynchronous mode prints the same and asserts only that no older term's write was
 //! applied after a newer term's was acknowledged.
 
@@ -44,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use fencegate_tests::faults::late_applied;
 use fencegate_tests::gateway::Gateway;
-use fencegate_tests::ha::{HaCluster, Outage, Probe};
+use fencegate_tests::ha::{HaCluster, Held, Holder, Outage, Probe};
 use fencegate_tests::history::{self, Counts, Entry, Op, Outcome, Recorder};
 use fencegate_tests::http::{kv_path, Client};
 use fencegate_tests::prometheus::Prometheus;
@@ -129,6 +138,20 @@ impl Fault {
             faults.push(Fault::NodeKill);
         }
         faults
+    }
+
+    /// The ttl of the lease holders through the fault, and whether they must keep their
+    /// terms: `deploy/patroni/README.md` promises that 15 s rides out a switchover and
+    /// 30 s a dead node. It promises nothing of the others at these ttls (a crash of
+    /// Postgres with `--require-synchronous-replication` took up to 7.3 s, a frozen or
+    /// cut-off primary up to 17.1 s; etcd restarted was not measured).
+    fn holder_ttl(self) -> (Duration, bool) {
+        match self {
+            Fault::Switchover => (Duration::from_secs(15), true),
+            Fault::NodeKill => (Duration::from_secs(30), true),
+            Fault::PostmasterKill | Fault::EtcdRestart => (Duration::from_secs(15), false),
+            Fault::PrimaryFreeze | Fault::PrimaryPartition => (Duration::from_secs(30), false),
+        }
     }
 
     fn name(self) -> &'static str {
@@ -223,6 +246,8 @@ struct Summary {
     recovery_to_write: Option<f64>,
     /// Each gateway's outage as its probe saw it, by the probe's label.
     outages: Vec<(String, Outage)>,
+    /// How each gateway's lease holder fared.
+    holders: Vec<Held>,
 }
 
 /// A gap between acknowledged writes at least this long is an outage; shorter ones are
@@ -274,6 +299,39 @@ impl Summary {
             outages.join(", ")
         )
     }
+
+    /// How each gateway's lease holder fared, and whether that is checked.
+    fn holders_line(&self, mode: &str) -> String {
+        let (ttl, checked) = self.fault.holder_ttl();
+        let holders: Vec<String> = self.holders.iter().map(Held::describe).collect();
+        format!(
+            "{mode:<12} {:<16} lease holders, ttl {ttl:?} ({}): {}",
+            self.fault.name(),
+            if checked {
+                "must keep their terms"
+            } else {
+                "not checked"
+            },
+            holders.join(", ")
+        )
+    }
+
+    /// Where the README promises it, every holder kept its term.
+    fn assert_holders_kept(&self) {
+        let (ttl, checked) = self.fault.holder_ttl();
+        if !checked {
+            return;
+        }
+        for held in &self.holders {
+            assert!(
+                held.kept(),
+                "{}: a holder of a {ttl:?} lease did not keep its term: {}\n{}",
+                self.fault.name(),
+                held.describe(),
+                self.outages_line("outages")
+            );
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -291,6 +349,7 @@ async fn synchronous_mode_keeps_every_acknowledged_write_through_faults() {
         assert_eq!(summary.internal, 0, "{fault}");
         assert_eq!(summary.tokens_twice, 0, "{fault}");
         assert!(summary.counts.applied > 0, "{fault}");
+        summary.assert_holders_kept();
     })
     .await;
 }
@@ -310,6 +369,7 @@ async fn asynchronous_mode_lets_no_older_term_in_through_faults() {
         assert_eq!(summary.internal, 0, "{fault}");
         assert_eq!(summary.tokens_twice, 0, "{fault}");
         assert!(summary.counts.applied > 0, "{fault}");
+        summary.assert_holders_kept();
     })
     .await;
 }
@@ -335,7 +395,7 @@ async fn run(synchronous: bool, check: impl Fn(&Summary)) {
     // Synchronous mode is how patroni.yml bootstraps the cluster: the README's gateway
     // runs there, and must say that it is synchronously replicated.
     let as_documented = if synchronous {
-        let gateway = documented_gateway(&cluster, &patroni).await;
+        let gateway = documented_gateway(&cluster).await;
         reports_synchronous_at_start(&gateway).await;
         serves(&gateway.client(), "smoke-documented").await;
         Some(gateway)
@@ -361,9 +421,10 @@ async fn run(synchronous: bool, check: impl Fn(&Summary)) {
         .collect();
     let mut logged = BTreeSet::new();
     for fault in Fault::all(synchronous) {
-        let summary = run_fault(&mut cluster, &clients, &doors, &probes, fault).await;
+        let summary = run_fault(&mut cluster, &clients, &doors, &probes, &gateways, fault).await;
         println!("{}", summary.line(mode));
         println!("{}", summary.outages_line(mode));
+        println!("{}", summary.holders_line(mode));
         for (name, gateway) in &gateways {
             for error in logged_errors(gateway) {
                 if logged.insert((*name, error.clone())) {
@@ -415,8 +476,8 @@ async fn gateway(url: &str, patroni: &str) -> Gateway {
 }
 
 /// The gateway as `deploy/patroni/README.md` runs it: its login and database made by
-/// the README's SQL, through HAProxy, with the README's flags.
-async fn documented_gateway(cluster: &HaCluster, patroni: &str) -> Gateway {
+/// the README's SQL, through HAProxy, with the README's flags (every node's REST API).
+async fn documented_gateway(cluster: &HaCluster) -> Gateway {
     let url = cluster.create_gateway_login().await;
     Gateway::builder()
         .database(&url)
@@ -424,7 +485,7 @@ async fn documented_gateway(cluster: &HaCluster, patroni: &str) -> Gateway {
             "--backend-timeout",
             "2s",
             "--patroni-url",
-            patroni,
+            &cluster.patroni_urls(),
             "--require-synchronous-replication",
         ])
         .spawn()
@@ -515,18 +576,25 @@ async fn serves(client: &Client, resource: &str) {
     assert_eq!((value.as_slice(), read_token), (&b"served"[..], token));
 }
 
-/// Writers write while `fault` is injected; then the keys are read and the history
-/// checked.
+/// Writers write, and a lease holder per gateway holds its lease, while `fault` is
+/// injected; then the keys are read and the history checked.
 async fn run_fault(
     cluster: &mut HaCluster,
     clients: &[Client],
     doors: &[String],
     probes: &[Probe],
+    gateways: &[(&str, &Gateway)],
     fault: Fault,
 ) -> Summary {
     let suffix = format!("{}-{:08x}", fault.name(), rand::random::<u32>());
     let resource = format!("ha-{suffix}");
     let door_resource = format!("ha-door-{suffix}");
+    let (ttl, _) = fault.holder_ttl();
+    let mut holders = Vec::new();
+    for (n, (label, gateway)) in gateways.iter().enumerate() {
+        let lease = format!("ha-holder-{suffix}-{n}");
+        holders.push(Holder::start(label, &gateway.url(), &lease, ttl).await);
+    }
     let table = fenced_table(&cluster.haproxy_url(), &door_resource).await;
     let recorder = Recorder::new();
     let internal = Arc::new(AtomicUsize::new(0));
@@ -562,12 +630,15 @@ async fn run_fault(
     let (what, primary_seen) = fault.inject(cluster).await;
     let recovered_at = primary_seen.unwrap_or_else(history::now);
     // Write on until some write after the recovery was acknowledged, through every
-    // gateway, and a while more.
+    // gateway, and every holder renewed its term after it or lost it; and a while more.
     let deadline = Instant::now() + RECOVERY_TIMEOUT;
     while !acknowledged_after(&recorder.entries(), recovered_at)
         || probes
             .iter()
             .any(|probe| !probe.acknowledged_after(recovered_at))
+        || holders
+            .iter()
+            .any(|holder| !holder.settled_after(recovered_at))
     {
         if Instant::now() > deadline {
             cancel.cancel();
@@ -576,9 +647,15 @@ async fn run_fault(
                 .filter(|probe| !probe.acknowledged_after(recovered_at))
                 .map(|probe| probe.label.as_str())
                 .collect();
+            let unrenewed: Vec<&str> = holders
+                .iter()
+                .filter(|holder| !holder.settled_after(recovered_at))
+                .map(|holder| holder.label.as_str())
+                .collect();
             cluster.fail(&format!(
                 "{}: no write acknowledged within {RECOVERY_TIMEOUT:?} of the recovery ({what}); \
-                 gateways without one: {waiting:?}",
+                 gateways without one: {waiting:?}; lease holders neither renewed nor lost: \
+                 {unrenewed:?}",
                 fault.name()
             ));
         }
@@ -588,6 +665,10 @@ async fn run_fault(
     cancel.cancel();
     for writer in writers {
         writer.await.expect("a writer finished without panicking");
+    }
+    let mut held = Vec::new();
+    for holder in holders {
+        held.push(holder.stop(fault_at, recovered_at).await);
     }
     println!("{}: {before}; {what}", fault.name());
 
@@ -615,6 +696,7 @@ async fn run_fault(
             .iter()
             .map(|probe| (probe.label.clone(), probe.outage(fault_at)))
             .collect(),
+        holders: held,
     }
 }
 

@@ -44,6 +44,7 @@
 
 mod faults;
 mod gateway_login;
+mod holder;
 mod network;
 mod probe;
 mod process;
@@ -59,6 +60,7 @@ use tokio::process::Command;
 
 use crate::cluster::BIN;
 use crate::http::Client;
+pub use holder::{Held, Holder};
 use network::Network;
 pub use probe::{longest_gap, Outage, Probe};
 use process::{
@@ -308,6 +310,12 @@ impl HaCluster {
             .iter()
             .find(|node| node.name == name)
             .unwrap_or_else(|| panic!("no node {name}"))
+    }
+
+    /// Every node's REST API, comma-separated, as `--patroni-url` takes them.
+    pub fn patroni_urls(&self) -> String {
+        let urls: Vec<String> = self.nodes.iter().map(Node::rest_url).collect();
+        urls.join(",")
     }
 
     /// The node whose Patroni answers `GET /primary` with 200 — what HAProxy routes to —
