@@ -32,7 +32,7 @@ from .models import (
 if TYPE_CHECKING:
     from .async_lease import AsyncLease
 
-__all__ = ["AsyncGateway"]
+__all__ = ["DEFAULT_TIMEOUT", "DEFAULT_URL", "AsyncGateway"]
 
 _T = TypeVar("_T")
 

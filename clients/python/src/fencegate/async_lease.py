@@ -43,7 +43,7 @@ if TYPE_CHECKING:
         "_Async", bound="psycopg.AsyncConnection[Any] | asyncpg.Connection[Any] | PoolConnectionProxy[Any]"
     )
 
-__all__ = ["AsyncLease"]
+__all__ = ["AsyncLease", "LeaseTiming", "LostReason"]
 
 _T = TypeVar("_T")
 
