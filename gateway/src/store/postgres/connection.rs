@@ -1,14 +1,30 @@
-//! Connections to Postgres: pools (each connection's server watched by
-//! [`super::server_watch`]), the schema migration, the bound on every call, and
-//! what a Postgres error means for the gateway.
+//! Connections to Postgres: the pools ([`PgPool`]), the schema migration ([`migrate`]),
+//! and the deadline of every call with what its phase makes of it.
 //!
 //! # Behavior
 //!
+//! - A pool hands out its most recently used connection first. A watched pool admits a
+//!   new connection only once its server was audited ([`super::server_watch`]); at start
+//!   the settings pinned in the start-up packet ([`super::session`]) are read back on
+//!   one connection, and a pool can be opened whole before the first request.
 //! - Every call runs within a deadline ([`with_client_until`]). A connection whose call
-//!   timed out is not returned to the pool: first a cancel request stops what it still
-//!   runs in Postgres, so that nothing holds a lock on after the answer, then it is
-//!   closed, which rolls back its transaction.
-//! - Errors are judged by SQLSTATE, never by message ([`super::errors`]).
+//!   timed out is not returned to the pool but closed, which rolls back a transaction
+//!   whose `COMMIT` was not sent. Before that, a cancel request stops what it still runs
+//!   in Postgres, so that nothing holds a lock on after the answer — unless the call had
+//!   sent a statement that commits ([`committing`]): a commit waiting for a synchronous
+//!   standby is left alone, so that it becomes visible only once a standby has it.
+//! - What a timed-out call answers follows its phase: inside an explicit transaction
+//!   ([`begin`], [`in_own_transaction`]) nothing applied (`write_applied: false`);
+//!   otherwise — statements that may autocommit, or a `COMMIT` sent — it is unknown.
+//! - [`migrate`] creates or migrates the `fencegate` schema in one transaction,
+//!   serialised with other gateways starting at the same time, and defines its functions
+//!   again whenever their text changed.
+//!
+//! Beside them, what several callers share: [`read_row`] (a read of one row, its
+//! statement prepared once per connection), `uses_tls`, and [`describe`], the database
+//! as the logs name it, without user or password. What a Postgres error means for the
+//! gateway, judged by SQLSTATE and never by message, is [`super::errors`]; which server
+//! a connection reaches, [`super::server_watch`].
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
