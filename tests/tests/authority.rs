@@ -689,6 +689,93 @@ async fn no_role_can_hide_an_older_term_from_a_takeover() {
     assert_eq!(issued, 3);
 }
 
+/// A writer marks itself as a holder of its own resource's term only: its statements
+/// take the advisory key of the fence they present and no other, whatever plan the
+/// session keeps for them (each form runs often enough first for a generic plan). A
+/// takeover of another resource — an older term of `b` ended by a newer one — leaves
+/// the writer of `a-1` alone, and its transaction commits.
+#[tokio::test]
+async fn a_writer_holds_no_other_resources_takeover_key() {
+    let tenants = Tenants::create().await;
+    let fenced = &tenants.fenced;
+    fenced
+        .execute("INSERT INTO fencegate.settings VALUES ('term_takeover_timeout_ms', '300')")
+        .await;
+    fenced.raise("a-1", 7).await;
+    for other in ["a-2", "a-3", "a-4", "a-5"] {
+        fenced.raise(other, 1).await;
+    }
+    // The statistics autovacuum would gather: small tables, as most deployments have.
+    fenced.execute("ANALYZE").await;
+    let own: i64 = fenced
+        .db
+        .value("SELECT lock_key FROM fencegate.fences WHERE resource = 'a-1'")
+        .await;
+    let forms = [
+        (
+            "-c fencegate.token=a-1=7",
+            "INSERT INTO a_rows VALUES (1, 'token')",
+        ),
+        (
+            "",
+            "SELECT fencegate.fence('a-1', 7); INSERT INTO a_rows VALUES (2, 'fence')",
+        ),
+    ];
+    for (older, (options, statements)) in (3..).zip(forms) {
+        let writer = tenants.alice(options).await;
+        for _ in 0..12 {
+            writer
+                .batch_execute(&format!("BEGIN; {statements}; COMMIT;"))
+                .await
+                .unwrap();
+        }
+        writer
+            .batch_execute(&format!("BEGIN; {statements};"))
+            .await
+            .unwrap();
+        let keys: Vec<i64> = writer
+            .query(
+                "SELECT (classid::bigint << 32) | objid::bigint FROM pg_locks
+                 WHERE locktype = 'advisory' AND pid = pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get(0))
+            .collect();
+        assert_eq!(
+            keys,
+            [own],
+            "{statements:?}: the advisory keys the writer holds"
+        );
+
+        // Another resource's older term, ended by its newer one.
+        let old = tenants.bob("").await;
+        old.batch_execute(&format!(
+            "BEGIN; SELECT fencegate.fence('b', {older}); INSERT INTO b_rows VALUES (1, 'old')"
+        ))
+        .await
+        .unwrap();
+        let new = tenants.bob("").await;
+        let newer = older + 1;
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            new.batch_execute(&format!(
+                "BEGIN; SELECT fencegate.fence('b', {newer}); COMMIT;"
+            )),
+        )
+        .await
+        .expect("the newer term of b ends the older one")
+        .expect("the raise of b completes");
+        assert!(old.batch_execute("COMMIT").await.is_err());
+        writer
+            .batch_execute("COMMIT")
+            .await
+            .expect("the writer of a-1 is not ended by a takeover of b");
+    }
+}
+
 /// The seed's `leader_lease` table, guarded: the seed's statements (through the lease
 /// client's store) still elect; an elector cannot write an epoch of its own choosing,
 /// take a lease another role holds, elect for a resource it does not hold, or delete;

@@ -467,14 +467,18 @@ CREATE OR REPLACE FUNCTION fencegate.fence(resource text, token bigint) RETURNS 
 AS $fn$
 DECLARE
     highest bigint;
+    key bigint;
+    marked boolean;
     fenced text := coalesce(current_setting('fencegate.fenced', true), '');
 BEGIN
-    SELECT f.highest INTO highest FROM fencegate.fences f
+    SELECT f.highest, f.lock_key INTO highest, key FROM fencegate.fences f
         WHERE f.resource = fence.resource AND f.highest = fence.token
           AND EXISTS (SELECT FROM fencegate.holding(fencegate.caller(), fence.resource) h WHERE h.held)
-          AND fencegate.hold_key(f.resource, f.highest, f.lock_key)
         FOR SHARE OF f;
-    IF NOT FOUND THEN
+    IF FOUND THEN
+        -- After the row is found and locked, for its key alone (see enforce()).
+        marked := fencegate.hold_key(fence.resource, highest, key);
+    ELSE
         PERFORM fencegate.require_resource(fence.resource);
         PERFORM fencegate.require_holds(fence.resource);
         PERFORM fencegate.parse_token(fence.resource, fence.token::text, NULL);
@@ -498,6 +502,8 @@ CREATE OR REPLACE FUNCTION fencegate.sql_fence(resource text, token bigint, key 
 AS $fn$
 DECLARE
     highest bigint;
+    row_key bigint;
+    marked boolean;
 BEGIN
     IF NOT EXISTS (SELECT FROM fencegate.keys k WHERE k.name = 'sql' AND k.key = sql_fence.key) THEN
         RAISE EXCEPTION USING ERRCODE = 'ZF006',
@@ -505,11 +511,12 @@ BEGIN
             DETAIL = format('resource=%s role=%s', sql_fence.resource, fencegate.caller()),
             CONSTRAINT = 'fencegate_fence';
     END IF;
-    SELECT f.highest INTO highest FROM fencegate.fences f
+    SELECT f.highest, f.lock_key INTO highest, row_key FROM fencegate.fences f
         WHERE f.resource = sql_fence.resource AND f.highest = sql_fence.token
-          AND fencegate.hold_key(f.resource, f.highest, f.lock_key)
         FOR SHARE;
-    IF NOT FOUND THEN
+    IF FOUND THEN
+        marked := fencegate.hold_key(sql_fence.resource, highest, row_key);
+    ELSE
         PERFORM fencegate.require_resource(sql_fence.resource);
         PERFORM fencegate.parse_token(sql_fence.resource, sql_fence.token::text, NULL);
         highest := fencegate.fence_check(sql_fence.resource, sql_fence.token, NULL, 'sql', 0);
@@ -630,11 +637,25 @@ $fn$;
 -- Every statement checks again, since any record of an earlier check in this
 -- transaction could be forged (custom settings are writable by every role). The common
 -- case is one statement: the registration, the authority (or the transaction's /v1/sql
--- grant), and the share lock of a fence row whose highest is the presented token.
+-- grant), and the share lock of a fence row whose highest is the presented token; then
+-- the takeover mark of that row alone.
+--
+-- The table's resource is a scalar subquery, so that the fence row is found by its key
+-- in any plan the session keeps. Joined instead, a generic plan over small tables
+-- (statistics as autovacuum gathers them) hash-joins a scan of every fence: each
+-- condition on the fences' rows — a takeover mark in the WHERE clause, say — is then
+-- evaluated for every resource, not for this table's. (The mark is taken after the
+-- row is found for that reason: a writer holds its own resource's key and no other, so
+-- that another resource's takeover never ends it.)
 CREATE OR REPLACE FUNCTION fencegate.enforce() RETURNS trigger
     LANGUAGE plpgsql SECURITY DEFINER
     SET search_path = pg_catalog, pg_temp
 AS $fn$
+DECLARE
+    fence_resource text;
+    fence_highest bigint;
+    fence_key bigint;
+    marked boolean;
 BEGIN
     -- Compared as text, so that no cast can fail here; a token written otherwise
     -- ('007') is read properly by the long way.
@@ -644,23 +665,24 @@ BEGIN
     -- resource of its own (the gateway refuses to start otherwise, and fencegate check
     -- reports it), and the long way, which reads the grant first, decides.
     IF current_setting('fencegate.sql_step', true) = 'on' THEN
-        PERFORM FROM fencegate.protected_tables p
-            JOIN fencegate.fences f ON f.resource = p.resource
-            JOIN fencegate.sql_grants g ON g.resource = p.resource AND g.token = f.highest
-            WHERE p.tbl = TG_RELID
-              AND g.pid = pg_backend_pid() AND g.xact = pg_current_xact_id_if_assigned()
-              AND fencegate.hold_key(f.resource, f.highest, f.lock_key)
+        SELECT f.resource, f.highest, f.lock_key INTO fence_resource, fence_highest, fence_key
+            FROM fencegate.fences f
+            WHERE f.resource = (SELECT p.resource FROM fencegate.protected_tables p WHERE p.tbl = TG_RELID)
+              AND EXISTS (SELECT FROM fencegate.sql_grants g
+                          WHERE g.pid = pg_backend_pid() AND g.xact = pg_current_xact_id_if_assigned()
+                            AND g.resource = f.resource AND g.token = f.highest)
             FOR SHARE OF f;
     ELSE
-        PERFORM FROM fencegate.protected_tables p
-            JOIN fencegate.fences f ON f.resource = p.resource
-            WHERE p.tbl = TG_RELID
-              AND f.highest::text = fencegate.presented(p.resource)
-              AND EXISTS (SELECT FROM fencegate.holding(fencegate.caller(), p.resource) h WHERE h.held)
-              AND fencegate.hold_key(f.resource, f.highest, f.lock_key)
+        SELECT f.resource, f.highest, f.lock_key INTO fence_resource, fence_highest, fence_key
+            FROM fencegate.fences f
+            WHERE f.resource = (SELECT p.resource FROM fencegate.protected_tables p WHERE p.tbl = TG_RELID)
+              AND f.highest::text = fencegate.presented(f.resource)
+              AND EXISTS (SELECT FROM fencegate.holding(fencegate.caller(), f.resource) h WHERE h.held)
             FOR SHARE OF f;
     END IF;
-    IF NOT FOUND THEN
+    IF FOUND THEN
+        marked := fencegate.hold_key(fence_resource, fence_highest, fence_key);
+    ELSE
         PERFORM fencegate.enforce_slow(TG_RELID);
     END IF;
     IF TG_LEVEL = 'ROW' THEN
