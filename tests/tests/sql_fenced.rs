@@ -357,6 +357,47 @@ async fn an_unreachable_database_answers_503() {
     .await;
 }
 
+/// The fence step of a `/v1/sql` transaction marks its session as a holder of its
+/// term: a new term's advance that has waited `--term-takeover-timeout` for it ends
+/// that transaction and completes, instead of waiting for its statements to finish;
+/// the ended transaction is not answered as committed.
+#[tokio::test]
+async fn a_takeover_ends_an_older_terms_sql_transaction() {
+    let db = TestDb::create().await;
+    let gateway = Gateway::builder()
+        .database(&db.url())
+        .sql_as(&db.writer().await)
+        .args(&["--term-takeover-timeout", "300ms"])
+        .spawn()
+        .await;
+    let client = gateway.client();
+    assert_eq!(client.advance("sweeper", 4).await.status, 200);
+    let sql_client = client.clone();
+    let running = tokio::spawn(async move {
+        let reply = sql_client
+            .sql(
+                "sweeper",
+                4,
+                json!({"statements": [{"sql": "SELECT pg_sleep(10)"}]}),
+            )
+            .await;
+        (reply, tokio::time::Instant::now())
+    });
+    // The transaction has taken its fence step and sleeps.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sent = tokio::time::Instant::now();
+    let advanced = client.advance("sweeper", 5).await;
+    let advanced_at = tokio::time::Instant::now();
+    assert_eq!(advanced.status, 200, "{:?}", advanced.json());
+    assert!(
+        advanced_at - sent < Duration::from_secs(5),
+        "the advance waited {:?}: the older term's transaction was not ended",
+        advanced_at - sent
+    );
+    let (reply, _) = running.await.unwrap();
+    assert_ne!(reply.status, 200, "{:?}", reply.json());
+}
+
 /// The fence step of a `/v1/sql` transaction holds its term until the commit, whatever
 /// the statements after it touch: a new term's advance, sent while a transaction of the
 /// current term runs statements that write no fenced table, waits for that commit.
