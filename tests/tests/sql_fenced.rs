@@ -367,7 +367,14 @@ async fn a_takeover_ends_an_older_terms_sql_transaction() {
     let gateway = Gateway::builder()
         .database(&db.url())
         .sql_as(&db.writer().await)
-        .args(&["--term-takeover-timeout", "300ms"])
+        .args(&[
+            "--term-takeover-timeout",
+            "300ms",
+            "--sql-statement-timeout",
+            "20s",
+            "--backend-timeout",
+            "20s",
+        ])
         .spawn()
         .await;
     let client = gateway.client();
@@ -391,6 +398,7 @@ async fn a_takeover_ends_an_older_terms_sql_transaction() {
     assert_eq!(advanced.status, 200, "{:?}", advanced.json());
     assert!(
         advanced_at - sent < Duration::from_secs(5),
+        // (the transaction's statement would run 10 s, within its 20 s bounds)
         "the advance waited {:?}: the older term's transaction was not ended",
         advanced_at - sent
     );
