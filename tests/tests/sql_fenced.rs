@@ -379,17 +379,7 @@ async fn a_takeover_ends_an_older_terms_sql_transaction() {
         .await;
     let client = gateway.client();
     assert_eq!(client.advance("sweeper", 4).await.status, 200);
-    let sql_client = client.clone();
-    let running = tokio::spawn(async move {
-        let reply = sql_client
-            .sql(
-                "sweeper",
-                4,
-                json!({"statements": [{"sql": "SELECT pg_sleep(10)"}]}),
-            )
-            .await;
-        (reply, tokio::time::Instant::now())
-    });
+    let running = sleeping_transaction(&client, 10);
     // The transaction has taken its fence step and sleeps.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let sent = tokio::time::Instant::now();
@@ -406,6 +396,22 @@ async fn a_takeover_ends_an_older_terms_sql_transaction() {
     assert_ne!(reply.status, 200, "{:?}", reply.json());
 }
 
+/// A `/v1/sql` transaction of term 4 of `sweeper` that sleeps `seconds` after its fence
+/// step, started in the background: its answer and the instant it came.
+fn sleeping_transaction(
+    client: &Client,
+    seconds: u32,
+) -> tokio::task::JoinHandle<(fencegate_tests::http::Reply, tokio::time::Instant)> {
+    let client = client.clone();
+    tokio::spawn(async move {
+        let sql = format!("SELECT pg_sleep({seconds})");
+        let reply = client
+            .sql("sweeper", 4, json!({"statements": [{"sql": sql}]}))
+            .await;
+        (reply, tokio::time::Instant::now())
+    })
+}
+
 /// The fence step of a `/v1/sql` transaction holds its term until the commit, whatever
 /// the statements after it touch: a new term's advance, sent while a transaction of the
 /// current term runs statements that write no fenced table, waits for that commit.
@@ -415,17 +421,7 @@ async fn the_fence_step_holds_the_term_until_the_commit() {
     let gateway = Gateway::with_sql(&db).await;
     let client = gateway.client();
     assert_eq!(client.advance("sweeper", 4).await.status, 200);
-    let sql_client = client.clone();
-    let running = tokio::spawn(async move {
-        let reply = sql_client
-            .sql(
-                "sweeper",
-                4,
-                json!({"statements": [{"sql": "SELECT pg_sleep(1)"}]}),
-            )
-            .await;
-        (reply, tokio::time::Instant::now())
-    });
+    let running = sleeping_transaction(&client, 1);
     // The transaction has taken its fence step and sleeps.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let advanced = client.advance("sweeper", 5).await;
