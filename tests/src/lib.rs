@@ -30,6 +30,8 @@
 //! - [`prometheus`]: a real Prometheus server on a free port, and its query API.
 //! - [`proxy`]: a loopback TCP proxy whose traffic a test can hold, release and cut.
 //! - [`replay`]: failure scenarios as data, run against real processes.
+//! - [`s3`]: a throwaway single-node Ceph cluster with radosgw, an S3 upstream on free
+//!   loopback ports, and a SigV4-signing client for it.
 //! - [`tls`]: a throwaway certificate authority, server and client certificates
 //!   (`openssl`).
 //!
@@ -53,6 +55,7 @@ pub mod lease;
 pub mod prometheus;
 pub mod proxy;
 pub mod replay;
+pub mod s3;
 pub mod tls;
 
 /// Polls `condition` every 10 ms until it holds, or panics after `timeout` with `what`.
