@@ -13,7 +13,7 @@
 //!
 //! The server is ready when radosgw answers a signed S3 request (ListBuckets) with 200.
 //! If a daemon exits or a tool fails on the way, the start panics with the tail of
-//! every daemon's log.
+//! every daemon's log, and the directory is kept for a look at the rest.
 //!
 //! Needs Debian's `ceph-mon`, `ceph-osd`, `radosgw` and `ceph-common`; fails, never
 //! skips, without them.
@@ -21,6 +21,7 @@
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
@@ -48,6 +49,8 @@ pub struct Radosgw {
     secret_key: String,
     daemons: Vec<Daemon>,
     started_in: Duration,
+    /// Set when the start failed: the directory stays for a look at the full logs.
+    keep_dir: AtomicBool,
 }
 
 /// A daemon in the foreground, its output in `<name>.out` and its own log in
@@ -81,6 +84,7 @@ impl Radosgw {
             dir,
             daemons: Vec::new(),
             started_in: Duration::ZERO,
+            keep_dir: AtomicBool::new(false),
         };
         rgw.run().await;
         rgw.started_in = started.elapsed();
@@ -291,12 +295,17 @@ impl Radosgw {
         for name in ["mon.a", "osd.0", "client.rgw"] {
             for ext in ["out", "log"] {
                 let path = self.dir.join(format!("{name}.{ext}"));
-                if path.exists() {
-                    let _ = write!(logs, "\n--- {}:\n{}", path.display(), tail(&path));
+                let tail = tail(&path);
+                if !tail.is_empty() {
+                    let _ = write!(logs, "\n--- {}:\n{tail}", path.display());
                 }
             }
         }
-        panic!("the Ceph cluster for radosgw did not start: {what}{logs}");
+        self.keep_dir.store(true, Ordering::Relaxed);
+        panic!(
+            "the Ceph cluster for radosgw did not start: {what}\n(its files stay in {}){logs}",
+            self.dir.display()
+        );
     }
 }
 
@@ -306,7 +315,9 @@ impl Drop for Radosgw {
         for daemon in &mut self.daemons {
             let _ = daemon.child.start_kill();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.keep_dir.load(Ordering::Relaxed) {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
