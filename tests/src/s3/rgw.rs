@@ -251,7 +251,7 @@ impl Radosgw {
     }
 
     /// Runs a set-up command to its end; fails the start if it fails.
-    async fn tool(&mut self, program: &str, args: &[&str]) -> String {
+    async fn tool(&mut self, program: &str, args: &[&str]) {
         self.check_daemons();
         let run = Command::new(program)
             .args(args)
@@ -267,15 +267,21 @@ impl Radosgw {
             Ok(Ok(output)) => output,
         };
         if !output.status.success() {
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            // A monitor port taken by another cluster between `free_port` and the bind
+            // shows up as a refused key, not as a port clash.
+            let hint = if stderr.contains("Permission denied") {
+                "\n(a permission error from a monitor can mean another cluster holds its port)"
+            } else {
+                ""
+            };
             self.fail(&format!(
-                "{program} {} failed ({}):\n{}{}",
+                "{program} {} failed ({}):\n{}{stderr}{hint}",
                 args.join(" "),
                 output.status,
                 String::from_utf8_lossy(&output.stdout),
-                String::from_utf8_lossy(&output.stderr)
             ));
         }
-        String::from_utf8_lossy(&output.stdout).into_owned()
     }
 
     /// Fails the start if a daemon has exited.
