@@ -52,6 +52,9 @@ const STEPS: &[(&str, Step)] = &[
     ("list-v2", |s3, b| {
         Box::pin(list_v2_prefix_delimiter_pages(s3, b))
     }),
+    ("unsigned-payload", |s3, b| {
+        Box::pin(unsigned_payload_is_taken_over_http(s3, b))
+    }),
     ("multipart", |s3, b| {
         Box::pin(multipart_completes_without_its_condition(s3, b))
     }),
@@ -315,6 +318,19 @@ fn winners(answers: &[(usize, u16, Option<String>)]) -> Vec<usize> {
         .filter(|(_, status, _)| *status == 200)
         .map(|(racer, _, _)| *racer)
         .collect()
+}
+
+/// A PUT signed with `x-amz-content-sha256: UNSIGNED-PAYLOAD` is taken over plain HTTP
+/// and stores the bytes sent: the door can stream a body upstream as it arrives,
+/// without hashing it first. (AWS takes it too; over plain HTTP nothing protects the
+/// body on the way, which is why the door signs it only over TLS unless told.)
+async fn unsigned_payload_is_taken_over_http(s3: &S3Client, bucket: &str) {
+    let unsigned = s3.clone().with_unsigned_payload();
+    let put = unsigned
+        .put(bucket, "k", &[("if-none-match", "*")], "streamed")
+        .await;
+    assert_eq!(put.status, 200, "{}", text(&put));
+    assert_eq!(body_of(s3, bucket, "k").await, "streamed");
 }
 
 /// A multipart upload — Create, two parts (all but the last at least 5 MiB), Complete —

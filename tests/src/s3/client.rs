@@ -38,6 +38,9 @@ const KEY_PATH: &AsciiSet = &QUERY_VALUE.remove(b'/');
 pub struct S3Client {
     endpoint: String,
     identity: Identity,
+    /// Sign `UNSIGNED-PAYLOAD` instead of the body's SHA-256, as a proxy streaming a
+    /// body it has not read yet would.
+    unsigned_payload: bool,
     inner: hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>>,
 }
 
@@ -48,8 +51,15 @@ impl S3Client {
             endpoint: endpoint.into(),
             identity: Credentials::new(access_key, secret_key, None, None, "fencegate-tests")
                 .into(),
+            unsigned_payload: false,
             inner: hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http(),
         }
+    }
+
+    /// This client, signing `UNSIGNED-PAYLOAD` instead of each body's hash.
+    pub fn with_unsigned_payload(mut self) -> S3Client {
+        self.unsigned_payload = true;
+        self
     }
 
     /// Sends a signed request for `path_and_query` (already encoded); `Err` only for
@@ -166,7 +176,8 @@ impl S3Client {
         .await
     }
 
-    /// Signs `request` in place: `x-amz-date`, `x-amz-content-sha256`, `authorization`.
+    /// Signs `request` in place: `x-amz-date`, `x-amz-content-sha256` (the body's
+    /// SHA-256 or `UNSIGNED-PAYLOAD`), `authorization`.
     fn sign(&self, request: &mut Request<Full<Bytes>>, body: &[u8]) -> Result<(), String> {
         let mut settings = SigningSettings::default();
         // S3 signs the path as sent, and wants the payload's hash in a header.
@@ -193,7 +204,11 @@ impl S3Client {
             request.method().as_str(),
             &uri,
             headers.into_iter(),
-            SignableBody::Bytes(body),
+            if self.unsigned_payload {
+                SignableBody::UnsignedPayload
+            } else {
+                SignableBody::Bytes(body)
+            },
         )
         .map_err(|e| e.to_string())?;
         let (instructions, _signature) = sign(signable, &params)
