@@ -37,7 +37,7 @@ use deadpool_postgres::{
 use tokio::time::{timeout_at, Instant};
 use tokio_postgres::CancelToken;
 
-use super::errors::{classify, error_text};
+use super::errors::{classify, error_text, Sent};
 use super::server_watch::{Admission, ServerWatch};
 use super::statements;
 use crate::pgtls::{PgUrlError, UpstreamTls};
@@ -204,7 +204,7 @@ pub(crate) async fn uses_tls(client: &tokio_postgres::Client) -> Result<bool, St
             &[],
         )
         .await
-        .map_err(|e| classify(e, false))?;
+        .map_err(|e| classify(e, Sent::NoCommit))?;
     Ok(row.get(0))
 }
 
@@ -214,7 +214,7 @@ pub async fn migrate(client: &mut tokio_postgres::Client) -> Result<(), PgStartE
     let supported = statements::MIGRATIONS
         .last()
         .map_or(0, |(version, _)| *version);
-    let failed = |e| PgStartError::Migrate(classify(e, false));
+    let failed = |e| PgStartError::Migrate(classify(e, Sent::NoCommit));
     let tx = client.transaction().await.map_err(failed)?;
     tx.batch_execute(statements::PREPARE_MIGRATIONS)
         .await
@@ -309,7 +309,10 @@ pub(crate) async fn begin(
     client: &mut Object,
 ) -> Result<deadpool_postgres::Transaction<'_>, StoreError> {
     in_transaction();
-    client.transaction().await.map_err(|e| classify(e, false))
+    client
+        .transaction()
+        .await
+        .map_err(|e| classify(e, Sent::NoCommit))
 }
 
 /// Says that the call running on this task runs in an explicit transaction.
@@ -334,11 +337,11 @@ pub(crate) async fn read_row(
     let statement = client
         .prepare_cached(sql)
         .await
-        .map_err(|e| classify(e, false))?;
+        .map_err(|e| classify(e, Sent::NoCommit))?;
     client
         .query_opt(&statement, params)
         .await
-        .map_err(|e| classify(e, false))
+        .map_err(|e| classify(e, Sent::NoCommit))
 }
 
 /// Runs `statement` (a future of a statement on `client`, not yet polled) in a
@@ -361,14 +364,14 @@ pub(crate) async fn in_own_transaction<T>(
             client
                 .batch_execute("COMMIT")
                 .await
-                .map_err(|e| classify(e, true))?;
+                .map_err(|e| classify(e, Sent::Commit))?;
             Ok(value)
         }
         Err(error) => {
             // Nothing committed; the session must leave the transaction before it is
             // used again (a broken one is not).
             let _ = client.batch_execute("ROLLBACK").await;
-            Err(classify(error, false))
+            Err(classify(error, Sent::NoCommit))
         }
     }
 }
@@ -376,7 +379,7 @@ pub(crate) async fn in_own_transaction<T>(
 /// Sends `COMMIT` ([`committing`] first).
 pub(crate) async fn commit(tx: deadpool_postgres::Transaction<'_>) -> Result<(), StoreError> {
     committing();
-    tx.commit().await.map_err(|e| classify(e, true))
+    tx.commit().await.map_err(|e| classify(e, Sent::Commit))
 }
 
 /// Runs `op` on a connection from `pool`, all before `deadline`; see

@@ -33,7 +33,7 @@ mod writes;
 
 pub(crate) use connection::{committing, describe, read_row, with_client_until};
 pub use connection::{migrate, new_pool, PgPool, PgStartError};
-pub(crate) use errors::{classify, error_text, server_unavailable};
+pub(crate) use errors::{classify, error_text, server_unavailable, Sent};
 pub use server_watch::{Admission, ServerAuditor, ServerId, ServerWatch};
 pub use terms::{Takeover, Takeovers};
 pub(crate) use txn::{stored_answer, IN_FLIGHT_WAIT};
@@ -67,7 +67,7 @@ async fn read_keys(client: &mut Object) -> Result<GatewayKeys, StoreError> {
     let rows = client
         .query(statements::KEYS, &[])
         .await
-        .map_err(|e| classify(e, false))?;
+        .map_err(|e| classify(e, Sent::NoCommit))?;
     let key = |name: &str| {
         rows.iter()
             .find(|row| row.get::<_, &str>(0) == name)
@@ -119,7 +119,7 @@ pub async fn restore_fences_on(
             &[&resources, &tokens, &followed],
         )
         .await
-        .map_err(|e| classify(e, true))?;
+        .map_err(|e| classify(e, Sent::Commit))?;
     rows.iter()
         .map(|row| {
             let resource: String = row.get(0);
@@ -330,7 +330,7 @@ impl PgStore {
             let removed: i64 = client
                 .query_one(statements::IDEMPOTENCY_EXPIRE, &[&limit])
                 .await
-                .map_err(|e| classify(e, false))?
+                .map_err(|e| classify(e, Sent::NoCommit))?
                 .get(0);
             Ok(u64::try_from(removed).unwrap_or(0))
         })
@@ -355,12 +355,12 @@ impl PgStore {
                 client
                     .execute(statements::USAGE_ADD, &[&identities, &records, &bytes])
                     .await
-                    .map_err(|e| classify(e, false))?;
+                    .map_err(|e| classify(e, Sent::NoCommit))?;
             }
             let rows = client
                 .query(statements::USAGE_READ, &[&bound.0, &bound.1])
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             let mut usage = crate::store::txn::AnswerUsage::default();
             for row in rows {
                 let (records, bytes): (i64, i64) = (row.get(1), row.get(2));
@@ -404,7 +404,7 @@ impl PgStore {
             let statement = client
                 .prepare_cached(statements::FENCE_ADVANCE)
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
                 [&resource.as_str(), &token.as_i64()];
             let row = connection::in_own_transaction(client, client.query_opt(&statement, &params))
@@ -587,7 +587,7 @@ impl PgStore {
                 }
                 Some(code) if *code == SqlState::DISK_FULL => NotWritableReason::DiskFull,
                 Some(code) if !server_unavailable(code) => NotWritableReason::WriteFailed,
-                _ => return Err(classify(error, true)),
+                _ => return Err(classify(error, Sent::Commit)),
             };
             Ok(Err(NotWritable {
                 reason,
@@ -602,7 +602,7 @@ impl PgStore {
             client
                 .simple_query(statements::PING)
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             Ok(())
         })
         .await

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use super::errors::classify;
+use super::errors::{classify, Sent};
 use super::statements;
 use crate::store::{StoreError, UnavailableReason};
 
@@ -26,7 +26,7 @@ impl ServerId {
         let row = client
             .query_one(statements::SERVER_IDENTITY, &[])
             .await
-            .map_err(|e| classify(e, false))?;
+            .map_err(|e| classify(e, Sent::NoCommit))?;
         Ok(ServerId {
             system: row.get(0),
             timeline: row.get(1),

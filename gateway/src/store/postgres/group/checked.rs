@@ -33,7 +33,7 @@ use super::apply::{
 };
 use super::{answer_plain, Item, Lanes, Queued, Reply, Settled};
 use crate::store::postgres::connection::{in_transaction, with_client_until};
-use crate::store::postgres::errors::classify;
+use crate::store::postgres::errors::{classify, Sent};
 use crate::store::postgres::statements;
 use crate::store::postgres::writes::{applied, non_negative, token_from_db, Attempt};
 use crate::store::txn::{
@@ -288,7 +288,7 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
     );
     let (claim, lock, apply, answer, txn_apply, tidy) = match prepared {
         Ok(prepared) => prepared,
-        Err(error) => return everyone(group, classify(error, false)),
+        Err(error) => return everyone(group, classify(error, Sent::NoCommit)),
     };
     // The claims, in byte order of (identity, key).
     let mut claims: Vec<&Keyed> = group.iter().filter_map(|q| q.keyed.as_deref()).collect();
@@ -415,7 +415,7 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
             return settled;
         }
         if let Err(error) = committed {
-            return everyone(group, classify(error, true));
+            return everyone(group, classify(error, Sent::Commit));
         }
         (Ok(()), results)
     };
@@ -435,18 +435,18 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
     for result in results.by_ref().take(txns.len()) {
         match result {
             Ok(rows) => txn_rows.push(rows),
-            Err(error) => return everyone(group, classify(error, true)),
+            Err(error) => return everyone(group, classify(error, Sent::Commit)),
         }
     }
     let mut judged = Vec::with_capacity(writes.len());
     for result in results.by_ref().take(runs.len()) {
         match result {
             Ok(rows) => judged.extend(rows.iter().map(Judged::of)),
-            Err(error) => return everyone(group, classify(error, true)),
+            Err(error) => return everyone(group, classify(error, Sent::Commit)),
         }
     }
     if let Some(Err(error)) = results.next() {
-        return everyone(group, classify(error, true));
+        return everyone(group, classify(error, Sent::Commit));
     }
     if judged.len() != writes.len() {
         return everyone(
@@ -496,7 +496,7 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
         (Ok(_), Ok(())) => Checked::Settled(settled),
         // The answers statement was refused: the COMMIT rolled back.
         (Err(error), Ok(())) if error.code().is_some() => Checked::NotAsASet,
-        (_, Err(error)) | (Err(error), _) => everyone(group, classify(error, true)),
+        (_, Err(error)) | (Err(error), _) => everyone(group, classify(error, Sent::Commit)),
     }
 }
 
