@@ -176,15 +176,15 @@ pub fn check(sql: &str, policy: &SqlPolicy) -> Result<(), Refused> {
     let allow_ddl = policy.allow_ddl;
     let kind = kind(statement);
     match kind {
-        Kind::Dml => {}
-        Kind::Ddl if allow_ddl => {}
-        Kind::Ddl => {
+        StatementKind::Dml => {}
+        StatementKind::Ddl if allow_ddl => {}
+        StatementKind::Ddl => {
             return Err(Refused(format!(
                 "{} is DDL, which this gateway does not run (--sql-allow-ddl)",
                 command(statement)
             )))
         }
-        Kind::Never => {
+        StatementKind::Never => {
             return Err(Refused(format!(
                 "{} is not allowed in a fenced transaction",
                 command(statement)
@@ -251,28 +251,30 @@ fn deepens(token: &Token) -> bool {
     }
 }
 
-enum Kind {
+/// What a statement is to the guard: a query or data change, a schema change (allowed
+/// with `--sql-allow-ddl`), or something never allowed.
+enum StatementKind {
     Dml,
     Ddl,
     Never,
 }
 
-fn kind(statement: &Statement) -> Kind {
+fn kind(statement: &Statement) -> StatementKind {
     match statement {
         // Temporary objects outlive the transaction on a pooled connection and would be
         // seen by the next request that gets it.
-        Statement::CreateTable(create) if create.temporary => Kind::Never,
+        Statement::CreateTable(create) if create.temporary => StatementKind::Never,
         Statement::CreateView {
             temporary: true, ..
         }
         | Statement::CreateSequence {
             temporary: true, ..
-        } => Kind::Never,
+        } => StatementKind::Never,
         Statement::Query(_)
         | Statement::Insert(_)
         | Statement::Update { .. }
         | Statement::Delete(_)
-        | Statement::Merge { .. } => Kind::Dml,
+        | Statement::Merge { .. } => StatementKind::Dml,
         Statement::CreateTable(_)
         | Statement::CreateView { .. }
         | Statement::CreateIndex(_)
@@ -285,8 +287,8 @@ fn kind(statement: &Statement) -> Kind {
         | Statement::AlterType(_)
         | Statement::Drop { .. }
         | Statement::Truncate { .. }
-        | Statement::Comment { .. } => Kind::Ddl,
-        _ => Kind::Never,
+        | Statement::Comment { .. } => StatementKind::Ddl,
+        _ => StatementKind::Never,
     }
 }
 
@@ -419,8 +421,8 @@ impl Visitor for Inspector {
         );
         // Statements nested in queries (`WITH d AS (DELETE ...)`) follow the same rules.
         match kind(statement) {
-            Kind::Dml => ControlFlow::Continue(()),
-            Kind::Ddl if self.allow_ddl => ControlFlow::Continue(()),
+            StatementKind::Dml => ControlFlow::Continue(()),
+            StatementKind::Ddl if self.allow_ddl => ControlFlow::Continue(()),
             _ => ControlFlow::Break(Refused(format!(
                 "{} is not allowed inside a query",
                 command(statement)

@@ -58,7 +58,7 @@ pub(super) enum Job {
 }
 
 /// A job applied inside the batch transaction, waiting for the commit to answer it.
-enum Applied {
+enum AwaitingCommit {
     Write(Reply<WriteOutcome>, WriteOutcome),
     Advance(Reply<AdvanceOutcome>, AdvanceOutcome),
     Lease(Reply<Answered<LeaseOutcome>>, Answered<LeaseOutcome>),
@@ -70,10 +70,10 @@ enum Applied {
 impl Job {
     /// Applies the job inside the batch transaction. If storage fails, the job is
     /// answered at once (nothing of the batch will commit) and the error returned.
-    fn apply(self, tables: &mut Tables<'_>) -> Result<Applied, redb::Error> {
+    fn apply(self, tables: &mut Tables<'_>) -> Result<AwaitingCommit, redb::Error> {
         match self {
             Job::Write { write, reply } => match apply_write(tables, &write) {
-                Ok(outcome) => Ok(Applied::Write(reply, outcome)),
+                Ok(outcome) => Ok(AwaitingCommit::Write(reply, outcome)),
                 Err(error) => {
                     drop(reply.send(Err(storage_failed(Some(false)))));
                     Err(error)
@@ -84,7 +84,7 @@ impl Job {
                 token,
                 reply,
             } => match apply_advance(tables, &resource, token) {
-                Ok(outcome) => Ok(Applied::Advance(reply, outcome)),
+                Ok(outcome) => Ok(AwaitingCommit::Advance(reply, outcome)),
                 Err(error) => {
                     drop(reply.send(Err(storage_failed(Some(false)))));
                     Err(error)
@@ -97,28 +97,28 @@ impl Job {
                 keyed,
                 reply,
             } => match apply_keyed_lease(tables, &resource, &op, &claimant, keyed.as_ref()) {
-                Ok(outcome) => Ok(Applied::Lease(reply, outcome)),
+                Ok(outcome) => Ok(AwaitingCommit::Lease(reply, outcome)),
                 Err(error) => {
                     drop(reply.send(Err(storage_failed(Some(false)))));
                     Err(error)
                 }
             },
             Job::Reset { reset, reply } => match apply_reset(tables, &reset) {
-                Ok(outcome) => Ok(Applied::Reset(reply, outcome)),
+                Ok(outcome) => Ok(AwaitingCommit::Reset(reply, outcome)),
                 Err(error) => {
                     drop(reply.send(Err(storage_failed(Some(false)))));
                     Err(error)
                 }
             },
             Job::Txn { txn, keyed, reply } => match apply_keyed(tables, &txn, keyed.as_ref()) {
-                Ok(answered) => Ok(Applied::Txn(reply, answered)),
+                Ok(answered) => Ok(AwaitingCommit::Txn(reply, answered)),
                 Err(error) => {
                     drop(reply.send(Err(storage_failed(Some(false)))));
                     Err(error)
                 }
             },
             Job::Expire { limit, reply } => match expire(tables, limit) {
-                Ok(removed) => Ok(Applied::Expire(reply, removed)),
+                Ok(removed) => Ok(AwaitingCommit::Expire(reply, removed)),
                 Err(error) => {
                     drop(reply.send(Err(storage_failed(Some(false)))));
                     Err(error)
@@ -141,16 +141,18 @@ impl Job {
     }
 }
 
-impl Applied {
+impl AwaitingCommit {
     /// Answers the job with its outcome if the batch committed, or with `error`.
     fn answer(self, committed: Result<(), StoreError>) {
         match self {
-            Applied::Write(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
-            Applied::Advance(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
-            Applied::Lease(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
-            Applied::Reset(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
-            Applied::Txn(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
-            Applied::Expire(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
+            AwaitingCommit::Write(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
+            AwaitingCommit::Advance(reply, outcome) => {
+                drop(reply.send(committed.map(|()| outcome)))
+            }
+            AwaitingCommit::Lease(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
+            AwaitingCommit::Reset(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
+            AwaitingCommit::Txn(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
+            AwaitingCommit::Expire(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
         }
     }
 
@@ -267,7 +269,7 @@ fn storage_failed(applied: Option<bool>) -> StoreError {
 fn apply_batch(
     db: &Database,
     jobs: &mut impl Iterator<Item = Job>,
-    applied: &mut Vec<Applied>,
+    applied: &mut Vec<AwaitingCommit>,
 ) -> Result<redb::WriteTransaction, redb::Error> {
     let txn = db.begin_write()?;
     {

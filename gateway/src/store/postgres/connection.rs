@@ -38,7 +38,7 @@ use tokio::time::{timeout_at, Instant};
 use tokio_postgres::CancelToken;
 
 use super::errors::{classify, error_text, Sent};
-use super::server_watch::{Admission, ServerWatch};
+use super::server_watch::{OnNewServer, ServerWatch};
 use super::statements;
 use crate::pgtls::{PgUrlError, UpstreamTls};
 use crate::store::{StoreError, UnavailableReason};
@@ -81,13 +81,13 @@ impl PgPool {
     }
 
     /// As [`PgPool::new`], each new connection admitted by `watch` once its server was
-    /// audited (`ServerWatch::admit`).
+    /// audited (`ServerWatch::ensure_audited`).
     pub fn watched(
         config: tokio_postgres::Config,
         tls: &UpstreamTls,
         size: usize,
         recycling: RecyclingMethod,
-        watch: (Arc<ServerWatch>, Admission),
+        watch: (Arc<ServerWatch>, OnNewServer),
     ) -> PgPool {
         PgPool::build(config, tls, size, recycling, Some(watch))
     }
@@ -97,7 +97,7 @@ impl PgPool {
         tls: &UpstreamTls,
         size: usize,
         recycling: RecyclingMethod,
-        watch: Option<(Arc<ServerWatch>, Admission)>,
+        watch: Option<(Arc<ServerWatch>, OnNewServer)>,
     ) -> PgPool {
         let manager = Manager::from_config(
             config,
@@ -113,13 +113,16 @@ impl PgPool {
             // idle connection.
             .queue_mode(QueueMode::Lifo)
             .runtime(Runtime::Tokio1);
-        if let Some((watch, admission)) = watch {
+        if let Some((watch, on_new_server)) = watch {
             builder = builder.post_create(Hook::async_fn(move |client, _| {
                 let watch = Arc::clone(&watch);
                 Box::pin(async move {
-                    watch.admit(client, admission).await.map_err(|error| {
-                        HookError::Message(format!("the server's fence audit: {error}").into())
-                    })
+                    watch
+                        .ensure_audited(client, on_new_server)
+                        .await
+                        .map_err(|error| {
+                            HookError::Message(format!("the server's fence audit: {error}").into())
+                        })
                 })
             }));
         }
@@ -383,7 +386,7 @@ pub(crate) async fn commit(tx: deadpool_postgres::Transaction<'_>) -> Result<(),
 }
 
 /// Runs `op` on a connection from `pool`, all before `deadline`; see
-/// [`PgStore::with_client`].
+/// [`super::PgStore::with_client`].
 pub(crate) async fn with_client_until<T>(
     pool: &PgPool,
     deadline: Instant,

@@ -34,7 +34,7 @@ mod writes;
 pub(crate) use connection::{committing, describe, read_row, with_client_until};
 pub use connection::{migrate, new_pool, PgPool, PgStartError};
 pub(crate) use errors::{classify, error_text, server_unavailable, Sent};
-pub use server_watch::{Admission, ServerAuditor, ServerId, ServerWatch};
+pub use server_watch::{OnNewServer, ServerAuditor, ServerId, ServerWatch};
 pub use terms::{Takeover, Takeovers};
 pub(crate) use txn::{stored_answer, IN_FLIGHT_WAIT};
 
@@ -93,7 +93,7 @@ pub struct PgOptions {
     /// How long a write lane waits for a fence lock (`--write-lock-timeout`).
     pub lane_lock_timeout: Duration,
     /// How long a call that may raise a fence waits for older terms before it ends
-    /// their sessions (`--term-takeover-timeout`; zero: never); see [`terms`].
+    /// their sessions (`--term-takeover-timeout`; zero: never); see `terms`.
     pub term_takeover: Duration,
     /// Observes the size of every group applied.
     pub group_size: prometheus::Histogram,
@@ -195,7 +195,7 @@ impl PgStore {
         // Both pools open all their connections now and keep them, so that other
         // clients of the server (the Postgres door's among them) cannot take the slots
         // they need later.
-        let audits = || (Arc::clone(&watch), Admission::Audits);
+        let audits = || (Arc::clone(&watch), OnNewServer::Audits);
         let pool = PgPool::watched(pg_config, &tls, pool_size, RecyclingMethod::Fast, audits());
         pool.warm(pool_size, "--pool-size")
             .await

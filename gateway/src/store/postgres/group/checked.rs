@@ -179,7 +179,7 @@ impl Judged {
 }
 
 /// The columns of one [`statements::GROUP_APPLY_CHECKED`].
-struct RunParams<'a> {
+struct CheckedRunParams<'a> {
     resources: Vec<&'a str>,
     tokens: Vec<i64>,
     keys: Vec<&'a str>,
@@ -189,9 +189,9 @@ struct RunParams<'a> {
     idems: Vec<Option<&'a str>>,
 }
 
-impl<'a> RunParams<'a> {
-    fn new(run: &[(&'a Write, Option<&'a Keyed>)]) -> RunParams<'a> {
-        RunParams {
+impl<'a> CheckedRunParams<'a> {
+    fn new(run: &[(&'a Write, Option<&'a Keyed>)]) -> CheckedRunParams<'a> {
+        CheckedRunParams {
             resources: run.iter().map(|(w, _)| w.resource.as_str()).collect(),
             tokens: run.iter().map(|(w, _)| w.token.as_i64()).collect(),
             keys: run.iter().map(|(w, _)| w.key.as_str()).collect(),
@@ -335,7 +335,7 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
     let mut runs = Vec::new();
     let mut at = 0;
     for run in runs_without_repeats(&writes) {
-        runs.push(RunParams::new(&items[at..at + run.len()]));
+        runs.push(CheckedRunParams::new(&items[at..at + run.len()]));
         at += run.len();
     }
 
@@ -459,7 +459,7 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
         );
     }
     let mut settled: Vec<Reply> = Vec::with_capacity(group.len());
-    let mut answers = Answers::default();
+    let mut answers = AnswersToStore::default();
     let (mut txn_rows, mut judged) = (txn_rows.into_iter(), judged.iter());
     for queued in group {
         settled.push(match &queued.item {
@@ -502,7 +502,7 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
 
 /// The answers to store, as [`statements::GROUP_ANSWER`] takes them.
 #[derive(Default)]
-struct Answers<'a> {
+struct AnswersToStore<'a> {
     identities: Vec<&'a str>,
     keys: Vec<&'a str>,
     statuses: Vec<i16>,
@@ -516,7 +516,7 @@ fn settle<'a>(
     write: &Write,
     keyed: Option<&'a Keyed>,
     judged: &Judged,
-    answers: &mut Answers<'a>,
+    answers: &mut AnswersToStore<'a>,
 ) -> Reply {
     let Some(keyed) = keyed else {
         return judged.attempt(write).map(Settled::Attempt);
@@ -533,7 +533,7 @@ fn settle_txn<'a>(
     txn: &Txn,
     keyed: Option<&'a Keyed>,
     rows: &[tokio_postgres::Row],
-    answers: &mut Answers<'a>,
+    answers: &mut AnswersToStore<'a>,
 ) -> Reply {
     let Some(first) = rows.first() else {
         return Err(StoreError::Internal("a transaction answered no row".into()));
@@ -667,7 +667,7 @@ fn replayed(keyed: &Keyed, record: Record) -> Reply {
 
 /// The answer of a keyed item that ran: rendered from `outcome`, and added to
 /// `answers` to be stored with the commit.
-fn ran<'a>(keyed: &'a Keyed, outcome: TxnOutcome, answers: &mut Answers<'a>) -> Reply {
+fn ran<'a>(keyed: &'a Keyed, outcome: TxnOutcome, answers: &mut AnswersToStore<'a>) -> Reply {
     let answer: StoredAnswer = (keyed.render)(&outcome);
     let status = i16::try_from(answer.status)
         .map_err(|_| StoreError::Internal(format!("status {} out of range", answer.status)))?;
