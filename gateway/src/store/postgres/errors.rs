@@ -45,6 +45,17 @@ pub(crate) enum Sent {
     Commit,
 }
 
+impl Sent {
+    /// What is known of the write once the connection is lost: not applied, or — a
+    /// commit sent — unknown.
+    pub(crate) fn applied_if_lost(self) -> Option<bool> {
+        match self {
+            Sent::NoCommit => Some(false),
+            Sent::Commit => None,
+        }
+    }
+}
+
 /// Sorts a Postgres error into "unavailable" (with what is known of the write) or
 /// "internal"; `sent` says whether losing the connection leaves the write's outcome
 /// unknown.
@@ -72,13 +83,9 @@ pub(crate) fn classify(error: tokio_postgres::Error, sent: Sent) -> StoreError {
         || std::error::Error::source(&error).is_some_and(|s| s.is::<std::io::Error>())
     {
         tracing::warn!(%error, "lost the database connection");
-        let applied = match sent {
-            Sent::Commit => None,
-            Sent::NoCommit => Some(false),
-        };
         return StoreError::Unavailable {
             reason: UnavailableReason::ConnectionLost,
-            applied,
+            applied: sent.applied_if_lost(),
         };
     }
     StoreError::Internal(error_text(&error))

@@ -411,7 +411,7 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
         if let Err(error) = begun {
             return everyone(group, unknown_outcome(error));
         }
-        if let Some(settled) = refused(group, &results, true) {
+        if let Some(settled) = refused(group, &results, Sent::Commit) {
             return settled;
         }
         if let Err(error) = committed {
@@ -423,7 +423,7 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
         return everyone(group, unknown_outcome(error));
     }
     if keyed {
-        if let Some(settled) = refused(group, &results, false) {
+        if let Some(settled) = refused(group, &results, Sent::NoCommit) {
             let _ = client.batch_execute("ROLLBACK").await;
             return settled;
         }
@@ -685,11 +685,11 @@ fn ran<'a>(keyed: &'a Keyed, outcome: TxnOutcome, answers: &mut AnswersToStore<'
 /// If a statement of the first round trip failed: the group did not apply as a set
 /// (`NotAsASet`: the server refused a statement, so the transaction — and a COMMIT sent
 /// with it — rolled back), or the connection broke, the one error every write gets:
-/// unknown whether it applied if `commit_sent`, else not applied.
+/// unknown whether it applied if a COMMIT was `sent` with it, else not applied.
 fn refused(
     group: &[Queued],
     results: &[Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>],
-    commit_sent: bool,
+    sent: Sent,
 ) -> Option<Checked> {
     let error = results.iter().find_map(|result| result.as_ref().err())?;
     if error.code().is_some() {
@@ -699,7 +699,7 @@ fn refused(
         group,
         StoreError::Unavailable {
             reason: crate::store::UnavailableReason::ConnectionLost,
-            applied: (!commit_sent).then_some(false),
+            applied: sent.applied_if_lost(),
         },
     ))
 }
