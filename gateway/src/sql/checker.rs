@@ -16,11 +16,11 @@ pub const GUARD_STACK: usize = 32 << 20;
 /// [`super::guard::MAX_OPERATORS`] allows (a request handler's stack is far smaller).
 /// Dropping the checker stops them.
 pub struct Checker {
-    queue: tokio::sync::mpsc::Sender<Job>,
+    queue: tokio::sync::mpsc::Sender<CheckJob>,
 }
 
 /// The statements of one request, checked in order.
-struct Job {
+struct CheckJob {
     statements: Vec<SqlStatement>,
     policy: SqlPolicy,
     reply: tokio::sync::oneshot::Sender<CheckedAll>,
@@ -32,7 +32,7 @@ pub type CheckedAll = (Vec<SqlStatement>, Result<(), (usize, Refused)>);
 impl Checker {
     /// Starts `threads` checking threads.
     pub fn start(threads: usize) -> std::io::Result<Checker> {
-        let (queue, jobs) = tokio::sync::mpsc::channel::<Job>(1024);
+        let (queue, jobs) = tokio::sync::mpsc::channel::<CheckJob>(1024);
         let jobs = std::sync::Arc::new(std::sync::Mutex::new(jobs));
         for _ in 0..threads {
             let jobs = std::sync::Arc::clone(&jobs);
@@ -63,7 +63,7 @@ impl Checker {
     /// refused. The statements come back either way.
     pub async fn check_all(&self, statements: Vec<SqlStatement>, policy: &SqlPolicy) -> CheckedAll {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let job = Job {
+        let job = CheckJob {
             statements,
             policy: policy.clone(),
             reply,

@@ -24,47 +24,48 @@ use crate::store::{
     precondition_holds, AdvanceOutcome, StoreError, UnavailableReason, Write, WriteOp, WriteOutcome,
 };
 
-pub(super) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+/// Where a job's answer goes.
+pub(super) type Responder<T> = oneshot::Sender<Result<T, StoreError>>;
 
 /// A request queued for the writer thread, with the channel its answer goes back on.
 pub(super) enum Job {
     Write {
         write: Write,
-        reply: Reply<WriteOutcome>,
+        reply: Responder<WriteOutcome>,
     },
     Advance {
         resource: ResourceName,
         token: Token,
-        reply: Reply<AdvanceOutcome>,
+        reply: Responder<AdvanceOutcome>,
     },
     Lease {
         resource: ResourceName,
         op: LeaseOp,
         claimant: Claimant,
         keyed: Option<Keyed<LeaseOutcome>>,
-        reply: Reply<Answered<LeaseOutcome>>,
+        reply: Responder<Answered<LeaseOutcome>>,
     },
     Reset {
         reset: Reset,
-        reply: Reply<ResetOutcome>,
+        reply: Responder<ResetOutcome>,
     },
     Txn {
         txn: Txn,
         keyed: Option<Keyed>,
-        reply: Reply<Answered>,
+        reply: Responder<Answered>,
     },
     /// Removes up to `limit` expired idempotency records.
-    Expire { limit: u32, reply: Reply<u64> },
+    Expire { limit: u32, reply: Responder<u64> },
 }
 
 /// A job applied inside the batch transaction, waiting for the commit to answer it.
 enum AwaitingCommit {
-    Write(Reply<WriteOutcome>, WriteOutcome),
-    Advance(Reply<AdvanceOutcome>, AdvanceOutcome),
-    Lease(Reply<Answered<LeaseOutcome>>, Answered<LeaseOutcome>),
-    Reset(Reply<ResetOutcome>, ResetOutcome),
-    Txn(Reply<Answered>, Answered),
-    Expire(Reply<u64>, u64),
+    Write(Responder<WriteOutcome>, WriteOutcome),
+    Advance(Responder<AdvanceOutcome>, AdvanceOutcome),
+    Lease(Responder<Answered<LeaseOutcome>>, Answered<LeaseOutcome>),
+    Reset(Responder<ResetOutcome>, ResetOutcome),
+    Txn(Responder<Answered>, Answered),
+    Expire(Responder<u64>, u64),
 }
 
 impl Job {

@@ -176,15 +176,15 @@ async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError
             Hold::Raise => (&lock, &fence),
             Hold::Check => (&ensure, &share),
         };
-        statements.push(Step::Lock(take, resource));
-        statements.push(Step::Read(read, resource));
+        statements.push(LockStep::Lock(take, resource));
+        statements.push(LockStep::Read(read, resource));
     }
     let answers = futures_util::future::join_all(statements.iter().map(|step| async move {
         match step {
-            Step::Lock(statement, resource) => {
+            LockStep::Lock(statement, resource) => {
                 tx.execute(*statement, &[resource]).await.map(|_| None)
             }
-            Step::Read(statement, resource) => {
+            LockStep::Read(statement, resource) => {
                 tx.query_one(*statement, &[resource]).await.map(Some)
             }
         }
@@ -323,7 +323,7 @@ async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError
 }
 
 /// One statement of the lock phase: a lock taken, or a fence read under its lock.
-enum Step<'a> {
+enum LockStep<'a> {
     Lock(&'a tokio_postgres::Statement, &'a str),
     Read(&'a tokio_postgres::Statement, &'a str),
 }
