@@ -13,6 +13,7 @@ use tokio_postgres::Row;
 use super::connection;
 use super::errors::{classify, Sent};
 use super::statements;
+use super::txn::{claim, AfterClaim};
 use super::writes::token_from_db;
 use crate::store::leases::{
     check_reset, decide, next_token, Claimant, Decision, Epoch, LeaseOp, LeaseOutcome, LeaseRecord,
@@ -33,7 +34,7 @@ pub(super) async fn step(
 ) -> Result<Answered<LeaseOutcome>, StoreError> {
     let tx = connection::begin(client).await?;
     if let Some(keyed) = keyed {
-        if let Some(earlier) = super::txn::claim(&tx, keyed, false).await? {
+        if let Some(earlier) = claim(&tx, keyed, AfterClaim::Nothing).await? {
             return Ok(earlier);
         }
     }

@@ -30,7 +30,7 @@ pub(super) async fn run(
 ) -> Result<Answered, StoreError> {
     let tx = connection::begin(client).await?;
     if let Some(keyed) = keyed {
-        if let Some(earlier) = claim(&tx, keyed, true).await? {
+        if let Some(earlier) = claim(&tx, keyed, AfterClaim::Savepoint).await? {
             return Ok(earlier);
         }
     }
@@ -65,14 +65,22 @@ pub(super) async fn run(
     })
 }
 
+/// What follows a key's claim in its round trip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AfterClaim {
+    /// A savepoint, for a refused operation of the transaction to roll back to.
+    Savepoint,
+    /// Nothing more.
+    Nothing,
+}
+
 /// Claims the key for this attempt (`None`), or answers from the record an earlier
-/// attempt left. With `savepoint`, a savepoint follows the claim, for a refusal to roll
-/// back to. The claim and the statements around it are pipelined: one round trip, and
-/// one more to read the record of a retry.
+/// attempt left; `after`: what follows the claim. The claim and the statements around
+/// it are pipelined: one round trip, and one more to read the record of a retry.
 pub(super) async fn claim<O>(
     tx: &Transaction<'_>,
     keyed: &Keyed<O>,
-    savepoint: bool,
+    after: AfterClaim,
 ) -> Result<Option<Answered<O>>, StoreError> {
     let ttl_ms = i64::try_from(keyed.ttl_ms()).unwrap_or(i64::MAX);
     let claim = tx
@@ -83,9 +91,9 @@ pub(super) async fn claim<O>(
     let fingerprint = keyed.fingerprint.as_slice();
     let claim_params: [&(dyn ToSql + Sync); 4] =
         [&keyed.identity, &keyed.key, &fingerprint, &ttl_ms];
-    let after = match savepoint {
-        true => "SET LOCAL lock_timeout = 0; SAVEPOINT txn",
-        false => "SET LOCAL lock_timeout = 0",
+    let after = match after {
+        AfterClaim::Savepoint => "SET LOCAL lock_timeout = 0; SAVEPOINT txn",
+        AfterClaim::Nothing => "SET LOCAL lock_timeout = 0",
     };
     let (waiting, claimed, done) = tokio::join!(
         tx.batch_execute(&wait),
