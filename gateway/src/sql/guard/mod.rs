@@ -431,13 +431,13 @@ impl Visitor for Inspector {
     }
 
     fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<Refused> {
-        if selects_into(&query.body, true) {
+        if selects_into(&query.body, IntoTables::Temporary) {
             return ControlFlow::Break(Refused(
                 "SELECT ... INTO TEMPORARY creates a table that outlives the transaction"
                     .to_owned(),
             ));
         }
-        if !self.allow_ddl && selects_into(&query.body, false) {
+        if !self.allow_ddl && selects_into(&query.body, IntoTables::Any) {
             return ControlFlow::Break(Refused(
                 "SELECT ... INTO creates a table, which is DDL (--sql-allow-ddl)".to_owned(),
             ));
@@ -489,17 +489,23 @@ fn refused_function(name: &ObjectName) -> Refused {
     ))
 }
 
-/// Whether a `SELECT` in `body` has an `INTO` clause (only temporary ones if
-/// `temporary_only`).
-fn selects_into(body: &SetExpr, temporary_only: bool) -> bool {
+/// Which tables a `SELECT ... INTO` creates, for [`selects_into`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IntoTables {
+    Temporary,
+    Any,
+}
+
+/// Whether a `SELECT` in `body` has an `INTO` clause that creates `tables`.
+fn selects_into(body: &SetExpr, tables: IntoTables) -> bool {
     match body {
         SetExpr::Select(select) => select
             .into
             .as_ref()
-            .is_some_and(|into| into.temporary || !temporary_only),
-        SetExpr::Query(query) => selects_into(&query.body, temporary_only),
+            .is_some_and(|into| into.temporary || tables == IntoTables::Any),
+        SetExpr::Query(query) => selects_into(&query.body, tables),
         SetExpr::SetOperation { left, right, .. } => {
-            selects_into(left, temporary_only) || selects_into(right, temporary_only)
+            selects_into(left, tables) || selects_into(right, tables)
         }
         _ => false,
     }
