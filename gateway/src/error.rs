@@ -116,11 +116,11 @@ pub enum ApiError {
     Refused(Box<ErrorBody>),
 }
 
-impl From<crate::auth::Refusal> for ApiError {
-    fn from(refusal: crate::auth::Refusal) -> ApiError {
-        match refusal {
-            crate::auth::Refusal::Unauthenticated => ApiError::Unauthenticated,
-            crate::auth::Refusal::Forbidden {
+impl From<crate::auth::Denial> for ApiError {
+    fn from(denial: crate::auth::Denial) -> ApiError {
+        match denial {
+            crate::auth::Denial::Unauthenticated => ApiError::Unauthenticated,
+            crate::auth::Denial::Forbidden {
                 identity,
                 action,
                 resource,

@@ -46,7 +46,7 @@ impl LogBudget {
 
     /// `Some(refused)` if a line may be logged now, with the number of lines refused
     /// since the previous one; `None` if this window's budget is spent.
-    pub(crate) fn admit(&self) -> Option<u64> {
+    pub(crate) fn take_line(&self) -> Option<u64> {
         if self.limit == 0 {
             return Some(0);
         }
@@ -81,7 +81,7 @@ mod tests {
     #[test]
     fn a_budget_admits_its_limit_and_counts_the_rest() {
         let budget = LogBudget::new(3);
-        let admitted: Vec<Option<u64>> = (0..5).map(|_| budget.admit()).collect();
+        let admitted: Vec<Option<u64>> = (0..5).map(|_| budget.take_line()).collect();
         // Within one second (the test takes far less): three lines, then refusals.
         if budget.started.elapsed().as_secs() == 0 {
             assert_eq!(admitted, [Some(0), Some(0), Some(0), None, None]);
@@ -89,6 +89,6 @@ mod tests {
             assert_eq!(budget.take_refused(), 0, "counted once");
         }
         let unlimited = LogBudget::new(0);
-        assert!((0..1000).all(|_| unlimited.admit() == Some(0)));
+        assert!((0..1000).all(|_| unlimited.take_line() == Some(0)));
     }
 }

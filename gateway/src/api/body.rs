@@ -43,9 +43,9 @@ pub const PACE_FROM: usize = 16 * 1024;
 pub const CHUNK: usize = 16 * 1024;
 
 /// A response body; see the module doc.
-pub struct Body(Kind);
+pub struct Body(Sending);
 
-enum Kind {
+enum Sending {
     /// Sent in one frame; `None` once taken.
     Whole(Option<Bytes>),
     Paced(Paced),
@@ -54,22 +54,22 @@ enum Kind {
 impl Body {
     /// A body sent whole.
     pub fn whole(bytes: impl Into<Bytes>) -> Body {
-        Body(Kind::Whole(Some(bytes.into())))
+        Body(Sending::Whole(Some(bytes.into())))
     }
 
     /// The bytes not yet sent.
     pub fn len(&self) -> usize {
         match &self.0 {
-            Kind::Whole(bytes) => bytes.as_ref().map_or(0, Bytes::len),
-            Kind::Paced(paced) => paced.rest.len(),
+            Sending::Whole(bytes) => bytes.as_ref().map_or(0, Bytes::len),
+            Sending::Paced(paced) => paced.rest.len(),
         }
     }
 
     /// The bytes not yet sent, taken out of the body.
     pub fn into_bytes(self) -> Bytes {
         match self.0 {
-            Kind::Whole(bytes) => bytes.unwrap_or_default(),
-            Kind::Paced(paced) => paced.rest,
+            Sending::Whole(bytes) => bytes.unwrap_or_default(),
+            Sending::Paced(paced) => paced.rest,
         }
     }
 
@@ -78,24 +78,21 @@ impl Body {
         self.len() == 0
     }
 
-    /// `bytes`, paced if `admitted` (see [`ResponseBudget::admit`]).
-    pub fn admitted(bytes: Bytes, admitted: Option<Admitted>) -> Body {
-        match admitted {
+    /// `bytes`, paced in `room` if it has one (see [`ResponseBudget::room_for`]).
+    pub fn in_room(bytes: Bytes, room: Option<Room>) -> Body {
+        match room {
             None => Body::whole(bytes),
-            Some(admitted) => Body(Kind::Paced(Paced {
-                rest: bytes,
-                admitted,
-            })),
+            Some(room) => Body(Sending::Paced(Paced { rest: bytes, room })),
         }
     }
 
     /// This body, sent in the room `reserved` for it (see [`ResponseBudget::reserve`]).
     pub fn in_reserved(self, reserved: Reserved) -> Body {
-        let Kind::Whole(Some(bytes)) = self.0 else {
+        let Sending::Whole(Some(bytes)) = self.0 else {
             return self;
         };
-        let admitted = reserved.fit(bytes.len());
-        Body::admitted(bytes, admitted)
+        let room = reserved.fit(bytes.len());
+        Body::in_room(bytes, room)
     }
 }
 
@@ -108,8 +105,8 @@ impl hyper::body::Body for Body {
         _cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let chunk = match &mut self.get_mut().0 {
-            Kind::Whole(bytes) => bytes.take().filter(|bytes| !bytes.is_empty()),
-            Kind::Paced(paced) => paced.next(),
+            Sending::Whole(bytes) => bytes.take().filter(|bytes| !bytes.is_empty()),
+            Sending::Paced(paced) => paced.next(),
         };
         Poll::Ready(chunk.map(|chunk| Ok(Frame::data(chunk))))
     }
@@ -126,7 +123,7 @@ impl hyper::body::Body for Body {
 /// A large answer on its way out; see the module doc.
 struct Paced {
     rest: Bytes,
-    admitted: Admitted,
+    room: Room,
 }
 
 impl Paced {
@@ -135,7 +132,7 @@ impl Paced {
             return None;
         }
         let chunk = self.rest.split_to(self.rest.len().min(CHUNK));
-        self.admitted.conn.answer_progressed();
+        self.room.conn.answer_progressed();
         Some(chunk)
     }
 }
@@ -143,12 +140,12 @@ impl Paced {
 /// A large answer's room: its bytes under the budget, its place among its connection's
 /// pending answers. Both are given back when it is dropped — sent whole, or dropped
 /// with its stream or connection.
-pub struct Admitted {
+pub struct Room {
     _claim: Claim,
     conn: Arc<ConnState>,
 }
 
-impl Drop for Admitted {
+impl Drop for Room {
     fn drop(&mut self) {
         self.conn.answer_ended();
     }
@@ -179,11 +176,11 @@ impl ResponseBudget {
     /// Room for an answer of `bytes` on `conn`: `None` for a small one (sent whole,
     /// unclaimed); for a large one, its claim under the budget and its place among the
     /// connection's pending answers, or why there is none.
-    pub fn admit(
+    pub fn room_for(
         self: &Arc<Self>,
         bytes: usize,
         conn: &Arc<ConnState>,
-    ) -> Result<Option<Admitted>, Overload> {
+    ) -> Result<Option<Room>, Overload> {
         if bytes <= PACE_FROM {
             return Ok(None);
         }
@@ -191,7 +188,7 @@ impl ResponseBudget {
         if !conn.answer_started(self.max_pending_per_connection) {
             return Err(Overload::PendingAnswers);
         }
-        Ok(Some(Admitted {
+        Ok(Some(Room {
             _claim: claim,
             conn: Arc::clone(conn),
         }))
@@ -212,7 +209,7 @@ impl ResponseBudget {
                 if !conn.answer_reserved(self.max_pending_per_connection) {
                     return Err(Overload::PendingAnswers);
                 }
-                Some((claim, Slot(Arc::clone(conn))))
+                Some((claim, AnswerSlot(Arc::clone(conn))))
             }
         };
         Ok(Reserved {
@@ -249,15 +246,15 @@ impl ResponseBudget {
 /// gives everything back.
 pub struct Reserved {
     /// `None` when the bound is small enough to be sent whole.
-    held: Option<(Claim, Slot)>,
+    held: Option<(Claim, AnswerSlot)>,
     budget: Arc<ResponseBudget>,
     conn: Arc<ConnState>,
 }
 
 /// A connection's place for a reserved answer, given back when dropped.
-struct Slot(Arc<ConnState>);
+struct AnswerSlot(Arc<ConnState>);
 
-impl Drop for Slot {
+impl Drop for AnswerSlot {
     fn drop(&mut self) {
         self.0.reservation_ended();
     }
@@ -269,7 +266,7 @@ impl Reserved {
     /// the answer started on its connection. An answer above the reservation — a
     /// stored answer replayed after `--sql-max-response` was lowered — has the rest
     /// claimed past the budget: the write it answers has committed.
-    fn fit(self, bytes: usize) -> Option<Admitted> {
+    fn fit(self, bytes: usize) -> Option<Room> {
         if bytes <= PACE_FROM {
             return None;
         }
@@ -285,7 +282,7 @@ impl Reserved {
         };
         claim.resize(bytes);
         self.conn.answer_started(usize::MAX);
-        Some(Admitted {
+        Some(Room {
             _claim: claim,
             conn: self.conn,
         })
@@ -331,14 +328,14 @@ mod tests {
         ResponseBudget::new(limit, per_connection, gauge)
     }
 
-    /// An answer of `size` bytes, admitted as an object read's would be.
+    /// An answer of `size` bytes, given room as an object read's would be.
     fn answer(
         budget: &Arc<ResponseBudget>,
         conn: &Arc<ConnState>,
         size: usize,
     ) -> Result<Body, Overload> {
-        let admitted = budget.admit(size, conn)?;
-        Ok(Body::admitted(Bytes::from(vec![7; size]), admitted))
+        let room = budget.room_for(size, conn)?;
+        Ok(Body::in_room(Bytes::from(vec![7; size]), room))
     }
 
     #[tokio::test]
@@ -417,7 +414,7 @@ mod tests {
             "no room for a second answer at its bound"
         );
         let body = Body::whole(vec![0; 2 * PACE_FROM]).in_reserved(reserved);
-        assert!(matches!(body.0, Kind::Paced(_)));
+        assert!(matches!(body.0, Sending::Paced(_)));
         assert_eq!(budget.used(), 2 * PACE_FROM, "shrunk to the answer");
         drop(body);
         assert_eq!(budget.used(), 0);
@@ -426,7 +423,7 @@ mod tests {
         let small_conn = ConnState::new(CancellationToken::new());
         let small =
             Body::whole(vec![0; 10]).in_reserved(budget.reserve(bound, &small_conn).unwrap());
-        assert!(matches!(small.0, Kind::Whole(_)));
+        assert!(matches!(small.0, Sending::Whole(_)));
         assert_eq!(budget.used(), 0);
         drop(budget.reserve(bound, &conn).unwrap());
         assert_eq!(

@@ -7,7 +7,7 @@ use fencegate_proto::{ResourceName, Token};
 use http::{Response, StatusCode};
 
 use crate::api::keyed;
-use crate::api::request::{fencing_of, Req};
+use crate::api::request::{fencing_of, Idempotency, Req};
 use crate::api::response::json_response;
 use crate::api::Body;
 use crate::coordinator::Coordinator;
@@ -38,12 +38,12 @@ pub async fn advance(
     let idempotency = keyed::key_of(request)?;
     // A keyed advance is decided by the store alone; see `keyed`.
     let _in_flight = request
-        .admit(
+        .admit_write(
             coordinator,
             &resource,
             None,
             &fencing,
-            idempotency.is_some(),
+            Idempotency::of(&idempotency),
         )
         .await?;
     let Some(idempotency) = idempotency else {

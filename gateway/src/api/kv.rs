@@ -9,7 +9,7 @@ use http::header::{CONTENT_TYPE, ETAG};
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::api::keyed;
-use crate::api::request::{fencing_of, read_body, Req};
+use crate::api::request::{fencing_of, read_body, Idempotency, Req};
 use crate::api::response::{etag_value, json_response, number_value};
 use crate::api::Body;
 use crate::coordinator::Applied;
@@ -39,7 +39,7 @@ pub async fn write(
     let fencing = fencing_of(request, &resource)?;
     let precondition = Precondition::from_headers(&request.head.headers)?;
     if let Some(idempotency) = keyed::key_of(request)? {
-        let write = Keyed {
+        let write = KeyedWrite {
             resource,
             key,
             change,
@@ -49,7 +49,13 @@ pub async fn write(
         return Box::pin(write_keyed(coordinator, write, idempotency, request)).await;
     }
     let _in_flight = request
-        .admit(coordinator, &resource, Some(&key), &fencing, false)
+        .admit_write(
+            coordinator,
+            &resource,
+            Some(&key),
+            &fencing,
+            Idempotency::Unkeyed,
+        )
         .await?;
     // The body's memory stays counted until the write is done with it.
     let (op, _body) = match change {
@@ -97,7 +103,7 @@ fn accepted(
 }
 
 /// A write with an `Idempotency-Key`, as its parts were read.
-struct Keyed {
+struct KeyedWrite {
     resource: ResourceName,
     key: ObjectKey,
     change: Change,
@@ -110,11 +116,11 @@ struct Keyed {
 /// a retry of an accepted write gets its answer after a newer term began.
 async fn write_keyed(
     coordinator: &Arc<Coordinator>,
-    write: Keyed,
+    write: KeyedWrite,
     idempotency: String,
     request: &mut Req,
 ) -> Result<Response<Body>, ApiError> {
-    let Keyed {
+    let KeyedWrite {
         resource,
         key,
         change,
@@ -122,7 +128,13 @@ async fn write_keyed(
         precondition,
     } = write;
     let _in_flight = request
-        .admit(coordinator, &resource, Some(&key), &fencing, true)
+        .admit_write(
+            coordinator,
+            &resource,
+            Some(&key),
+            &fencing,
+            Idempotency::Keyed,
+        )
         .await?;
     let (op, body) = match change {
         Change::Put => {
@@ -181,13 +193,13 @@ pub async fn get(
 ) -> Result<Response<Body>, ApiError> {
     tracing::Span::current().record("resource", resource.as_str());
     let (responses, conn) = (Arc::clone(&request.responses), Arc::clone(&request.conn));
-    let (mut object, admitted) = coordinator
+    let (mut object, room) = coordinator
         .get(&resource, &key, move |length| {
-            responses.admit(length, &conn)
+            responses.room_for(length, &conn)
         })
         .await?
         .ok_or(ApiError::NotFound("no such object"))?;
-    let body = Body::admitted(std::mem::take(&mut object.value), admitted);
+    let body = Body::in_room(std::mem::take(&mut object.value), room);
     let mut response = Response::new(body);
     let headers = response.headers_mut();
     headers.insert(

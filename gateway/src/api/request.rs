@@ -42,6 +42,27 @@ pub struct Req {
     pub responses: Arc<ResponseBudget>,
 }
 
+/// Whether a write carries an `Idempotency-Key`. A keyed write's token is decided by
+/// the store alone, so that the retry of an accepted request gets its answer even
+/// after a newer term began: the fence cache does not turn it away.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Idempotency {
+    /// With an `Idempotency-Key`.
+    Keyed,
+    /// Without one.
+    Unkeyed,
+}
+
+impl Idempotency {
+    /// Keyed if the request carries `key`.
+    pub fn of<K>(key: &Option<K>) -> Idempotency {
+        match key {
+            Some(_) => Idempotency::Keyed,
+            None => Idempotency::Unkeyed,
+        }
+    }
+}
+
 /// A request body in memory, and the room it takes under `--max-body-memory`.
 pub struct ReadBody {
     pub bytes: Bytes,
@@ -74,14 +95,14 @@ impl Req {
 
     /// The checks before this request's write of `resource` (`key`, if one object),
     /// in their one order ([`Coordinator::admit`]); the permit is held until the write
-    /// is done with. `keyed`: the request carries an `Idempotency-Key`.
-    pub async fn admit(
+    /// is done with.
+    pub async fn admit_write(
         &self,
         coordinator: &Arc<Coordinator>,
         resource: &ResourceName,
         key: Option<&ObjectKey>,
         fencing: &Fencing,
-        keyed: bool,
+        idempotency: Idempotency,
     ) -> Result<WritePermit, ApiError> {
         let entry = Entry {
             resource,
@@ -89,7 +110,7 @@ impl Req {
             fencing,
             identity: self.identity.as_deref(),
             client: self.client(coordinator),
-            keyed,
+            keyed: idempotency == Idempotency::Keyed,
         };
         coordinator.admit(entry).await
     }

@@ -14,11 +14,11 @@ use fencegate_proto::{ResourceName, Token};
 use http::{Response, StatusCode};
 
 use crate::api::keyed;
-use crate::api::request::{fencing_of, read_body, Req};
+use crate::api::request::{fencing_of, read_body, Idempotency, Req};
 use crate::api::response::{error_response, json_response};
 use crate::api::Body;
 use crate::coordinator::{Coordinator, FrontDoor, Gate};
-use crate::dbfence::{Refusal, Reported};
+use crate::dbfence::{FenceRejection, Reported};
 use crate::error::ApiError;
 use crate::sql::{SqlEndpoint, SqlError, SqlFailure, SqlOutcome, SqlTransaction};
 use crate::store::txn::Answered;
@@ -38,12 +38,12 @@ pub async fn post(
     let policy = service.policy();
     // A keyed transaction is decided by the database alone; see `keyed`.
     let _in_flight = request
-        .admit(
+        .admit_write(
             coordinator,
             &resource,
             None,
             &fencing,
-            idempotency.is_some(),
+            Idempotency::of(&idempotency),
         )
         .await?;
     let body = read_body(coordinator, request).await?;
@@ -175,12 +175,12 @@ fn accepted(resource: ResourceName, token: Token, results: Vec<SqlResult>) -> Re
 /// The error a failed transaction is answered with.
 fn failed(failure: &SqlFailure) -> ApiError {
     match failure {
-        SqlFailure::Fence(Refusal::Stale(rejection)) => ApiError::Stale {
+        SqlFailure::Fence(FenceRejection::Stale(rejection)) => ApiError::Stale {
             resource: rejection.resource.clone(),
             presented: rejection.presented,
             highest: rejection.highest,
         },
-        SqlFailure::Fence(Refusal::NotIssued(rejection)) => {
+        SqlFailure::Fence(FenceRejection::NotIssued(rejection)) => {
             Coordinator::not_issued_answer(rejection)
         }
         SqlFailure::Forged { failed, .. } => failed.clone().into(),

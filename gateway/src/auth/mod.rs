@@ -158,7 +158,7 @@ impl Identity {
 
 /// Why a request was not let through.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
+pub enum Denial {
     /// No `Authorization: Bearer` key, or one that no identity holds.
     Unauthenticated,
     /// The identity holds no grant for this action (on this resource).
@@ -419,15 +419,15 @@ impl Authenticator {
         &self,
         authorization: Option<&[u8]>,
         certificate: Option<&ClientCertificate>,
-    ) -> Result<Arc<Identity>, Refusal> {
+    ) -> Result<Arc<Identity>, Denial> {
         let identities = self.identities();
         let Some(authorization) = authorization else {
             return certificate
                 .and_then(|certificate| identities.identify_certificate(certificate))
-                .ok_or(Refusal::Unauthenticated);
+                .ok_or(Denial::Unauthenticated);
         };
-        let key = bearer(authorization).ok_or(Refusal::Unauthenticated)?;
-        identities.identify(key).ok_or(Refusal::Unauthenticated)
+        let key = bearer(authorization).ok_or(Denial::Unauthenticated)?;
+        identities.identify(key).ok_or(Denial::Unauthenticated)
     }
 
     /// Reloads the file whenever it changes; runs until the process ends.

@@ -96,7 +96,7 @@ fn bearer_headers_are_read_strictly() {
     ] {
         assert_eq!(
             auth.authenticate(bad.as_deref(), None).unwrap_err(),
-            Refusal::Unauthenticated,
+            Denial::Unauthenticated,
             "{bad:?}"
         );
     }

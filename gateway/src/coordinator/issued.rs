@@ -142,7 +142,7 @@ impl Coordinator {
                     Err(AskError::Store(error)) => return Err(error.into()),
                     Err(AskError::Unreachable { issuer, detail }) => {
                         self.metrics.token_refused("issuer_unavailable");
-                        if self.stale_log.admit().is_some() {
+                        if self.stale_log.take_line().is_some() {
                             tracing::warn!(
                                 resource = resource.as_str(),
                                 presented = fencing.token.get(),
@@ -167,7 +167,7 @@ impl Coordinator {
             Verdict::Earlier { current } => {
                 // The fence cache learns nothing: the issuer's term is not committed.
                 self.metrics.token_refused("earlier_term");
-                if self.stale_log.admit().is_some() {
+                if self.stale_log.take_line().is_some() {
                     tracing::warn!(
                         resource = resource.as_str(),
                         presented = fencing.token.get(),
@@ -215,7 +215,7 @@ impl Coordinator {
             ),
         };
         self.metrics.token_refused(reason);
-        if self.stale_log.admit().is_some() {
+        if self.stale_log.take_line().is_some() {
             let holder = match &verdict {
                 Verdict::HolderMismatch { holder } => Some(&**holder),
                 _ => None,
@@ -296,7 +296,7 @@ impl Coordinator {
     /// issued (SQLSTATE ZF005), relayed to `/v1/sql` or a client of the Postgres door.
     pub(super) fn not_issued_in_database(&self, rejection: &NotIssuedRejection, door: FrontDoor) {
         self.metrics.token_refused("not_issued");
-        if self.stale_log.admit().is_none() {
+        if self.stale_log.take_line().is_none() {
             return;
         }
         tracing::warn!(

@@ -10,7 +10,7 @@ use fencegate_proto::{ObjectKey, ResourceName, Token};
 
 use super::fence_cache::Seen;
 use super::Coordinator;
-use crate::dbfence::{Refusal, Reported};
+use crate::dbfence::{FenceRejection, Reported};
 use crate::error::ApiError;
 
 /// Which front door — the HTTP API or the Postgres door — a rejected write came
@@ -174,7 +174,7 @@ impl Coordinator {
     /// rolled back with it.
     pub fn db_refusal(&self, reported: &Reported, holder: Option<String>, door: FrontDoor) {
         match reported {
-            Reported::Proven(Refusal::Stale(rejection)) => {
+            Reported::Proven(FenceRejection::Stale(rejection)) => {
                 let fencing = Fencing {
                     token: rejection.presented,
                     holder,
@@ -190,12 +190,12 @@ impl Coordinator {
                 };
                 self.record_stale(&rejected, door, rejections);
             }
-            Reported::Proven(Refusal::NotIssued(rejection)) => {
+            Reported::Proven(FenceRejection::NotIssued(rejection)) => {
                 self.not_issued_in_database(rejection, door)
             }
             Reported::Unproven { code } => {
                 self.metrics.forged_refusal(door.as_str());
-                if self.stale_log.admit().is_some() {
+                if self.stale_log.take_line().is_some() {
                     tracing::warn!(
                         sqlstate = *code,
                         door = door.as_str(),
@@ -216,7 +216,7 @@ impl Coordinator {
         } = *rejected;
         self.metrics
             .stale_rejected(resource, fencing.token, highest);
-        if let Some(unlogged) = self.stale_log.admit() {
+        if let Some(unlogged) = self.stale_log.take_line() {
             tracing::warn!(
                 resource = resource.as_str(),
                 key = key.map(ObjectKey::as_str),

@@ -137,7 +137,7 @@ pub struct NotIssuedRejection {
 
 /// What the in-database fence refused a token with.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Refusal {
+pub enum FenceRejection {
     Stale(StaleRejection),
     NotIssued(NotIssuedRejection),
 }
@@ -147,7 +147,7 @@ pub enum Refusal {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reported {
     /// Its proof holds: the fence made this refusal.
-    Proven(Refusal),
+    Proven(FenceRejection),
     /// No proof, a wrong one, or an unreadable DETAIL: not the fence's. Counted apart,
     /// and never taken for a rejection. `code` is the SQLSTATE it claimed.
     Unproven { code: &'static str },
@@ -172,7 +172,7 @@ impl Reported {
         let refusal = match code {
             sqlstate::STALE_TOKEN => {
                 fields(message, "highest").and_then(|(resource, presented, highest)| {
-                    Some(Refusal::Stale(StaleRejection {
+                    Some(FenceRejection::Stale(StaleRejection {
                         resource,
                         presented,
                         highest: Token::new(highest).ok()?,
@@ -180,7 +180,7 @@ impl Reported {
                 })
             }
             _ => fields(message, "issued").map(|(resource, presented, issued)| {
-                Refusal::NotIssued(NotIssuedRejection {
+                FenceRejection::NotIssued(NotIssuedRejection {
                     resource,
                     presented,
                     issued: Token::new(issued).ok(),
@@ -233,7 +233,7 @@ mod tests {
         let stale = detail("resource=orders.eu-1 presented=41 highest=42");
         assert_eq!(
             Reported::read(b"ZF001", Some(&stale), &key()),
-            Some(Reported::Proven(Refusal::Stale(StaleRejection {
+            Some(Reported::Proven(FenceRejection::Stale(StaleRejection {
                 resource: ResourceName::new("orders.eu-1").unwrap(),
                 presented: Token::new(41).unwrap(),
                 highest: Token::new(42).unwrap(),
@@ -242,11 +242,13 @@ mod tests {
         let not_issued = detail("resource=orders presented=9 issued=0");
         assert_eq!(
             Reported::read(b"ZF005", Some(&not_issued), &key()),
-            Some(Reported::Proven(Refusal::NotIssued(NotIssuedRejection {
-                resource: ResourceName::new("orders").unwrap(),
-                presented: Token::new(9).unwrap(),
-                issued: None,
-            })))
+            Some(Reported::Proven(FenceRejection::NotIssued(
+                NotIssuedRejection {
+                    resource: ResourceName::new("orders").unwrap(),
+                    presented: Token::new(9).unwrap(),
+                    issued: None,
+                }
+            )))
         );
         assert_eq!(Reported::read(b"ZF002", Some(&stale), &key()), None);
         assert_eq!(Reported::read(b"23505", None, &key()), None);

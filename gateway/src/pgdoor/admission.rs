@@ -26,7 +26,7 @@ use crate::config::DoorGrant;
 
 /// Why the door refused a client; the `reason` label of `fencegate_pg_refusals_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
+pub(crate) enum DoorRefusal {
     /// A StartupMessage in cleartext while `--pg-require-tls`.
     TlsRequired,
     /// A database and role outside `--pg-allow`.
@@ -47,29 +47,29 @@ pub(crate) enum Refusal {
     NotSynchronouslyReplicated,
 }
 
-impl Refusal {
+impl DoorRefusal {
     #[cfg(test)]
-    const ALL: [Refusal; 8] = [
-        Refusal::TlsRequired,
-        Refusal::NotAllowed,
-        Refusal::AuthPending,
-        Refusal::AuthPendingPeer,
-        Refusal::AuthTimeout,
-        Refusal::Connections,
-        Refusal::ServerNotAudited,
-        Refusal::NotSynchronouslyReplicated,
+    const ALL: [DoorRefusal; 8] = [
+        DoorRefusal::TlsRequired,
+        DoorRefusal::NotAllowed,
+        DoorRefusal::AuthPending,
+        DoorRefusal::AuthPendingPeer,
+        DoorRefusal::AuthTimeout,
+        DoorRefusal::Connections,
+        DoorRefusal::ServerNotAudited,
+        DoorRefusal::NotSynchronouslyReplicated,
     ];
 
     pub(crate) fn reason(self) -> &'static str {
         match self {
-            Refusal::TlsRequired => "tls_required",
-            Refusal::NotAllowed => "not_allowed",
-            Refusal::AuthPending => "auth_pending",
-            Refusal::AuthPendingPeer => "auth_pending_peer",
-            Refusal::AuthTimeout => "auth_timeout",
-            Refusal::Connections => "connections",
-            Refusal::ServerNotAudited => "server_not_audited",
-            Refusal::NotSynchronouslyReplicated => "not_synchronously_replicated",
+            DoorRefusal::TlsRequired => "tls_required",
+            DoorRefusal::NotAllowed => "not_allowed",
+            DoorRefusal::AuthPending => "auth_pending",
+            DoorRefusal::AuthPendingPeer => "auth_pending_peer",
+            DoorRefusal::AuthTimeout => "auth_timeout",
+            DoorRefusal::Connections => "connections",
+            DoorRefusal::ServerNotAudited => "server_not_audited",
+            DoorRefusal::NotSynchronouslyReplicated => "not_synchronously_replicated",
         }
     }
 
@@ -77,38 +77,42 @@ impl Refusal {
     pub(crate) fn sqlstate(self) -> &'static str {
         match self {
             // invalid_authorization_specification, as pg_hba.conf refusals.
-            Refusal::TlsRequired | Refusal::NotAllowed => "28000",
+            DoorRefusal::TlsRequired | DoorRefusal::NotAllowed => "28000",
             // too_many_connections.
-            Refusal::AuthPending | Refusal::AuthPendingPeer | Refusal::Connections => "53300",
+            DoorRefusal::AuthPending | DoorRefusal::AuthPendingPeer | DoorRefusal::Connections => {
+                "53300"
+            }
             // connection_failure, as the door has always said on a timeout.
-            Refusal::AuthTimeout => "08006",
+            DoorRefusal::AuthTimeout => "08006",
             // cannot_connect_now, as a server that is starting up.
-            Refusal::ServerNotAudited | Refusal::NotSynchronouslyReplicated => "57P03",
+            DoorRefusal::ServerNotAudited | DoorRefusal::NotSynchronouslyReplicated => "57P03",
         }
     }
 
     pub(crate) fn message(self) -> &'static str {
         match self {
-            Refusal::TlsRequired => "the fencegate door requires TLS; connect with sslmode=require",
-            Refusal::NotAllowed => {
+            DoorRefusal::TlsRequired => {
+                "the fencegate door requires TLS; connect with sslmode=require"
+            }
+            DoorRefusal::NotAllowed => {
                 "the fencegate door does not admit this role to this database (--pg-allow)"
             }
-            Refusal::AuthPending => {
+            DoorRefusal::AuthPending => {
                 "too many connections to the fencegate door are still logging in; try again shortly"
             }
-            Refusal::AuthPendingPeer => {
+            DoorRefusal::AuthPendingPeer => {
                 "too many connections from your address to the fencegate door are still \
                  logging in; try again shortly"
             }
-            Refusal::AuthTimeout => {
+            DoorRefusal::AuthTimeout => {
                 "start-up and authentication took longer than --pg-startup-timeout"
             }
-            Refusal::Connections => "sorry, too many clients of the fencegate door already",
-            Refusal::ServerNotAudited => {
+            DoorRefusal::Connections => "sorry, too many clients of the fencegate door already",
+            DoorRefusal::ServerNotAudited => {
                 "the fencegate door is checking the fences of a database server it has not \
                  seen before (a failover?), or cannot reach it; try again shortly"
             }
-            Refusal::NotSynchronouslyReplicated => {
+            DoorRefusal::NotSynchronouslyReplicated => {
                 "the fence database has no synchronous standby streaming, and this gateway \
                  requires one (--require-synchronous-replication); try again later"
             }
@@ -117,7 +121,7 @@ impl Refusal {
 }
 
 /// The caps on connections that are still authenticating.
-pub(crate) struct Admission {
+pub(crate) struct PendingAuth {
     total: usize,
     per_peer: usize,
     /// Invariant: `total` is the sum of `by_peer`, which holds no zero.
@@ -130,9 +134,9 @@ struct Pending {
     by_peer: HashMap<IpAddr, usize>,
 }
 
-impl Admission {
-    pub(crate) fn new(total: usize, per_peer: usize) -> Admission {
-        Admission {
+impl PendingAuth {
+    pub(crate) fn new(total: usize, per_peer: usize) -> PendingAuth {
+        PendingAuth {
             total,
             per_peer,
             pending: Mutex::default(),
@@ -141,19 +145,19 @@ impl Admission {
 
     /// Counts a new connection from `peer` as authenticating, or says which cap it is
     /// over.
-    pub(crate) fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Authenticating, Refusal> {
+    pub(crate) fn start(self: &Arc<Self>, peer: IpAddr) -> Result<Authenticating, DoorRefusal> {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         if pending.total >= self.total {
-            return Err(Refusal::AuthPending);
+            return Err(DoorRefusal::AuthPending);
         }
         let mine = pending.by_peer.entry(peer).or_insert(0);
         if *mine >= self.per_peer {
-            return Err(Refusal::AuthPendingPeer);
+            return Err(DoorRefusal::AuthPendingPeer);
         }
         *mine += 1;
         pending.total += 1;
         Ok(Authenticating {
-            admission: Arc::clone(self),
+            pending_auth: Arc::clone(self),
             peer,
         })
     }
@@ -161,14 +165,14 @@ impl Admission {
 
 /// A connection counted as authenticating until this is dropped.
 pub(crate) struct Authenticating {
-    admission: Arc<Admission>,
+    pending_auth: Arc<PendingAuth>,
     peer: IpAddr,
 }
 
 impl Drop for Authenticating {
     fn drop(&mut self) {
         let mut pending = self
-            .admission
+            .pending_auth
             .pending
             .lock()
             .unwrap_or_else(|e| e.into_inner());
@@ -226,24 +230,27 @@ mod tests {
 
     #[test]
     fn caps_count_per_peer_and_in_total_until_dropped() {
-        let admission = Arc::new(Admission::new(3, 2));
+        let pending_auth = Arc::new(PendingAuth::new(3, 2));
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();
-        let first = admission.admit(a).unwrap();
-        let _second = admission.admit(a).unwrap();
-        assert_eq!(admission.admit(a).err(), Some(Refusal::AuthPendingPeer));
-        let _third = admission.admit(b).unwrap();
-        assert_eq!(admission.admit(b).err(), Some(Refusal::AuthPending));
+        let first = pending_auth.start(a).unwrap();
+        let _second = pending_auth.start(a).unwrap();
+        assert_eq!(
+            pending_auth.start(a).err(),
+            Some(DoorRefusal::AuthPendingPeer)
+        );
+        let _third = pending_auth.start(b).unwrap();
+        assert_eq!(pending_auth.start(b).err(), Some(DoorRefusal::AuthPending));
         drop(first);
-        assert!(admission.admit(b).is_ok(), "a slot freed for anyone");
-        let pending = admission.pending.lock().unwrap();
+        assert!(pending_auth.start(b).is_ok(), "a slot freed for anyone");
+        let pending = pending_auth.pending.lock().unwrap();
         assert_eq!(pending.total, 2);
         assert_eq!(pending.by_peer.values().sum::<usize>(), 2);
     }
 
     #[test]
     fn every_reason_is_a_label_of_the_metric() {
-        let reasons: Vec<&str> = Refusal::ALL.iter().map(|r| r.reason()).collect();
+        let reasons: Vec<&str> = DoorRefusal::ALL.iter().map(|r| r.reason()).collect();
         assert_eq!(reasons, crate::metrics::door::PG_REFUSAL_REASONS);
     }
 }

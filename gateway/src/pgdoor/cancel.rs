@@ -18,10 +18,11 @@ use super::wire::CancelKey;
 /// The upstream key of each live session, by the door's process id.
 #[derive(Default)]
 pub(crate) struct CancelKeys {
-    sessions: DashMap<i32, Entry>,
+    sessions: DashMap<i32, SessionKey>,
 }
 
-struct Entry {
+/// A live session's upstream key, behind the key the door issued it.
+struct SessionKey {
     secret: Bytes,
     upstream: CancelKey,
     /// The index of the session's host among `--database-url`'s: where its cancel
@@ -33,7 +34,11 @@ impl CancelKeys {
     /// Issues a new key for a session whose backend, on host `host`, has `upstream`, with a secret as
     /// long as the upstream's (so that the client reads it under the protocol version
     /// it negotiated). The key is forgotten when the returned guard is dropped.
-    pub(crate) fn issue(self: &Arc<Self>, upstream: CancelKey, host: usize) -> (CancelKey, Issued) {
+    pub(crate) fn issue(
+        self: &Arc<Self>,
+        upstream: CancelKey,
+        host: usize,
+    ) -> (CancelKey, IssuedKey) {
         loop {
             // Positive, like a real process id: some clients print or compare it.
             let pid = rand::random::<i32>() & i32::MAX;
@@ -42,12 +47,12 @@ impl CancelKeys {
                 .collect();
             let secret = Bytes::from(secret);
             if let dashmap::Entry::Vacant(slot) = self.sessions.entry(pid) {
-                slot.insert(Entry {
+                slot.insert(SessionKey {
                     secret: secret.clone(),
                     upstream,
                     host,
                 });
-                let issued = Issued {
+                let issued = IssuedKey {
                     keys: Arc::clone(self),
                     pid,
                 };
@@ -70,12 +75,12 @@ impl CancelKeys {
 }
 
 /// Holds a session's key in [`CancelKeys`]; dropping it forgets the key.
-pub(crate) struct Issued {
+pub(crate) struct IssuedKey {
     keys: Arc<CancelKeys>,
     pid: i32,
 }
 
-impl Drop for Issued {
+impl Drop for IssuedKey {
     fn drop(&mut self) {
         self.keys.sessions.remove(&self.pid);
     }

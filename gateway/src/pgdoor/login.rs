@@ -14,7 +14,7 @@
 
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 
-use super::cancel::Issued;
+use super::cancel::IssuedKey;
 use super::relay::{error_code, forward, refuse, NOT_PRIMARY, NOT_PRIMARY_SQLSTATE};
 use super::wire::{self, auth, backend, frontend, ProtocolError, WireError};
 use super::Door;
@@ -23,7 +23,7 @@ pub(super) enum Login {
     /// Authenticated; the session's cancel key (held until the session ends, with the
     /// upstream key it stands for) and the first transaction status.
     Ready {
-        key: Option<(Issued, wire::CancelKey)>,
+        key: Option<(IssuedKey, wire::CancelKey)>,
         status: u8,
     },
     /// The server refused the session with an error, relayed to the client (or the

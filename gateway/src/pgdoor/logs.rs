@@ -13,28 +13,28 @@ pub(crate) const WINDOW_SECS: u64 = 10;
 
 /// A kind of line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub(crate) enum LineKind {
     UnknownCancel,
     ProtocolError,
     LoginFailed,
     Refused,
 }
 
-impl Kind {
-    const ALL: [Kind; 4] = [
-        Kind::UnknownCancel,
-        Kind::ProtocolError,
-        Kind::LoginFailed,
-        Kind::Refused,
+impl LineKind {
+    const ALL: [LineKind; 4] = [
+        LineKind::UnknownCancel,
+        LineKind::ProtocolError,
+        LineKind::LoginFailed,
+        LineKind::Refused,
     ];
 
     /// What the summary line counts.
     fn plural(self) -> &'static str {
         match self {
-            Kind::UnknownCancel => "cancel requests with unknown keys",
-            Kind::ProtocolError => "Postgres protocol errors",
-            Kind::LoginFailed => "failed Postgres door logins",
-            Kind::Refused => "Postgres door refusals",
+            LineKind::UnknownCancel => "cancel requests with unknown keys",
+            LineKind::ProtocolError => "Postgres protocol errors",
+            LineKind::LoginFailed => "failed Postgres door logins",
+            LineKind::Refused => "Postgres door refusals",
         }
     }
 }
@@ -47,25 +47,25 @@ pub(crate) struct DoorLogs {
 impl Default for DoorLogs {
     fn default() -> DoorLogs {
         DoorLogs {
-            budgets: Kind::ALL.map(|_| LogBudget::per_window(1, WINDOW_SECS)),
+            budgets: LineKind::ALL.map(|_| LogBudget::per_window(1, WINDOW_SECS)),
         }
     }
 }
 
 impl DoorLogs {
-    fn budget(&self, kind: Kind) -> &LogBudget {
-        &self.budgets[Kind::ALL.iter().position(|k| *k == kind).unwrap_or(0)]
+    fn budget(&self, kind: LineKind) -> &LogBudget {
+        &self.budgets[LineKind::ALL.iter().position(|k| *k == kind).unwrap_or(0)]
     }
 
     /// `Some(lines left out before this one)` if a line of `kind` may be logged now.
-    pub(crate) fn admit(&self, kind: Kind) -> Option<u64> {
-        self.budget(kind).admit()
+    pub(crate) fn take_line(&self, kind: LineKind) -> Option<u64> {
+        self.budget(kind).take_line()
     }
 
     /// Logs, for each kind, how many lines were left out since the last line or
     /// summary.
     pub(crate) fn summarise(&self) {
-        for kind in Kind::ALL {
+        for kind in LineKind::ALL {
             let more = self.budget(kind).take_refused();
             if more > 0 {
                 tracing::info!(

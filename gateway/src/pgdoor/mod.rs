@@ -58,9 +58,9 @@ use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::tls::Tls;
-use admission::{Admission, Authenticating, Refusal};
+use admission::{Authenticating, DoorRefusal, PendingAuth};
 use cancel::CancelKeys;
-use logs::{DoorLogs, Kind};
+use logs::{DoorLogs, LineKind};
 use relay::Ending;
 use startup::{ClientStream, Hello, StartupMessage};
 use upstream::Upstream;
@@ -110,7 +110,7 @@ pub(crate) struct Door {
     startup_timeout: Duration,
     require_tls: bool,
     allow: Vec<DoorGrant>,
-    admission: Arc<Admission>,
+    pending_auth: Arc<PendingAuth>,
     logs: DoorLogs,
     keys: Arc<CancelKeys>,
     coordinator: Arc<Coordinator>,
@@ -135,7 +135,7 @@ impl Door {
             startup_timeout: options.startup_timeout,
             require_tls: options.require_tls,
             allow: options.allow.clone(),
-            admission: Arc::new(Admission::new(
+            pending_auth: Arc::new(PendingAuth::new(
                 options.max_pending_auth,
                 options.max_pending_auth_per_peer,
             )),
@@ -164,9 +164,9 @@ impl Door {
     }
 
     /// Counts a refusal, and logs it (at most one line a window).
-    fn refused(&self, refusal: Refusal, peer: SocketAddr) {
+    fn refused(&self, refusal: DoorRefusal, peer: SocketAddr) {
         self.metrics().pg_refused(refusal.reason());
-        if let Some(unlogged) = self.logs.admit(Kind::Refused) {
+        if let Some(unlogged) = self.logs.take_line(LineKind::Refused) {
             tracing::info!(
                 %peer,
                 reason = refusal.reason(),
@@ -179,7 +179,7 @@ impl Door {
     /// Counts a protocol error, and logs it (at most one line a window).
     fn protocol_error(&self, peer: SocketAddr, user: Option<&str>, error: &wire::ProtocolError) {
         self.metrics().pg_protocol_error();
-        if let Some(unlogged) = self.logs.admit(Kind::ProtocolError) {
+        if let Some(unlogged) = self.logs.take_line(LineKind::ProtocolError) {
             tracing::info!(%peer, ?user, %error, unlogged, "Postgres client broke the protocol");
         }
     }
@@ -209,7 +209,7 @@ impl Door {
             }
             Err(_) => {
                 // The client is silent: there is no one to tell.
-                self.refused(Refusal::AuthTimeout, peer);
+                self.refused(DoorRefusal::AuthTimeout, peer);
                 return;
             }
         };
@@ -245,14 +245,14 @@ impl Door {
             }
         };
         let refusal = match &stream {
-            ClientStream::Plain(_) if self.require_tls => Some(Refusal::TlsRequired),
-            _ if !admission::allowed(&self.allow, &startup) => Some(Refusal::NotAllowed),
+            ClientStream::Plain(_) if self.require_tls => Some(DoorRefusal::TlsRequired),
+            _ if !admission::allowed(&self.allow, &startup) => Some(DoorRefusal::NotAllowed),
             _ => match self.coordinator.door_admits().await {
                 Ok(()) => None,
                 Err(ApiError::NotSynchronouslyReplicated) => {
-                    Some(Refusal::NotSynchronouslyReplicated)
+                    Some(DoorRefusal::NotSynchronouslyReplicated)
                 }
-                Err(_) => Some(Refusal::ServerNotAudited),
+                Err(_) => Some(DoorRefusal::ServerNotAudited),
             },
         };
         if let Some(refusal) = refusal {
@@ -281,9 +281,9 @@ impl Door {
             }
         };
         match ended {
-            Ok(Ending::LoginTimedOut) => self.refused(Refusal::AuthTimeout, peer),
+            Ok(Ending::LoginTimedOut) => self.refused(DoorRefusal::AuthTimeout, peer),
             Ok(Ending::LoginRefused(sqlstate)) => {
-                if let Some(unlogged) = self.logs.admit(Kind::LoginFailed) {
+                if let Some(unlogged) = self.logs.take_line(LineKind::LoginFailed) {
                     let sqlstate = sqlstate.map(|code| String::from_utf8_lossy(&code).into_owned());
                     tracing::info!(
                         %peer,
@@ -310,7 +310,7 @@ impl Door {
     async fn cancel(&self, key: &wire::CancelKey, peer: SocketAddr) {
         let Some((upstream, host)) = self.keys.upstream(key) else {
             self.metrics().pg_cancel(false);
-            if let Some(unlogged) = self.logs.admit(Kind::UnknownCancel) {
+            if let Some(unlogged) = self.logs.take_line(LineKind::UnknownCancel) {
                 tracing::info!(
                     %peer,
                     pid = key.pid,
@@ -377,10 +377,10 @@ pub(crate) async fn serve(listener: TcpListener, door: Arc<Door>, options: DoorO
         };
         let admitted = match Arc::clone(&permits).try_acquire_owned() {
             Ok(permit) => door
-                .admission
-                .admit(peer.ip())
+                .pending_auth
+                .start(peer.ip())
                 .map(|authenticating| (permit, authenticating)),
-            Err(_) => Err(Refusal::Connections),
+            Err(_) => Err(DoorRefusal::Connections),
         };
         let door = Arc::clone(&door);
         match admitted {

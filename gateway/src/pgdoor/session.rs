@@ -14,12 +14,12 @@
 //! does, with `target_session_attrs=read-write`, a server that reports
 //! `default_transaction_read_only=on` or `in_hot_standby=on` mid-session: the door relays
 //! nothing more from it and tells the client with FATAL `08006`
-//! ([`super::relay::NOT_PRIMARY`]) in place of that ParameterStatus
-//! ([`super::to_client`]). The server sends it just before the ReadyForQuery of the
-//! first statement it ran after the change: new transactions are read-only from then on,
-//! and one left open is rolled back when the door closes the connection (a COMMIT that
-//! the server completed stays committed; the client sees its CommandComplete before the
-//! error). A client that itself sets
+//! ([`super::relay::NOT_PRIMARY`]) in place of that ParameterStatus (the
+//! server-to-client side of [`super::relay`]). The server sends it just before the
+//! ReadyForQuery of the first statement it ran after the change: new transactions are
+//! read-only from then on, and one left open is rolled back when the door closes the
+//! connection (a COMMIT that the server completed stays committed; the client sees its
+//! CommandComplete before the error). A client that itself sets
 //! `default_transaction_read_only = on` is ended the same way (libpq's read-write check
 //! cannot tell either); `BEGIN READ ONLY` is not reported and is fine.
 
@@ -27,7 +27,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::admission::{Authenticating, Refusal};
+use super::admission::{Authenticating, DoorRefusal};
 use super::login::{authenticate, Ends, Login};
 use super::relay::{self, refuse, Ending, Observer};
 use super::startup::StartupMessage;
@@ -184,7 +184,7 @@ where
         Ok(Ok(Login::NotPrimary)) => return Ok(Ending::NotPrimary),
         Ok(Err(error)) => return Err(error),
         Err(_) => {
-            let timeout = Refusal::AuthTimeout;
+            let timeout = DoorRefusal::AuthTimeout;
             refuse(ends.client_write, timeout.sqlstate(), timeout.message()).await?;
             return Ok(Ending::LoginTimedOut);
         }

@@ -55,8 +55,8 @@ pub(crate) async fn negotiate(
         return Ok((ClientStream::Tls(stream), hello));
     }
     match packets(&mut tcp, tls).await? {
-        Step::Hello(hello) => Ok((ClientStream::Plain(tcp), hello)),
-        Step::StartTls(acceptor) => {
+        Greeting::Hello(hello) => Ok((ClientStream::Plain(tcp), hello)),
+        Greeting::StartTls(acceptor) => {
             let mut stream = Box::new(acceptor.accept(tcp).await?);
             let hello = packets(&mut *stream, None).await?.into_hello()?;
             Ok((ClientStream::Tls(stream), hello))
@@ -64,17 +64,18 @@ pub(crate) async fn negotiate(
     }
 }
 
-enum Step<'a> {
+/// What a client opened with: its first packet, or an SSLRequest the door accepted.
+enum Greeting<'a> {
     Hello(Hello),
     /// `S` was sent; the TLS handshake follows.
     StartTls(&'a TlsAcceptor),
 }
 
-impl Step<'_> {
+impl Greeting<'_> {
     fn into_hello(self) -> Result<Hello, WireError> {
         match self {
-            Step::Hello(hello) => Ok(hello),
-            Step::StartTls(_) => Err(ProtocolError::SecondNegotiation("SSLRequest").into()),
+            Greeting::Hello(hello) => Ok(hello),
+            Greeting::StartTls(_) => Err(ProtocolError::SecondNegotiation("SSLRequest").into()),
         }
     }
 }
@@ -84,7 +85,7 @@ impl Step<'_> {
 async fn packets<'a, S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     tls: Option<&'a TlsAcceptor>,
-) -> Result<Step<'a>, WireError> {
+) -> Result<Greeting<'a>, WireError> {
     let mut ssl_answered = false;
     loop {
         let packet = wire::read_startup(stream).await?;
@@ -97,7 +98,7 @@ async fn packets<'a, S: AsyncRead + AsyncWrite + Unpin>(
                 if let Some(acceptor) = tls {
                     stream.write_all(b"S").await?;
                     stream.flush().await?;
-                    return Ok(Step::StartTls(acceptor));
+                    return Ok(Greeting::StartTls(acceptor));
                 }
                 stream.write_all(b"N").await?;
                 stream.flush().await?;
@@ -109,10 +110,10 @@ async fn packets<'a, S: AsyncRead + AsyncWrite + Unpin>(
             wire::CANCEL_REQUEST => {
                 let key = wire::CancelKey::parse(packet.body())
                     .ok_or(ProtocolError::Malformed("CancelRequest"))?;
-                return Ok(Step::Hello(Hello::Cancel(key)));
+                return Ok(Greeting::Hello(Hello::Cancel(key)));
             }
             // A StartupMessage; the session refuses a version it does not speak.
-            _ => return Ok(Step::Hello(Hello::Startup(packet))),
+            _ => return Ok(Greeting::Hello(Hello::Startup(packet))),
         }
     }
 }

@@ -13,26 +13,26 @@ use super::guard::{check, Refused, SqlPolicy};
 pub const GUARD_STACK: usize = 32 << 20;
 
 /// Checks statements on a few threads of their own, whose stacks hold the deepest walk
-/// [`MAX_OPERATORS`] allows (a request handler's stack is far smaller). Dropping the
-/// checker stops them.
+/// [`super::guard::MAX_OPERATORS`] allows (a request handler's stack is far smaller).
+/// Dropping the checker stops them.
 pub struct Checker {
-    queue: tokio::sync::mpsc::Sender<Job>,
+    queue: tokio::sync::mpsc::Sender<CheckJob>,
 }
 
 /// The statements of one request, checked in order.
-struct Job {
+struct CheckJob {
     statements: Vec<SqlStatement>,
     policy: SqlPolicy,
-    reply: tokio::sync::oneshot::Sender<Checked>,
+    reply: tokio::sync::oneshot::Sender<CheckedAll>,
 }
 
 /// The statements back, and the index and reason of the first one refused.
-pub type Checked = (Vec<SqlStatement>, Result<(), (usize, Refused)>);
+pub type CheckedAll = (Vec<SqlStatement>, Result<(), (usize, Refused)>);
 
 impl Checker {
     /// Starts `threads` checking threads.
     pub fn start(threads: usize) -> std::io::Result<Checker> {
-        let (queue, jobs) = tokio::sync::mpsc::channel::<Job>(1024);
+        let (queue, jobs) = tokio::sync::mpsc::channel::<CheckJob>(1024);
         let jobs = std::sync::Arc::new(std::sync::Mutex::new(jobs));
         for _ in 0..threads {
             let jobs = std::sync::Arc::clone(&jobs);
@@ -61,9 +61,9 @@ impl Checker {
 
     /// Checks `statements` in order; on a refusal, the index of the first statement
     /// refused. The statements come back either way.
-    pub async fn check_all(&self, statements: Vec<SqlStatement>, policy: &SqlPolicy) -> Checked {
+    pub async fn check_all(&self, statements: Vec<SqlStatement>, policy: &SqlPolicy) -> CheckedAll {
         let (reply, answer) = tokio::sync::oneshot::channel();
-        let job = Job {
+        let job = CheckJob {
             statements,
             policy: policy.clone(),
             reply,

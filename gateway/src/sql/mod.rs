@@ -50,11 +50,13 @@ use fencegate_proto::body::{ErrorBody, SqlResult, SqlStatement};
 use fencegate_proto::{ErrorCode, ResourceName, Token};
 
 use crate::config::Config;
-use crate::dbfence::{ProofKey, Refusal};
+use crate::dbfence::{FenceRejection, ProofKey};
 use crate::error::ApiError;
 use crate::pgtls::PgUrlError;
 use crate::store::postgres::session::Pins;
-use crate::store::postgres::{describe, error_text, with_client_until, Admission, PgPool, PgStore};
+use crate::store::postgres::{
+    describe, error_text, with_client_until, OnNewServer, PgPool, PgStore,
+};
 use crate::store::StoreError;
 
 pub use guard::SqlPolicy;
@@ -227,7 +229,7 @@ pub enum SqlFailure {
     /// The in-database fence refused the token (its proof holds): the transaction's
     /// fence step, stale or not issued.
     #[error("the fence refused the token: {0:?}")]
-    Fence(Refusal),
+    Fence(FenceRejection),
     /// A writer's statement raised a fence SQLSTATE (`code`) that the fence did not
     /// raise: answered as the writer's own SQL error, and counted apart.
     #[error("{failed}")]
@@ -329,7 +331,7 @@ impl SqlService {
             &tls,
             config.sql_pool_size,
             RecyclingMethod::Clean,
-            (Arc::clone(gateway.watch()), Admission::Waits),
+            (Arc::clone(gateway.watch()), OnNewServer::Waits),
         );
         // Opened now and kept, as the gateway's own pools are: see `PgStore::connect`.
         pool.warm(config.sql_pool_size, "--sql-pool-size")

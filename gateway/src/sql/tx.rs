@@ -46,7 +46,7 @@ use tokio_postgres::Statement;
 
 use super::{values, SqlError, SqlFailure, SqlOutcome, SqlPolicy, SqlService, SqlTransaction};
 use crate::dbfence::{ProofKey, Reported};
-use crate::store::postgres::{classify, server_unavailable};
+use crate::store::postgres::{classify, server_unavailable, Sent};
 use crate::store::postgres::{stored_answer, IN_FLIGHT_WAIT};
 use crate::store::txn::{replay, Answered, Keyed};
 use crate::store::StoreError;
@@ -67,7 +67,10 @@ pub(super) async fn run(
     let commit_sent = AtomicBool::new(false);
     let outcome = service
         .with_client(async |client| {
-            let transaction = client.transaction().await.map_err(|e| classify(e, false))?;
+            let transaction = client
+                .transaction()
+                .await
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             let bound = service.policy().max_response;
             let results = match steps(&transaction, tx, service, bound).await {
                 Ok(results) => results,
@@ -97,14 +100,17 @@ pub(super) async fn run_keyed(
     let commit_sent = AtomicBool::new(false);
     let answered = service
         .with_client(async |client| {
-            let transaction = client.transaction().await.map_err(|e| classify(e, false))?;
+            let transaction = client
+                .transaction()
+                .await
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             if let Some(earlier) = claim(&transaction, service, keyed).await? {
                 return Ok(earlier);
             }
             transaction
                 .batch_execute("SAVEPOINT keyed")
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             // Cut where a stored answer must end: it is kept for every retry.
             let bound = service.policy().max_keyed_response;
             let outcome = steps(&transaction, tx, service, bound).await;
@@ -118,7 +124,7 @@ pub(super) async fn run_keyed(
                 Err(_) => transaction
                     .batch_execute("ROLLBACK TO SAVEPOINT keyed")
                     .await
-                    .map_err(|e| classify(e, false))?,
+                    .map_err(|e| classify(e, Sent::NoCommit))?,
                 Ok(_) => {}
             }
             let answer = (keyed.render)(&outcome);
@@ -128,7 +134,7 @@ pub(super) async fn run_keyed(
             transaction
                 .batch_execute("SET LOCAL ROLE NONE")
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             transaction
                 .execute(
                     RECORD,
@@ -142,7 +148,7 @@ pub(super) async fn run_keyed(
                     ],
                 )
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             Ok(
                 match commit(transaction, &commit_sent, &service.proof).await {
                     Ok(()) => Answered::Ran {
@@ -189,7 +195,7 @@ async fn claim(
         Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
             return Ok(Some(Answered::InFlight))
         }
-        other => other.map_err(|e| classify(e, false))?,
+        other => other.map_err(|e| classify(e, Sent::NoCommit))?,
     };
     if row.get::<_, bool>(0) {
         return Ok(None);
@@ -212,7 +218,7 @@ async fn commit(
         .map_err(|e| match server_refusal(None, &e, proof) {
             Some(refusal) => refusal,
             // COMMIT was sent: if the connection broke, it may have committed.
-            None => SqlFailure::Store(classify(e, true)),
+            None => SqlFailure::Store(classify(e, Sent::Commit)),
         })
 }
 
@@ -242,7 +248,7 @@ async fn steps(
     let fence = transaction
         .prepare_cached(FENCE)
         .await
-        .map_err(|e| classify(e, false))?;
+        .map_err(|e| classify(e, Sent::NoCommit))?;
     let policy: &SqlPolicy = service.policy();
     let proof = &service.proof;
     let fence_params: [&(dyn ToSql + Sync); 3] = [
@@ -274,10 +280,10 @@ async fn steps(
         return Err(match refusal(&error, proof) {
             Some(Reported::Proven(refusal)) => SqlFailure::Fence(refusal),
             // The gateway's own step cannot raise anything but the fence's refusals.
-            _ => SqlFailure::Store(classify(error, false)),
+            _ => SqlFailure::Store(classify(error, Sent::NoCommit)),
         });
     }
-    set.map_err(|e| classify(e, false))?;
+    set.map_err(|e| classify(e, Sent::NoCommit))?;
     let mut prepared = prepared.into_iter();
     let mut budget = AnswerBudget {
         rows: policy.max_rows,
@@ -489,7 +495,7 @@ impl std::io::Write for JsonSize {
 fn failed(statement: Option<usize>, error: tokio_postgres::Error, proof: &ProofKey) -> SqlFailure {
     match server_refusal(statement, &error, proof) {
         Some(refusal) => refusal,
-        None => SqlFailure::Store(classify(error, false)),
+        None => SqlFailure::Store(classify(error, Sent::NoCommit)),
     }
 }
 

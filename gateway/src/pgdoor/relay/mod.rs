@@ -19,7 +19,7 @@
 //! # What the relay reads
 //!
 //! From the client: message headers only, checked against the protocol's message types
-//! and the observer's message cap. From the server ([`to_client`]): ErrorResponse
+//! and the observer's message cap. From the server ([`mod@to_client`]): ErrorResponse
 //! (handed to the observer, which counts fencegate's rejections), ParameterStatus (a
 //! server that turns read-only, when the session must be on the primary) and
 //! ReadyForQuery (the transaction status, for a clean shutdown).

@@ -73,12 +73,12 @@ where
         while let Some(message) = whole.next() {
             let (header, body) = message?;
             match look_into(observer, progress, header, body) {
-                Seen::ReadOnly => {
+                ServerMessage::ReadOnly => {
                     read_only = true;
                     break;
                 }
-                Seen::Ready => ready = true,
-                Seen::Other => {}
+                ServerMessage::Ready => ready = true,
+                ServerMessage::Other => {}
             }
             passed = whole.read();
         }
@@ -106,12 +106,12 @@ where
         if inspected(header) {
             let body = wire::read_body(upstream, header).await?;
             let seen = look_into(observer, progress, header, &body);
-            if seen == Seen::ReadOnly {
+            if seen == ServerMessage::ReadOnly {
                 return not_primary(observer, client).await;
             }
             observer.bytes_to_client(header.body_len + 5);
             forward(client, header, &body).await?;
-            if seen == Seen::Ready && closes_now(observer, progress, upstream) {
+            if seen == ServerMessage::Ready && closes_now(observer, progress, upstream) {
                 refuse(client, "57P01", "fencegate is shutting down").await?;
                 return Ok(Ending::Shutdown);
             }
@@ -139,7 +139,7 @@ fn inspected(header: Header) -> bool {
 
 /// What a server message was, to the door.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Seen {
+enum ServerMessage {
     /// A ReadyForQuery.
     Ready,
     /// A ParameterStatus saying the server no longer takes writes, in a session that
@@ -151,23 +151,28 @@ enum Seen {
 /// Looks into a whole server message before it is relayed: hands an error to the
 /// observer, records a ReadyForQuery's transaction status, and notices a server turning
 /// read-only.
-fn look_into(observer: &impl Observer, progress: &Progress, header: Header, body: &[u8]) -> Seen {
+fn look_into(
+    observer: &impl Observer,
+    progress: &Progress,
+    header: Header,
+    body: &[u8],
+) -> ServerMessage {
     if !inspected(header) {
-        return Seen::Other;
+        return ServerMessage::Other;
     }
     match header.tag {
         backend::ERROR_RESPONSE => {
             observer.server_error(body);
-            Seen::Other
+            ServerMessage::Other
         }
         backend::PARAMETER_STATUS if observer.primary_only() && wire::reports_read_only(body) => {
-            Seen::ReadOnly
+            ServerMessage::ReadOnly
         }
-        backend::PARAMETER_STATUS => Seen::Other,
+        backend::PARAMETER_STATUS => ServerMessage::Other,
         _ => {
             progress.status.store(body[0], Ordering::Relaxed);
             progress.answered.fetch_add(1, Ordering::Relaxed);
-            Seen::Ready
+            ServerMessage::Ready
         }
     }
 }

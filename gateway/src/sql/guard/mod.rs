@@ -176,15 +176,15 @@ pub fn check(sql: &str, policy: &SqlPolicy) -> Result<(), Refused> {
     let allow_ddl = policy.allow_ddl;
     let kind = kind(statement);
     match kind {
-        Kind::Dml => {}
-        Kind::Ddl if allow_ddl => {}
-        Kind::Ddl => {
+        StatementKind::Dml => {}
+        StatementKind::Ddl if allow_ddl => {}
+        StatementKind::Ddl => {
             return Err(Refused(format!(
                 "{} is DDL, which this gateway does not run (--sql-allow-ddl)",
                 command(statement)
             )))
         }
-        Kind::Never => {
+        StatementKind::Never => {
             return Err(Refused(format!(
                 "{} is not allowed in a fenced transaction",
                 command(statement)
@@ -251,28 +251,30 @@ fn deepens(token: &Token) -> bool {
     }
 }
 
-enum Kind {
+/// What a statement is to the guard: a query or data change, a schema change (allowed
+/// with `--sql-allow-ddl`), or something never allowed.
+enum StatementKind {
     Dml,
     Ddl,
     Never,
 }
 
-fn kind(statement: &Statement) -> Kind {
+fn kind(statement: &Statement) -> StatementKind {
     match statement {
         // Temporary objects outlive the transaction on a pooled connection and would be
         // seen by the next request that gets it.
-        Statement::CreateTable(create) if create.temporary => Kind::Never,
+        Statement::CreateTable(create) if create.temporary => StatementKind::Never,
         Statement::CreateView {
             temporary: true, ..
         }
         | Statement::CreateSequence {
             temporary: true, ..
-        } => Kind::Never,
+        } => StatementKind::Never,
         Statement::Query(_)
         | Statement::Insert(_)
         | Statement::Update { .. }
         | Statement::Delete(_)
-        | Statement::Merge { .. } => Kind::Dml,
+        | Statement::Merge { .. } => StatementKind::Dml,
         Statement::CreateTable(_)
         | Statement::CreateView { .. }
         | Statement::CreateIndex(_)
@@ -285,8 +287,8 @@ fn kind(statement: &Statement) -> Kind {
         | Statement::AlterType(_)
         | Statement::Drop { .. }
         | Statement::Truncate { .. }
-        | Statement::Comment { .. } => Kind::Ddl,
-        _ => Kind::Never,
+        | Statement::Comment { .. } => StatementKind::Ddl,
+        _ => StatementKind::Never,
     }
 }
 
@@ -419,8 +421,8 @@ impl Visitor for Inspector {
         );
         // Statements nested in queries (`WITH d AS (DELETE ...)`) follow the same rules.
         match kind(statement) {
-            Kind::Dml => ControlFlow::Continue(()),
-            Kind::Ddl if self.allow_ddl => ControlFlow::Continue(()),
+            StatementKind::Dml => ControlFlow::Continue(()),
+            StatementKind::Ddl if self.allow_ddl => ControlFlow::Continue(()),
             _ => ControlFlow::Break(Refused(format!(
                 "{} is not allowed inside a query",
                 command(statement)
@@ -429,13 +431,13 @@ impl Visitor for Inspector {
     }
 
     fn pre_visit_query(&mut self, query: &Query) -> ControlFlow<Refused> {
-        if selects_into(&query.body, true) {
+        if selects_into(&query.body, IntoTables::Temporary) {
             return ControlFlow::Break(Refused(
                 "SELECT ... INTO TEMPORARY creates a table that outlives the transaction"
                     .to_owned(),
             ));
         }
-        if !self.allow_ddl && selects_into(&query.body, false) {
+        if !self.allow_ddl && selects_into(&query.body, IntoTables::Any) {
             return ControlFlow::Break(Refused(
                 "SELECT ... INTO creates a table, which is DDL (--sql-allow-ddl)".to_owned(),
             ));
@@ -487,17 +489,23 @@ fn refused_function(name: &ObjectName) -> Refused {
     ))
 }
 
-/// Whether a `SELECT` in `body` has an `INTO` clause (only temporary ones if
-/// `temporary_only`).
-fn selects_into(body: &SetExpr, temporary_only: bool) -> bool {
+/// Which tables a `SELECT ... INTO` creates, for [`selects_into`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IntoTables {
+    Temporary,
+    Any,
+}
+
+/// Whether a `SELECT` in `body` has an `INTO` clause that creates `tables`.
+fn selects_into(body: &SetExpr, tables: IntoTables) -> bool {
     match body {
         SetExpr::Select(select) => select
             .into
             .as_ref()
-            .is_some_and(|into| into.temporary || !temporary_only),
-        SetExpr::Query(query) => selects_into(&query.body, temporary_only),
+            .is_some_and(|into| into.temporary || tables == IntoTables::Any),
+        SetExpr::Query(query) => selects_into(&query.body, tables),
         SetExpr::SetOperation { left, right, .. } => {
-            selects_into(left, temporary_only) || selects_into(right, temporary_only)
+            selects_into(left, tables) || selects_into(right, tables)
         }
         _ => false,
     }

@@ -2,10 +2,11 @@ use super::*;
 use crate::sql::checker::{Checker, GUARD_STACK};
 use fencegate_proto::body::SqlStatement;
 
-fn policy(allow_ddl: bool) -> SqlPolicy {
+/// The policy of the tests: no DDL.
+fn policy() -> SqlPolicy {
     SqlPolicy {
         role: None,
-        allow_ddl,
+        allow_ddl: false,
         max_statements: 100,
         max_statement_size: 64 << 10,
         statement_timeout: Duration::from_secs(2),
@@ -15,12 +16,20 @@ fn policy(allow_ddl: bool) -> SqlPolicy {
     }
 }
 
+/// As [`policy`], with `--sql-allow-ddl`.
+fn policy_with_ddl() -> SqlPolicy {
+    SqlPolicy {
+        allow_ddl: true,
+        ..policy()
+    }
+}
+
 fn allowed(sql: &str) -> bool {
-    check(sql, &policy(false)).is_ok()
+    check(sql, &policy()).is_ok()
 }
 
 fn allowed_with_ddl(sql: &str) -> bool {
-    check(sql, &policy(true)).is_ok()
+    check(sql, &policy_with_ddl()).is_ok()
 }
 
 #[test]
@@ -39,7 +48,7 @@ fn data_statements_run() {
         "SELECT * FROM t FOR UPDATE",
         "SELECT current_setting('role')",
     ] {
-        assert!(allowed(sql), "{sql}: {:?}", check(sql, &policy(false)));
+        assert!(allowed(sql), "{sql}: {:?}", check(sql, &policy()));
     }
 }
 
@@ -138,7 +147,7 @@ fn ddl_needs_the_flag() {
         assert!(
             allowed_with_ddl(sql),
             "{sql}: {:?}",
-            check(sql, &policy(true))
+            check(sql, &policy_with_ddl())
         );
     }
     for sql in [
@@ -163,7 +172,7 @@ fn catalogs_can_be_read() {
         "SELECT count(*) FROM pg_catalog.pg_class",
         "UPDATE t SET a = 1 WHERE EXISTS (SELECT 1 FROM pg_my_table)",
     ] {
-        let verdict = check(sql, &policy(false));
+        let verdict = check(sql, &policy());
         assert_eq!(
             verdict.is_ok(),
             !sql.starts_with("UPDATE"),
@@ -174,7 +183,7 @@ fn catalogs_can_be_read() {
 
 #[test]
 fn size_is_bounded_before_parsing() {
-    let mut policy = policy(false);
+    let mut policy = policy();
     policy.max_statement_size = 20;
     assert!(check("SELECT 1", &policy).is_ok());
     let refused = check("SELECT 1 FROM a_rather_long_table_name", &policy).unwrap_err();
@@ -207,7 +216,7 @@ fn operator_chains_are_bounded() {
         let verdict = std::thread::Builder::new()
             .stack_size(GUARD_STACK / 2)
             .spawn(move || {
-                let mut policy = policy(false);
+                let mut policy = policy();
                 policy.max_statement_size = usize::MAX;
                 check(&at_bound, &policy)
             })
@@ -215,7 +224,7 @@ fn operator_chains_are_bounded() {
             .join()
             .expect("checking a chain at the bound must not overflow the stack");
         assert_eq!(verdict, Ok(()), "{head}{link}...");
-        let mut policy = policy(false);
+        let mut policy = policy();
         policy.max_statement_size = usize::MAX;
         let refused = check(
             &statement(MAX_OPERATORS + 1 - operators(head) - operators(tail)),
@@ -238,24 +247,21 @@ async fn the_checker_answers_in_order() {
             .collect()
     };
     let (back, verdict) = checker
-        .check_all(
-            statements(&["SELECT 1", "UPDATE t SET a = 1"]),
-            &policy(false),
-        )
+        .check_all(statements(&["SELECT 1", "UPDATE t SET a = 1"]), &policy())
         .await;
     assert_eq!((back.len(), verdict), (2, Ok(())));
     let deep = format!("SELECT 1{}", " + 1".repeat(MAX_OPERATORS));
     let (_, verdict) = checker
-        .check_all(statements(&["SELECT 1", &deep, "COMMIT"]), &policy(false))
+        .check_all(statements(&["SELECT 1", &deep, "COMMIT"]), &policy())
         .await;
     assert_eq!(verdict.map_err(|(index, _)| index), Err(2));
 }
 
 #[test]
 fn refusals_name_the_command() {
-    let refused = check("  /* hi */ commit", &policy(false)).unwrap_err();
+    let refused = check("  /* hi */ commit", &policy()).unwrap_err();
     assert!(refused.0.contains("COMMIT"), "{refused}");
-    let refused = check("CREATE TABLE t (a int)", &policy(false)).unwrap_err();
+    let refused = check("CREATE TABLE t (a int)", &policy()).unwrap_err();
     assert!(
         refused.0.contains("CREATE TABLE") && refused.0.contains("--sql-allow-ddl"),
         "{refused}"

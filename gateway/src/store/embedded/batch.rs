@@ -24,56 +24,57 @@ use crate::store::{
     precondition_holds, AdvanceOutcome, StoreError, UnavailableReason, Write, WriteOp, WriteOutcome,
 };
 
-pub(super) type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+/// Where a job's answer goes.
+pub(super) type Responder<T> = oneshot::Sender<Result<T, StoreError>>;
 
 /// A request queued for the writer thread, with the channel its answer goes back on.
 pub(super) enum Job {
     Write {
         write: Write,
-        reply: Reply<WriteOutcome>,
+        reply: Responder<WriteOutcome>,
     },
     Advance {
         resource: ResourceName,
         token: Token,
-        reply: Reply<AdvanceOutcome>,
+        reply: Responder<AdvanceOutcome>,
     },
     Lease {
         resource: ResourceName,
         op: LeaseOp,
         claimant: Claimant,
         keyed: Option<Keyed<LeaseOutcome>>,
-        reply: Reply<Answered<LeaseOutcome>>,
+        reply: Responder<Answered<LeaseOutcome>>,
     },
     Reset {
         reset: Reset,
-        reply: Reply<ResetOutcome>,
+        reply: Responder<ResetOutcome>,
     },
     Txn {
         txn: Txn,
         keyed: Option<Keyed>,
-        reply: Reply<Answered>,
+        reply: Responder<Answered>,
     },
     /// Removes up to `limit` expired idempotency records.
-    Expire { limit: u32, reply: Reply<u64> },
+    Expire { limit: u32, reply: Responder<u64> },
 }
 
 /// A job applied inside the batch transaction, waiting for the commit to answer it.
-enum Applied {
-    Write(Reply<WriteOutcome>, WriteOutcome),
-    Advance(Reply<AdvanceOutcome>, AdvanceOutcome),
-    Lease(Reply<Answered<LeaseOutcome>>, Answered<LeaseOutcome>),
-    Reset(Reply<ResetOutcome>, ResetOutcome),
-    Txn(Reply<Answered>, Answered),
-    Expire(Reply<u64>, u64),
+enum AwaitingCommit {
+    Write(Responder<WriteOutcome>, WriteOutcome),
+    Advance(Responder<AdvanceOutcome>, AdvanceOutcome),
+    Lease(Responder<Answered<LeaseOutcome>>, Answered<LeaseOutcome>),
+    Reset(Responder<ResetOutcome>, ResetOutcome),
+    Txn(Responder<Answered>, Answered),
+    Expire(Responder<u64>, u64),
 }
 
 impl Job {
     /// Applies the job inside the batch transaction. If storage fails, the job is
     /// answered at once (nothing of the batch will commit) and the error returned.
-    fn apply(self, tables: &mut Tables<'_>) -> Result<Applied, redb::Error> {
+    fn apply(self, tables: &mut Tables<'_>) -> Result<AwaitingCommit, redb::Error> {
         match self {
             Job::Write { write, reply } => match apply_write(tables, &write) {
-                Ok(outcome) => Ok(Applied::Write(reply, outcome)),
+                Ok(outcome) => Ok(AwaitingCommit::Write(reply, outcome)),
                 Err(error) => {
                     drop(reply.send(Err(storage_failed(Some(false)))));
                     Err(error)
@@ -84,7 +85,7 @@ impl Job {
                 token,
                 reply,
             } => match apply_advance(tables, &resource, token) {
-                Ok(outcome) => Ok(Applied::Advance(reply, outcome)),
+                Ok(outcome) => Ok(AwaitingCommit::Advance(reply, outcome)),
                 Err(error) => {
                     drop(reply.send(Err(storage_failed(Some(false)))));
                     Err(error)
@@ -97,28 +98,28 @@ impl Job {
                 keyed,
                 reply,
             } => match apply_keyed_lease(tables, &resource, &op, &claimant, keyed.as_ref()) {
-                Ok(outcome) => Ok(Applied::Lease(reply, outcome)),
+                Ok(outcome) => Ok(AwaitingCommit::Lease(reply, outcome)),
                 Err(error) => {
                     drop(reply.send(Err(storage_failed(Some(false)))));
                     Err(error)
                 }
             },
             Job::Reset { reset, reply } => match apply_reset(tables, &reset) {
-                Ok(outcome) => Ok(Applied::Reset(reply, outcome)),
+                Ok(outcome) => Ok(AwaitingCommit::Reset(reply, outcome)),
                 Err(error) => {
                     drop(reply.send(Err(storage_failed(Some(false)))));
                     Err(error)
                 }
             },
             Job::Txn { txn, keyed, reply } => match apply_keyed(tables, &txn, keyed.as_ref()) {
-                Ok(answered) => Ok(Applied::Txn(reply, answered)),
+                Ok(answered) => Ok(AwaitingCommit::Txn(reply, answered)),
                 Err(error) => {
                     drop(reply.send(Err(storage_failed(Some(false)))));
                     Err(error)
                 }
             },
             Job::Expire { limit, reply } => match expire(tables, limit) {
-                Ok(removed) => Ok(Applied::Expire(reply, removed)),
+                Ok(removed) => Ok(AwaitingCommit::Expire(reply, removed)),
                 Err(error) => {
                     drop(reply.send(Err(storage_failed(Some(false)))));
                     Err(error)
@@ -141,16 +142,18 @@ impl Job {
     }
 }
 
-impl Applied {
+impl AwaitingCommit {
     /// Answers the job with its outcome if the batch committed, or with `error`.
     fn answer(self, committed: Result<(), StoreError>) {
         match self {
-            Applied::Write(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
-            Applied::Advance(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
-            Applied::Lease(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
-            Applied::Reset(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
-            Applied::Txn(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
-            Applied::Expire(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
+            AwaitingCommit::Write(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
+            AwaitingCommit::Advance(reply, outcome) => {
+                drop(reply.send(committed.map(|()| outcome)))
+            }
+            AwaitingCommit::Lease(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
+            AwaitingCommit::Reset(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
+            AwaitingCommit::Txn(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
+            AwaitingCommit::Expire(reply, outcome) => drop(reply.send(committed.map(|()| outcome))),
         }
     }
 
@@ -267,7 +270,7 @@ fn storage_failed(applied: Option<bool>) -> StoreError {
 fn apply_batch(
     db: &Database,
     jobs: &mut impl Iterator<Item = Job>,
-    applied: &mut Vec<Applied>,
+    applied: &mut Vec<AwaitingCommit>,
 ) -> Result<redb::WriteTransaction, redb::Error> {
     let txn = db.begin_write()?;
     {

@@ -40,7 +40,7 @@ mod batch;
 mod file;
 pub mod identity;
 
-use batch::{writer, Job, Reply};
+use batch::{writer, Job, Responder};
 use file::{initialise, probe_file, probe_store};
 use identity::{FileState, Reconciled, Start, StoreId};
 
@@ -512,7 +512,7 @@ impl EmbeddedStore {
     }
 
     /// Queues a job for the writer and waits for its answer, within the backend timeout.
-    async fn submit<T>(&self, job: impl FnOnce(Reply<T>) -> Job) -> Result<T, StoreError> {
+    async fn submit<T>(&self, job: impl FnOnce(Responder<T>) -> Job) -> Result<T, StoreError> {
         let (reply, answer) = oneshot::channel();
         let exchange = async {
             self.queue.send(job(reply)).await.map_err(|_| {

@@ -14,7 +14,8 @@
 
 use tokio_postgres::Client;
 
-use super::{connection, errors::classify};
+use super::connection;
+use super::errors::{classify, Sent};
 use crate::config::Binding;
 use crate::store::StoreError;
 
@@ -112,7 +113,7 @@ pub(super) async fn adopt(
     replace: bool,
 ) -> Result<Adopted, StoreError> {
     let ours = ours(bindings);
-    let failed = |e| classify(e, false);
+    let failed = |e| classify(e, Sent::NoCommit);
     let tx = client.transaction().await.map_err(failed)?;
     tx.batch_execute("LOCK TABLE fencegate.issuer_bindings IN SHARE ROW EXCLUSIVE MODE")
         .await
@@ -128,7 +129,7 @@ pub(super) async fn adopt(
         Adopted::Differs { recorded: found }
     };
     connection::committing();
-    tx.commit().await.map_err(|e| classify(e, true))?;
+    tx.commit().await.map_err(|e| classify(e, Sent::Commit))?;
     Ok(adopted)
 }
 
@@ -139,7 +140,7 @@ pub(super) async fn follow(
     generation: i64,
 ) -> Result<Drift, StoreError> {
     let ours = ours(bindings);
-    let failed = |e| classify(e, false);
+    let failed = |e| classify(e, Sent::NoCommit);
     let (found, recorded_generation) = recorded(&*client).await.map_err(failed)?;
     if found == ours && recorded_generation == generation {
         return Ok(Drift::None);
@@ -165,7 +166,7 @@ pub(super) async fn follow(
     }
     write(&tx, &ours, generation).await.map_err(failed)?;
     connection::committing();
-    tx.commit().await.map_err(|e| classify(e, true))?;
+    tx.commit().await.map_err(|e| classify(e, Sent::Commit))?;
     Ok(Drift::Restored { found })
 }
 

@@ -37,8 +37,8 @@ use deadpool_postgres::{
 use tokio::time::{timeout_at, Instant};
 use tokio_postgres::CancelToken;
 
-use super::errors::{classify, error_text};
-use super::server_watch::{Admission, ServerWatch};
+use super::errors::{classify, error_text, Sent};
+use super::server_watch::{OnNewServer, ServerWatch};
 use super::statements;
 use crate::pgtls::{PgUrlError, UpstreamTls};
 use crate::store::{StoreError, UnavailableReason};
@@ -81,13 +81,13 @@ impl PgPool {
     }
 
     /// As [`PgPool::new`], each new connection admitted by `watch` once its server was
-    /// audited (`ServerWatch::admit`).
+    /// audited (`ServerWatch::ensure_audited`).
     pub fn watched(
         config: tokio_postgres::Config,
         tls: &UpstreamTls,
         size: usize,
         recycling: RecyclingMethod,
-        watch: (Arc<ServerWatch>, Admission),
+        watch: (Arc<ServerWatch>, OnNewServer),
     ) -> PgPool {
         PgPool::build(config, tls, size, recycling, Some(watch))
     }
@@ -97,7 +97,7 @@ impl PgPool {
         tls: &UpstreamTls,
         size: usize,
         recycling: RecyclingMethod,
-        watch: Option<(Arc<ServerWatch>, Admission)>,
+        watch: Option<(Arc<ServerWatch>, OnNewServer)>,
     ) -> PgPool {
         let manager = Manager::from_config(
             config,
@@ -113,13 +113,16 @@ impl PgPool {
             // idle connection.
             .queue_mode(QueueMode::Lifo)
             .runtime(Runtime::Tokio1);
-        if let Some((watch, admission)) = watch {
+        if let Some((watch, on_new_server)) = watch {
             builder = builder.post_create(Hook::async_fn(move |client, _| {
                 let watch = Arc::clone(&watch);
                 Box::pin(async move {
-                    watch.admit(client, admission).await.map_err(|error| {
-                        HookError::Message(format!("the server's fence audit: {error}").into())
-                    })
+                    watch
+                        .ensure_audited(client, on_new_server)
+                        .await
+                        .map_err(|error| {
+                            HookError::Message(format!("the server's fence audit: {error}").into())
+                        })
                 })
             }));
         }
@@ -204,7 +207,7 @@ pub(crate) async fn uses_tls(client: &tokio_postgres::Client) -> Result<bool, St
             &[],
         )
         .await
-        .map_err(|e| classify(e, false))?;
+        .map_err(|e| classify(e, Sent::NoCommit))?;
     Ok(row.get(0))
 }
 
@@ -214,7 +217,7 @@ pub async fn migrate(client: &mut tokio_postgres::Client) -> Result<(), PgStartE
     let supported = statements::MIGRATIONS
         .last()
         .map_or(0, |(version, _)| *version);
-    let failed = |e| PgStartError::Migrate(classify(e, false));
+    let failed = |e| PgStartError::Migrate(classify(e, Sent::NoCommit));
     let tx = client.transaction().await.map_err(failed)?;
     tx.batch_execute(statements::PREPARE_MIGRATIONS)
         .await
@@ -309,7 +312,10 @@ pub(crate) async fn begin(
     client: &mut Object,
 ) -> Result<deadpool_postgres::Transaction<'_>, StoreError> {
     in_transaction();
-    client.transaction().await.map_err(|e| classify(e, false))
+    client
+        .transaction()
+        .await
+        .map_err(|e| classify(e, Sent::NoCommit))
 }
 
 /// Says that the call running on this task runs in an explicit transaction.
@@ -334,11 +340,11 @@ pub(crate) async fn read_row(
     let statement = client
         .prepare_cached(sql)
         .await
-        .map_err(|e| classify(e, false))?;
+        .map_err(|e| classify(e, Sent::NoCommit))?;
     client
         .query_opt(&statement, params)
         .await
-        .map_err(|e| classify(e, false))
+        .map_err(|e| classify(e, Sent::NoCommit))
 }
 
 /// Runs `statement` (a future of a statement on `client`, not yet polled) in a
@@ -361,14 +367,14 @@ pub(crate) async fn in_own_transaction<T>(
             client
                 .batch_execute("COMMIT")
                 .await
-                .map_err(|e| classify(e, true))?;
+                .map_err(|e| classify(e, Sent::Commit))?;
             Ok(value)
         }
         Err(error) => {
             // Nothing committed; the session must leave the transaction before it is
             // used again (a broken one is not).
             let _ = client.batch_execute("ROLLBACK").await;
-            Err(classify(error, false))
+            Err(classify(error, Sent::NoCommit))
         }
     }
 }
@@ -376,11 +382,11 @@ pub(crate) async fn in_own_transaction<T>(
 /// Sends `COMMIT` ([`committing`] first).
 pub(crate) async fn commit(tx: deadpool_postgres::Transaction<'_>) -> Result<(), StoreError> {
     committing();
-    tx.commit().await.map_err(|e| classify(e, true))
+    tx.commit().await.map_err(|e| classify(e, Sent::Commit))
 }
 
 /// Runs `op` on a connection from `pool`, all before `deadline`; see
-/// [`PgStore::with_client`].
+/// [`super::PgStore::with_client`].
 pub(crate) async fn with_client_until<T>(
     pool: &PgPool,
     deadline: Instant,

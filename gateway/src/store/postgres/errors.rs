@@ -34,11 +34,32 @@ pub(crate) fn server_unavailable(code: &SqlState) -> bool {
     SERVER_UNAVAILABLE.contains(code) || code.code().starts_with("08")
 }
 
+/// What had been sent on a connection when its statement failed: what losing the
+/// connection then means for the write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sent {
+    /// Nothing that commits by itself: a lost connection applied nothing.
+    NoCommit,
+    /// A statement that commits by itself (autocommit, or COMMIT): a lost connection
+    /// leaves the outcome unknown.
+    Commit,
+}
+
+impl Sent {
+    /// What is known of the write once the connection is lost: not applied, or — a
+    /// commit sent — unknown.
+    pub(crate) fn applied_if_lost(self) -> Option<bool> {
+        match self {
+            Sent::NoCommit => Some(false),
+            Sent::Commit => None,
+        }
+    }
+}
+
 /// Sorts a Postgres error into "unavailable" (with what is known of the write) or
-/// "internal". `may_have_committed` is true once a statement that commits by itself
-/// (autocommit, or COMMIT) has been sent: losing the connection then leaves the
-/// outcome unknown.
-pub(crate) fn classify(error: tokio_postgres::Error, may_have_committed: bool) -> StoreError {
+/// "internal"; `sent` says whether losing the connection leaves the write's outcome
+/// unknown.
+pub(crate) fn classify(error: tokio_postgres::Error, sent: Sent) -> StoreError {
     if let Some(code) = error.code() {
         // The server answered with an error, so this statement did not commit.
         if *code == SqlState::LOCK_NOT_AVAILABLE {
@@ -62,14 +83,9 @@ pub(crate) fn classify(error: tokio_postgres::Error, may_have_committed: bool) -
         || std::error::Error::source(&error).is_some_and(|s| s.is::<std::io::Error>())
     {
         tracing::warn!(%error, "lost the database connection");
-        let applied = if may_have_committed {
-            None
-        } else {
-            Some(false)
-        };
         return StoreError::Unavailable {
             reason: UnavailableReason::ConnectionLost,
-            applied,
+            applied: sent.applied_if_lost(),
         };
     }
     StoreError::Internal(error_text(&error))

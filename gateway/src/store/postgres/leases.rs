@@ -10,9 +10,11 @@ use deadpool_postgres::{Object, Transaction};
 use fencegate_proto::{ResourceName, Token};
 use tokio_postgres::Row;
 
+use super::connection;
+use super::errors::{classify, Sent};
 use super::statements;
+use super::txn::{claim, AfterClaim};
 use super::writes::token_from_db;
-use super::{connection, errors::classify};
 use crate::store::leases::{
     check_reset, decide, next_token, Claimant, Decision, Epoch, LeaseOp, LeaseOutcome, LeaseRecord,
     Reset, ResetOutcome, ResetRecord,
@@ -32,7 +34,7 @@ pub(super) async fn step(
 ) -> Result<Answered<LeaseOutcome>, StoreError> {
     let tx = connection::begin(client).await?;
     if let Some(keyed) = keyed {
-        if let Some(earlier) = super::txn::claim(&tx, keyed, false).await? {
+        if let Some(earlier) = claim(&tx, keyed, AfterClaim::Nothing).await? {
             return Ok(earlier);
         }
     }
@@ -55,11 +57,11 @@ async fn step_in(
     let resource = resource.as_str();
     tx.execute(statements::LEASE_ENSURE, &[&resource])
         .await
-        .map_err(|e| classify(e, false))?;
+        .map_err(|e| classify(e, Sent::NoCommit))?;
     let current = record(
         &tx.query_one(statements::LEASE_LOCK, &[&resource])
             .await
-            .map_err(|e| classify(e, false))?,
+            .map_err(|e| classify(e, Sent::NoCommit))?,
     )?;
     let row = match decide(op, claimant, &current) {
         Decision::RefuseHeld => return Ok(LeaseOutcome::Held(current)),
@@ -68,7 +70,7 @@ async fn step_in(
             let locked = tx
                 .query_one(statements::FENCE_LOCK, &[&resource])
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             let (highest, timeline): (i64, i64) = (locked.get(0), locked.get(1));
             let highest = (highest > 0).then(|| token_from_db(highest)).transpose()?;
             let epoch = Epoch::of_timeline(timeline);
@@ -83,7 +85,7 @@ async fn step_in(
             };
             tx.execute(statements::FENCE_SET_LEASE, &[&resource, &token.as_i64()])
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             tx.query_one(
                 statements::LEASE_MINT,
                 &[
@@ -102,7 +104,7 @@ async fn step_in(
         }
         Decision::Free => tx.query_one(statements::LEASE_FREE, &[&resource]).await,
     }
-    .map_err(|e| classify(e, false))?;
+    .map_err(|e| classify(e, Sent::NoCommit))?;
     let after = record(&row)?;
     Ok(match op {
         LeaseOp::Release { .. } => LeaseOutcome::Released(after),
@@ -127,7 +129,7 @@ pub(super) async fn reset(client: &mut Object, reset: &Reset) -> Result<ResetOut
     let highest = tx
         .query_opt(statements::FENCE_FOR_UPDATE, &[&resource])
         .await
-        .map_err(|e| classify(e, false))?
+        .map_err(|e| classify(e, Sent::NoCommit))?
         .map(|row| token_from_db(row.get(0)))
         .transpose()?;
     // The token a reset goes past is the fence's: the one it declares forged. Every
@@ -136,7 +138,7 @@ pub(super) async fn reset(client: &mut Object, reset: &Reset) -> Result<ResetOut
     let floors = tx
         .query_one(statements::RESET_FLOORS, &[&resource, &forged])
         .await
-        .map_err(|e| classify(e, false))?;
+        .map_err(|e| classify(e, Sent::NoCommit))?;
     let floors = [
         positive(floors.get(0))?,
         positive(floors.get(1))?,
@@ -148,13 +150,13 @@ pub(super) async fn reset(client: &mut Object, reset: &Reset) -> Result<ResetOut
     };
     tx.execute(statements::FENCE_LOWER, &[&resource, &reset.to.as_i64()])
         .await
-        .map_err(|e| classify(e, false))?;
+        .map_err(|e| classify(e, Sent::NoCommit))?;
     tx.execute(
         statements::RESET_RETIRE_RAISES,
         &[&resource, &reset.to.as_i64()],
     )
     .await
-    .map_err(|e| classify(e, false))?;
+    .map_err(|e| classify(e, Sent::NoCommit))?;
     let generation: i64 = tx
         .query_one(
             statements::RESET_RECORD,
@@ -167,7 +169,7 @@ pub(super) async fn reset(client: &mut Object, reset: &Reset) -> Result<ResetOut
             ],
         )
         .await
-        .map_err(|e| classify(e, false))?
+        .map_err(|e| classify(e, Sent::NoCommit))?
         .get(0);
     connection::commit(tx).await?;
     Ok(ResetOutcome::Applied {
@@ -184,12 +186,12 @@ pub(super) async fn resets_since(
     let statement = client
         .prepare_cached(statements::RESETS_SINCE)
         .await
-        .map_err(|e| classify(e, false))?;
+        .map_err(|e| classify(e, Sent::NoCommit))?;
     let since = i64::try_from(generation).unwrap_or(i64::MAX);
     client
         .query(&statement, &[&since])
         .await
-        .map_err(|e| classify(e, false))?
+        .map_err(|e| classify(e, Sent::NoCommit))?
         .iter()
         .map(|row| {
             let resource: String = row.get(1);

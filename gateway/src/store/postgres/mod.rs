@@ -33,8 +33,8 @@ mod writes;
 
 pub(crate) use connection::{committing, describe, read_row, with_client_until};
 pub use connection::{migrate, new_pool, PgPool, PgStartError};
-pub(crate) use errors::{classify, error_text, server_unavailable};
-pub use server_watch::{Admission, ServerAuditor, ServerId, ServerWatch};
+pub(crate) use errors::{classify, error_text, server_unavailable, Sent};
+pub use server_watch::{OnNewServer, ServerAuditor, ServerId, ServerWatch};
 pub use terms::{Takeover, Takeovers};
 pub(crate) use txn::{stored_answer, IN_FLIGHT_WAIT};
 
@@ -67,7 +67,7 @@ async fn read_keys(client: &mut Object) -> Result<GatewayKeys, StoreError> {
     let rows = client
         .query(statements::KEYS, &[])
         .await
-        .map_err(|e| classify(e, false))?;
+        .map_err(|e| classify(e, Sent::NoCommit))?;
     let key = |name: &str| {
         rows.iter()
             .find(|row| row.get::<_, &str>(0) == name)
@@ -93,7 +93,7 @@ pub struct PgOptions {
     /// How long a write lane waits for a fence lock (`--write-lock-timeout`).
     pub lane_lock_timeout: Duration,
     /// How long a call that may raise a fence waits for older terms before it ends
-    /// their sessions (`--term-takeover-timeout`; zero: never); see [`terms`].
+    /// their sessions (`--term-takeover-timeout`; zero: never); see `terms`.
     pub term_takeover: Duration,
     /// Observes the size of every group applied.
     pub group_size: prometheus::Histogram,
@@ -119,7 +119,7 @@ pub async fn restore_fences_on(
             &[&resources, &tokens, &followed],
         )
         .await
-        .map_err(|e| classify(e, true))?;
+        .map_err(|e| classify(e, Sent::Commit))?;
     rows.iter()
         .map(|row| {
             let resource: String = row.get(0);
@@ -195,7 +195,7 @@ impl PgStore {
         // Both pools open all their connections now and keep them, so that other
         // clients of the server (the Postgres door's among them) cannot take the slots
         // they need later.
-        let audits = || (Arc::clone(&watch), Admission::Audits);
+        let audits = || (Arc::clone(&watch), OnNewServer::Audits);
         let pool = PgPool::watched(pg_config, &tls, pool_size, RecyclingMethod::Fast, audits());
         pool.warm(pool_size, "--pool-size")
             .await
@@ -330,7 +330,7 @@ impl PgStore {
             let removed: i64 = client
                 .query_one(statements::IDEMPOTENCY_EXPIRE, &[&limit])
                 .await
-                .map_err(|e| classify(e, false))?
+                .map_err(|e| classify(e, Sent::NoCommit))?
                 .get(0);
             Ok(u64::try_from(removed).unwrap_or(0))
         })
@@ -355,12 +355,12 @@ impl PgStore {
                 client
                     .execute(statements::USAGE_ADD, &[&identities, &records, &bytes])
                     .await
-                    .map_err(|e| classify(e, false))?;
+                    .map_err(|e| classify(e, Sent::NoCommit))?;
             }
             let rows = client
                 .query(statements::USAGE_READ, &[&bound.0, &bound.1])
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             let mut usage = crate::store::txn::AnswerUsage::default();
             for row in rows {
                 let (records, bytes): (i64, i64) = (row.get(1), row.get(2));
@@ -404,7 +404,7 @@ impl PgStore {
             let statement = client
                 .prepare_cached(statements::FENCE_ADVANCE)
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
                 [&resource.as_str(), &token.as_i64()];
             let row = connection::in_own_transaction(client, client.query_opt(&statement, &params))
@@ -587,7 +587,7 @@ impl PgStore {
                 }
                 Some(code) if *code == SqlState::DISK_FULL => NotWritableReason::DiskFull,
                 Some(code) if !server_unavailable(code) => NotWritableReason::WriteFailed,
-                _ => return Err(classify(error, true)),
+                _ => return Err(classify(error, Sent::Commit)),
             };
             Ok(Err(NotWritable {
                 reason,
@@ -602,7 +602,7 @@ impl PgStore {
             client
                 .simple_query(statements::PING)
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             Ok(())
         })
         .await

@@ -19,7 +19,7 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 
-use super::errors::classify;
+use super::errors::{classify, Sent};
 use crate::store::StoreError;
 
 /// The settings and standbys of the primary, as one store connection reads them.
@@ -50,7 +50,7 @@ impl Replication {
         let row = client
             .query_one(REPLICATION, &[])
             .await
-            .map_err(|e| classify(e, false))?;
+            .map_err(|e| classify(e, Sent::NoCommit))?;
         Ok(Replication {
             synchronous_commit: row.get(0),
             synchronous_standby_names: row.get(1),

@@ -5,7 +5,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
-use super::errors::classify;
+use super::errors::{classify, Sent};
 use super::statements;
 use crate::store::{StoreError, UnavailableReason};
 
@@ -26,7 +26,7 @@ impl ServerId {
         let row = client
             .query_one(statements::SERVER_IDENTITY, &[])
             .await
-            .map_err(|e| classify(e, false))?;
+            .map_err(|e| classify(e, Sent::NoCommit))?;
         Ok(ServerId {
             system: row.get(0),
             timeline: row.get(1),
@@ -57,9 +57,10 @@ pub trait ServerAuditor: Send + Sync {
     ) -> futures_util::future::BoxFuture<'a, Result<(), StoreError>>;
 }
 
-/// How a pool's new connections pass `ServerWatch::admit`.
+/// What a pool's new connection does when it reaches a server not audited yet
+/// (`ServerWatch::ensure_audited`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
+pub enum OnNewServer {
     /// The store's own login: a connection to a new server runs the audit itself.
     Audits,
     /// Another login (`/v1/sql`): the audit runs through the store's connections, and
@@ -76,7 +77,7 @@ pub enum Admission {
 /// (`audited`): a server reached for the first time — after a failover, a restore, a
 /// restart — may have lost fences that this gateway saw committed, and until they are
 /// restored an older term's write could be accepted. Each connection is checked when
-/// it is made (`ServerWatch::admit`, the pools' post-create hook); one audit runs at
+/// it is made (`ServerWatch::ensure_audited`, the pools' post-create hook); one audit runs at
 /// a time, and the connections that wait for it wait within their call's deadline.
 /// Before an auditor is set (start-up: the cache is empty) a server needs no audit.
 #[derive(Default)]
@@ -129,10 +130,10 @@ impl ServerWatch {
 
     /// Lets a new connection be used once its server was audited; runs the audit if
     /// it is the first connection to reach that server.
-    pub(crate) async fn admit(
+    pub(crate) async fn ensure_audited(
         &self,
         client: &tokio_postgres::Client,
-        admission: Admission,
+        on_new_server: OnNewServer,
     ) -> Result<(), StoreError> {
         let server = ServerId::read(client).await?;
         self.observe(&server);
@@ -153,8 +154,8 @@ impl ServerWatch {
                 applied: Some(false),
             });
         };
-        match admission {
-            Admission::Audits => {
+        match on_new_server {
+            OnNewServer::Audits => {
                 let _one = self.gate.lock().await;
                 if !self.audited(&server) {
                     tracing::info!(%server, "auditing the fences of a server not seen before");
@@ -163,7 +164,7 @@ impl ServerWatch {
                 }
                 Ok(())
             }
-            Admission::Waits => {
+            OnNewServer::Waits => {
                 auditor.audit(None).await?;
                 if self.audited(&server) {
                     Ok(())

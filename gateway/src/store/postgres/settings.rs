@@ -2,7 +2,7 @@
 //! settings, the database's name, the `/v1/sql` login's grant of the fence step and
 //! the authority it reaches, and the gateway's own settings for the schema's functions.
 
-use super::{classify, statements, PgStore};
+use super::{classify, statements, PgStore, Sent};
 use crate::store::StoreError;
 
 impl PgStore {
@@ -15,7 +15,7 @@ impl PgStore {
                 let row = client
                     .query_one("SELECT current_setting($1, true)", &[name])
                     .await
-                    .map_err(|e| classify(e, false))?;
+                    .map_err(|e| classify(e, Sent::NoCommit))?;
                 values.push(row.get(0));
             }
             Ok(values)
@@ -29,7 +29,7 @@ impl PgStore {
             let row = client
                 .query_one("SELECT current_database()::text", &[])
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             Ok(row.get(0))
         })
         .await
@@ -50,12 +50,12 @@ impl PgStore {
                 let statement: String = client
                     .query_one(grant, &[&role])
                     .await
-                    .map_err(|e| classify(e, false))?
+                    .map_err(|e| classify(e, Sent::NoCommit))?
                     .get(0);
                 client
                     .batch_execute(&statement)
                     .await
-                    .map_err(|e| classify(e, false))?;
+                    .map_err(|e| classify(e, Sent::NoCommit))?;
             }
             Ok(())
         })
@@ -74,7 +74,7 @@ impl PgStore {
                     &[&login],
                 )
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             Ok(row.get(0))
         })
         .await
@@ -86,7 +86,7 @@ impl PgStore {
             client
                 .execute(statements::SET_SETTING, &[&name, &value])
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             Ok(())
         })
         .await

@@ -20,7 +20,7 @@ use std::future::Future;
 use fencegate_proto::{ResourceName, Token};
 use tokio::time::Instant;
 
-use super::{classify, statements, with_client_until, PgStore};
+use super::{classify, statements, with_client_until, PgStore, Sent};
 use crate::store::StoreError;
 
 /// An older-term session that a new term ended (`fencegate.takeovers`).
@@ -50,7 +50,7 @@ impl PgStore {
             let rows = client
                 .query(statements::TAKEOVERS_SINCE, &[&after])
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             let records: Vec<Takeover> = rows
                 .iter()
                 .map(|row| Takeover {
@@ -132,7 +132,7 @@ async fn end_older_terms(
             &[&resource.as_str(), &token.as_i64()],
         )
         .await
-        .map_err(|e| classify(e, false))?;
+        .map_err(|e| classify(e, Sent::NoCommit))?;
     Ok(row.get(0))
 }
 
@@ -141,6 +141,6 @@ async fn last_takeover_id(client: &tokio_postgres::Client) -> Result<i64, StoreE
     let row = client
         .query_one(statements::TAKEOVER_LAST_ID, &[])
         .await
-        .map_err(|e| classify(e, false))?;
+        .map_err(|e| classify(e, Sent::NoCommit))?;
     Ok(row.get(0))
 }

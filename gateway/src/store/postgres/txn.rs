@@ -8,9 +8,10 @@ use deadpool_postgres::{Object, Transaction};
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
+use super::connection;
+use super::errors::{classify, Sent};
 use super::statements;
 use super::writes::{applied, non_negative, token_from_db, Attempt};
-use super::{connection, errors::classify};
 use crate::store::txn::{
     found_answer, replay, Answered, Hold, Keyed, OpDone, StaleMember, StoredAnswer, Txn, TxnOp,
     TxnOutcome,
@@ -29,7 +30,7 @@ pub(super) async fn run(
 ) -> Result<Answered, StoreError> {
     let tx = connection::begin(client).await?;
     if let Some(keyed) = keyed {
-        if let Some(earlier) = claim(&tx, keyed, true).await? {
+        if let Some(earlier) = claim(&tx, keyed, AfterClaim::Savepoint).await? {
             return Ok(earlier);
         }
     }
@@ -54,7 +55,7 @@ pub(super) async fn run(
     if refused {
         tx.batch_execute("ROLLBACK TO SAVEPOINT txn")
             .await
-            .map_err(|e| classify(e, false))?;
+            .map_err(|e| classify(e, Sent::NoCommit))?;
     }
     let answer = record(&tx, keyed, &outcome).await?;
     connection::commit(tx).await?;
@@ -64,48 +65,56 @@ pub(super) async fn run(
     })
 }
 
+/// What follows a key's claim in its round trip.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum AfterClaim {
+    /// A savepoint, for a refused operation of the transaction to roll back to.
+    Savepoint,
+    /// Nothing more.
+    Nothing,
+}
+
 /// Claims the key for this attempt (`None`), or answers from the record an earlier
-/// attempt left. With `savepoint`, a savepoint follows the claim, for a refusal to roll
-/// back to. The claim and the statements around it are pipelined: one round trip, and
-/// one more to read the record of a retry.
+/// attempt left; `after`: what follows the claim. The claim and the statements around
+/// it are pipelined: one round trip, and one more to read the record of a retry.
 pub(super) async fn claim<O>(
     tx: &Transaction<'_>,
     keyed: &Keyed<O>,
-    savepoint: bool,
+    after: AfterClaim,
 ) -> Result<Option<Answered<O>>, StoreError> {
     let ttl_ms = i64::try_from(keyed.ttl_ms()).unwrap_or(i64::MAX);
     let claim = tx
         .prepare_cached(statements::IDEMPOTENCY_CLAIM)
         .await
-        .map_err(|e| classify(e, false))?;
+        .map_err(|e| classify(e, Sent::NoCommit))?;
     let wait = format!("SET LOCAL lock_timeout = {}", IN_FLIGHT_WAIT.as_millis());
     let fingerprint = keyed.fingerprint.as_slice();
     let claim_params: [&(dyn ToSql + Sync); 4] =
         [&keyed.identity, &keyed.key, &fingerprint, &ttl_ms];
-    let after = match savepoint {
-        true => "SET LOCAL lock_timeout = 0; SAVEPOINT txn",
-        false => "SET LOCAL lock_timeout = 0",
+    let after = match after {
+        AfterClaim::Savepoint => "SET LOCAL lock_timeout = 0; SAVEPOINT txn",
+        AfterClaim::Nothing => "SET LOCAL lock_timeout = 0",
     };
     let (waiting, claimed, done) = tokio::join!(
         tx.batch_execute(&wait),
         tx.query_opt(&claim, &claim_params),
         tx.batch_execute(after),
     );
-    waiting.map_err(|e| classify(e, false))?;
+    waiting.map_err(|e| classify(e, Sent::NoCommit))?;
     let claimed = match claimed {
         Err(error) if error.code() == Some(&SqlState::LOCK_NOT_AVAILABLE) => {
             return Ok(Some(Answered::InFlight))
         }
-        other => other.map_err(|e| classify(e, false))?,
+        other => other.map_err(|e| classify(e, Sent::NoCommit))?,
     };
-    done.map_err(|e| classify(e, false))?;
+    done.map_err(|e| classify(e, Sent::NoCommit))?;
     if claimed.is_some() {
         return Ok(None);
     }
     let row = tx
         .query_one(statements::IDEMPOTENCY_READ, &[&keyed.identity, &keyed.key])
         .await
-        .map_err(|e| classify(e, false))?;
+        .map_err(|e| classify(e, Sent::NoCommit))?;
     let (fingerprint, answer) = stored_answer(&row, 0)?;
     Ok(Some(replay(&fingerprint, keyed, answer)))
 }
@@ -148,7 +157,7 @@ pub(super) async fn record<O>(
         ],
     )
     .await
-    .map_err(|e| classify(e, false))?;
+    .map_err(|e| classify(e, Sent::NoCommit))?;
     Ok(answer)
 }
 
@@ -164,7 +173,7 @@ async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError
         tx.prepare_cached(statements::OBJECT_VERSION),
         tx.prepare_cached(statements::TXN_FENCE_SET),
     )
-    .map_err(|e| classify(e, false))?;
+    .map_err(|e| classify(e, Sent::NoCommit))?;
     // 1. Every fence, locked in lock order and read. Statements on one connection run
     // one after the other, each lock taken before the next statement starts: pipelined
     // in that order, one round trip takes them all.
@@ -175,15 +184,15 @@ async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError
             Hold::Raise => (&lock, &fence),
             Hold::Check => (&ensure, &share),
         };
-        statements.push(Step::Lock(take, resource));
-        statements.push(Step::Read(read, resource));
+        statements.push(LockStep::Lock(take, resource));
+        statements.push(LockStep::Read(read, resource));
     }
     let answers = futures_util::future::join_all(statements.iter().map(|step| async move {
         match step {
-            Step::Lock(statement, resource) => {
+            LockStep::Lock(statement, resource) => {
                 tx.execute(*statement, &[resource]).await.map(|_| None)
             }
-            Step::Read(statement, resource) => {
+            LockStep::Read(statement, resource) => {
                 tx.query_one(*statement, &[resource]).await.map(Some)
             }
         }
@@ -191,7 +200,7 @@ async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError
     .await;
     let mut highest = Vec::with_capacity(txn.involved().len());
     for answer in answers {
-        if let Some(row) = answer.map_err(|e| classify(e, false))? {
+        if let Some(row) = answer.map_err(|e| classify(e, Sent::NoCommit))? {
             highest.push(row.get::<_, i64>(0));
         }
     }
@@ -225,7 +234,7 @@ async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError
     .await;
     let mut found = Vec::with_capacity(txn.ops().len());
     for (at, (op, read)) in txn.ops().iter().zip(reads).enumerate() {
-        let current = match read.map_err(|e| classify(e, false))? {
+        let current = match read.map_err(|e| classify(e, Sent::NoCommit))? {
             Some(row) => {
                 let current = match row {
                     Some(row) if row.get::<_, bool>(1) => Some(non_negative(row.get(0))?),
@@ -246,7 +255,7 @@ async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError
         tx.prepare_cached(statements::OBJECT_PUT),
         tx.prepare_cached(statements::OBJECT_DELETE),
     )
-    .map_err(|e| classify(e, false))?;
+    .map_err(|e| classify(e, Sent::NoCommit))?;
     let set = &set;
     let raises = futures_util::future::join_all(
         txn.involved()
@@ -298,11 +307,11 @@ async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError
     }));
     let (raises, rows) = tokio::join!(raises, rows);
     for raised in raises {
-        raised.map_err(|e| classify(e, false))?;
+        raised.map_err(|e| classify(e, Sent::NoCommit))?;
     }
     let mut done = Vec::with_capacity(txn.ops().len());
     for ((op, current), row) in txn.ops().iter().zip(found).zip(rows) {
-        let row = row.map_err(|e| classify(e, false))?;
+        let row = row.map_err(|e| classify(e, Sent::NoCommit))?;
         done.push(match (op, row) {
             (TxnOp::Put { value, .. }, Some(row)) => {
                 written(&WriteOp::Put(value.clone()), row.get(0), row.get(1))?
@@ -322,7 +331,7 @@ async fn apply(tx: &Transaction<'_>, txn: &Txn) -> Result<TxnOutcome, StoreError
 }
 
 /// One statement of the lock phase: a lock taken, or a fence read under its lock.
-enum Step<'a> {
+enum LockStep<'a> {
     Lock(&'a tokio_postgres::Statement, &'a str),
     Read(&'a tokio_postgres::Statement, &'a str),
 }

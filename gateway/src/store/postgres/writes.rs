@@ -6,8 +6,9 @@ use deadpool_postgres::Object;
 use fencegate_proto::{ResourceName, Token};
 use tokio_postgres::types::ToSql;
 
+use super::connection;
+use super::errors::{classify, Sent};
 use super::statements;
-use super::{connection, errors::classify};
 use crate::store::{precondition_holds, StoreError, Write, WriteOp};
 
 /// What a fenced write did. `Stale` carries no highest token: the statement that saw
@@ -33,7 +34,7 @@ pub(super) async fn write_unconditional(
             let statement = client
                 .prepare_cached(statements::FENCED_PUT)
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             let params: [&(dyn ToSql + Sync); 4] = [&resource, &token, &key, &value.as_ref()];
             connection::in_own_transaction(client, client.query_opt(&statement, &params)).await
         }
@@ -41,7 +42,7 @@ pub(super) async fn write_unconditional(
             let statement = client
                 .prepare_cached(statements::FENCED_DELETE)
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             connection::in_own_transaction(
                 client,
                 client.query_opt(&statement, &[&resource, &token, &key]),
@@ -68,7 +69,7 @@ pub(super) async fn write_conditional(
         client.prepare_cached(statements::FENCE_RAISE),
         client.prepare_cached(statements::OBJECT_VERSION)
     )
-    .map_err(|e| classify(e, false))?;
+    .map_err(|e| classify(e, Sent::NoCommit))?;
     let tx = connection::begin(client).await?;
     // Pipelined: the version read runs after the fence statement holds the lock.
     let (fence_params, version_params): ([&(dyn ToSql + Sync); 2], [&(dyn ToSql + Sync); 2]) =
@@ -77,7 +78,7 @@ pub(super) async fn write_conditional(
         tx.query_opt(&fence_raise, &fence_params),
         tx.query_opt(&object_version, &version_params),
     )
-    .map_err(|e| classify(e, false))?;
+    .map_err(|e| classify(e, Sent::NoCommit))?;
     if raised.is_none() {
         return Ok(Attempt::Stale);
     }
@@ -93,7 +94,7 @@ pub(super) async fn write_conditional(
             let statement = tx
                 .prepare_cached(statements::OBJECT_PUT)
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             tx.query_one(&statement, &[&resource, &token, &key, &value.as_ref()])
                 .await
         }
@@ -101,11 +102,11 @@ pub(super) async fn write_conditional(
             let statement = tx
                 .prepare_cached(statements::OBJECT_DELETE)
                 .await
-                .map_err(|e| classify(e, false))?;
+                .map_err(|e| classify(e, Sent::NoCommit))?;
             tx.query_one(&statement, &[&resource, &token, &key]).await
         }
     }
-    .map_err(|e| classify(e, false))?;
+    .map_err(|e| classify(e, Sent::NoCommit))?;
     let outcome = applied(&write.op, row.get(0), row.get(1))?;
     connection::commit(tx).await?;
     Ok(outcome)

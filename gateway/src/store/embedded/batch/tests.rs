@@ -9,7 +9,7 @@ use fencegate_proto::{ObjectKey, ResourceName, Token};
 use redb::{Database, ReadableDatabase};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{commit_batch, writer, Job, Reply};
+use super::{commit_batch, writer, Job, Responder};
 use crate::store::embedded::{initialise, FENCES, OBJECTS};
 use crate::store::{AdvanceOutcome, StoreError, Write, WriteOp, WriteOutcome};
 
@@ -56,15 +56,15 @@ impl Drop for Scratch {
     }
 }
 
-type Answer<T> = oneshot::Receiver<Result<T, StoreError>>;
+type Awaited<T> = oneshot::Receiver<Result<T, StoreError>>;
 
 fn write(
     resource: &str,
     token: u64,
     precondition: Precondition,
     op: WriteOp,
-) -> (Job, Answer<WriteOutcome>) {
-    let (reply, answer): (Reply<WriteOutcome>, _) = oneshot::channel();
+) -> (Job, Awaited<WriteOutcome>) {
+    let (reply, answer): (Responder<WriteOutcome>, _) = oneshot::channel();
     let write = Write {
         resource: ResourceName::new(resource).unwrap(),
         key: ObjectKey::new("k").unwrap(),
@@ -75,7 +75,7 @@ fn write(
     (Job::Write { write, reply }, answer)
 }
 
-fn put(resource: &str, token: u64, value: &'static str) -> (Job, Answer<WriteOutcome>) {
+fn put(resource: &str, token: u64, value: &'static str) -> (Job, Awaited<WriteOutcome>) {
     write(
         resource,
         token,
@@ -84,7 +84,7 @@ fn put(resource: &str, token: u64, value: &'static str) -> (Job, Answer<WriteOut
     )
 }
 
-fn advance(resource: &str, token: u64) -> (Job, Answer<AdvanceOutcome>) {
+fn advance(resource: &str, token: u64) -> (Job, Awaited<AdvanceOutcome>) {
     let (reply, answer) = oneshot::channel();
     let job = Job::Advance {
         resource: ResourceName::new(resource).unwrap(),
@@ -94,7 +94,7 @@ fn advance(resource: &str, token: u64) -> (Job, Answer<AdvanceOutcome>) {
     (job, answer)
 }
 
-fn answered<T>(mut answer: Answer<T>) -> T {
+fn answered<T>(mut answer: Awaited<T>) -> T {
     answer
         .try_recv()
         .expect("the job was answered")

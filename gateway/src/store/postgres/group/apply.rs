@@ -12,7 +12,7 @@ use fencegate_proto::ResourceName;
 use futures_util::future::{maybe_done, MaybeDone};
 
 use super::Answer;
-use crate::store::postgres::errors::classify;
+use crate::store::postgres::errors::{classify, Sent};
 use crate::store::postgres::statements;
 use crate::store::postgres::writes::{applied, write_unconditional, Attempt};
 use crate::store::{StoreError, UnavailableReason, Write, WriteOp};
@@ -99,7 +99,7 @@ pub(super) async fn set_transaction(client: &Object, writes: &[&Write]) -> Optio
     );
     let (lock, apply) = match statements {
         Ok(statements) => statements,
-        Err(error) => return Some(GroupResult::Failed(classify(error, false))),
+        Err(error) => return Some(GroupResult::Failed(classify(error, Sent::NoCommit))),
     };
     let (lock, apply) = (&lock, &apply);
     let mut resources: Vec<&str> = writes.iter().map(|write| write.resource.as_str()).collect();
@@ -134,7 +134,7 @@ pub(super) async fn set_transaction(client: &Object, writes: &[&Write]) -> Optio
     {
         // Postgres aborted the transaction at that statement: the COMMIT rolled back.
         if let Err(error) = committed {
-            return Some(GroupResult::Failed(classify(error, false)));
+            return Some(GroupResult::Failed(classify(error, Sent::NoCommit)));
         }
         if *refused == tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE {
             return None;
@@ -147,14 +147,14 @@ pub(super) async fn set_transaction(client: &Object, writes: &[&Write]) -> Optio
         return Some(GroupResult::RolledBack);
     }
     if let Err(error) = committed {
-        return Some(GroupResult::Failed(classify(error, true)));
+        return Some(GroupResult::Failed(classify(error, Sent::Commit)));
     }
     let mut answers = Vec::with_capacity(writes.len());
     for (run, result) in runs.iter().zip(results.into_iter().skip(1)) {
         let rows = match result {
             Ok(rows) => rows,
             // A lost connection fails the COMMIT too, handled above.
-            Err(error) => return Some(GroupResult::Failed(classify(error, true))),
+            Err(error) => return Some(GroupResult::Failed(classify(error, Sent::Commit))),
         };
         match answers_of(run.writes, rows) {
             GroupResult::Committed(run_answers) => answers.extend(run_answers),
@@ -204,7 +204,7 @@ pub(super) async fn set_statement(
 ) -> Option<GroupResult> {
     let statement = match client.prepare_cached(statements::GROUP_WRITE).await {
         Ok(statement) => statement,
-        Err(error) => return Some(GroupResult::Failed(classify(error, false))),
+        Err(error) => return Some(GroupResult::Failed(classify(error, Sent::NoCommit))),
     };
     let run = RunParams::new(writes);
     let rows = client
@@ -224,7 +224,7 @@ pub(super) async fn set_statement(
         Err(error) => {
             let Some(refused) = error.code() else {
                 // Autocommit: once the statement is sent, it may have committed.
-                return Some(GroupResult::Failed(classify(error, true)));
+                return Some(GroupResult::Failed(classify(error, Sent::Commit)));
             };
             // The server refused the statement: nothing of it was applied.
             if *refused == tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE {
@@ -322,7 +322,7 @@ pub(super) fn runs_without_repeats<'a>(writes: &'a [&'a Write]) -> Vec<&'a [&'a 
 /// A failed `BEGIN` while the connection lives: the statements after it ran on their
 /// own, so what was applied is unknown.
 pub(super) fn unknown_outcome(error: tokio_postgres::Error) -> StoreError {
-    match classify(error, false) {
+    match classify(error, Sent::NoCommit) {
         StoreError::Unavailable { reason, .. } => StoreError::Unavailable {
             reason,
             applied: None,
@@ -341,7 +341,7 @@ pub(super) async fn each_transaction(client: &Object, writes: &[&Write]) -> Grou
     );
     let (put, delete) = match statements {
         Ok(statements) => statements,
-        Err(error) => return GroupResult::Failed(classify(error, false)),
+        Err(error) => return GroupResult::Failed(classify(error, Sent::NoCommit)),
     };
     let (put, delete) = (&put, &delete);
     let rows: Vec<Pipelined<'_, Option<tokio_postgres::Row>>> =
@@ -378,7 +378,7 @@ pub(super) async fn each_transaction(client: &Object, writes: &[&Write]) -> Grou
         if *refused == tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE {
             return match committed {
                 Ok(()) => GroupResult::Blocked(writes[index].resource.clone()),
-                Err(error) => GroupResult::Failed(classify(error, false)),
+                Err(error) => GroupResult::Failed(classify(error, Sent::NoCommit)),
             };
         }
         tracing::warn!(
@@ -388,11 +388,11 @@ pub(super) async fn each_transaction(client: &Object, writes: &[&Write]) -> Grou
         );
         return match committed {
             Ok(()) => GroupResult::RolledBack,
-            Err(error) => GroupResult::Failed(classify(error, false)),
+            Err(error) => GroupResult::Failed(classify(error, Sent::NoCommit)),
         };
     }
     if let Err(error) = committed {
-        return GroupResult::Failed(classify(error, true));
+        return GroupResult::Failed(classify(error, Sent::Commit));
     }
     let mut answers = Vec::with_capacity(writes.len());
     for (write, row) in writes.iter().zip(rows) {
@@ -400,7 +400,7 @@ pub(super) async fn each_transaction(client: &Object, writes: &[&Write]) -> Grou
             Ok(Some(row)) => applied(&write.op, row.get(0), row.get(1)),
             Ok(None) => Ok(Attempt::Stale),
             // A lost connection fails the COMMIT too, handled above.
-            Err(error) => Err(classify(error, true)),
+            Err(error) => Err(classify(error, Sent::Commit)),
         });
     }
     GroupResult::Committed(answers)

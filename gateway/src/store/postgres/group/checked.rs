@@ -33,7 +33,7 @@ use super::apply::{
 };
 use super::{answer_plain, Item, Lanes, Queued, Reply, Settled};
 use crate::store::postgres::connection::{in_transaction, with_client_until};
-use crate::store::postgres::errors::classify;
+use crate::store::postgres::errors::{classify, Sent};
 use crate::store::postgres::statements;
 use crate::store::postgres::writes::{applied, non_negative, token_from_db, Attempt};
 use crate::store::txn::{
@@ -179,7 +179,7 @@ impl Judged {
 }
 
 /// The columns of one [`statements::GROUP_APPLY_CHECKED`].
-struct RunParams<'a> {
+struct CheckedRunParams<'a> {
     resources: Vec<&'a str>,
     tokens: Vec<i64>,
     keys: Vec<&'a str>,
@@ -189,9 +189,9 @@ struct RunParams<'a> {
     idems: Vec<Option<&'a str>>,
 }
 
-impl<'a> RunParams<'a> {
-    fn new(run: &[(&'a Write, Option<&'a Keyed>)]) -> RunParams<'a> {
-        RunParams {
+impl<'a> CheckedRunParams<'a> {
+    fn new(run: &[(&'a Write, Option<&'a Keyed>)]) -> CheckedRunParams<'a> {
+        CheckedRunParams {
             resources: run.iter().map(|(w, _)| w.resource.as_str()).collect(),
             tokens: run.iter().map(|(w, _)| w.token.as_i64()).collect(),
             keys: run.iter().map(|(w, _)| w.key.as_str()).collect(),
@@ -288,7 +288,7 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
     );
     let (claim, lock, apply, answer, txn_apply, tidy) = match prepared {
         Ok(prepared) => prepared,
-        Err(error) => return everyone(group, classify(error, false)),
+        Err(error) => return everyone(group, classify(error, Sent::NoCommit)),
     };
     // The claims, in byte order of (identity, key).
     let mut claims: Vec<&Keyed> = group.iter().filter_map(|q| q.keyed.as_deref()).collect();
@@ -335,7 +335,7 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
     let mut runs = Vec::new();
     let mut at = 0;
     for run in runs_without_repeats(&writes) {
-        runs.push(RunParams::new(&items[at..at + run.len()]));
+        runs.push(CheckedRunParams::new(&items[at..at + run.len()]));
         at += run.len();
     }
 
@@ -411,11 +411,11 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
         if let Err(error) = begun {
             return everyone(group, unknown_outcome(error));
         }
-        if let Some(settled) = refused(group, &results, true) {
+        if let Some(settled) = refused(group, &results, Sent::Commit) {
             return settled;
         }
         if let Err(error) = committed {
-            return everyone(group, classify(error, true));
+            return everyone(group, classify(error, Sent::Commit));
         }
         (Ok(()), results)
     };
@@ -423,7 +423,7 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
         return everyone(group, unknown_outcome(error));
     }
     if keyed {
-        if let Some(settled) = refused(group, &results, false) {
+        if let Some(settled) = refused(group, &results, Sent::NoCommit) {
             let _ = client.batch_execute("ROLLBACK").await;
             return settled;
         }
@@ -435,18 +435,18 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
     for result in results.by_ref().take(txns.len()) {
         match result {
             Ok(rows) => txn_rows.push(rows),
-            Err(error) => return everyone(group, classify(error, true)),
+            Err(error) => return everyone(group, classify(error, Sent::Commit)),
         }
     }
     let mut judged = Vec::with_capacity(writes.len());
     for result in results.by_ref().take(runs.len()) {
         match result {
             Ok(rows) => judged.extend(rows.iter().map(Judged::of)),
-            Err(error) => return everyone(group, classify(error, true)),
+            Err(error) => return everyone(group, classify(error, Sent::Commit)),
         }
     }
     if let Some(Err(error)) = results.next() {
-        return everyone(group, classify(error, true));
+        return everyone(group, classify(error, Sent::Commit));
     }
     if judged.len() != writes.len() {
         return everyone(
@@ -459,7 +459,7 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
         );
     }
     let mut settled: Vec<Reply> = Vec::with_capacity(group.len());
-    let mut answers = Answers::default();
+    let mut answers = AnswersToStore::default();
     let (mut txn_rows, mut judged) = (txn_rows.into_iter(), judged.iter());
     for queued in group {
         settled.push(match &queued.item {
@@ -496,13 +496,13 @@ pub(super) async fn apply_checked(client: &Object, group: &[Queued]) -> Checked 
         (Ok(_), Ok(())) => Checked::Settled(settled),
         // The answers statement was refused: the COMMIT rolled back.
         (Err(error), Ok(())) if error.code().is_some() => Checked::NotAsASet,
-        (_, Err(error)) | (Err(error), _) => everyone(group, classify(error, true)),
+        (_, Err(error)) | (Err(error), _) => everyone(group, classify(error, Sent::Commit)),
     }
 }
 
 /// The answers to store, as [`statements::GROUP_ANSWER`] takes them.
 #[derive(Default)]
-struct Answers<'a> {
+struct AnswersToStore<'a> {
     identities: Vec<&'a str>,
     keys: Vec<&'a str>,
     statuses: Vec<i16>,
@@ -516,7 +516,7 @@ fn settle<'a>(
     write: &Write,
     keyed: Option<&'a Keyed>,
     judged: &Judged,
-    answers: &mut Answers<'a>,
+    answers: &mut AnswersToStore<'a>,
 ) -> Reply {
     let Some(keyed) = keyed else {
         return judged.attempt(write).map(Settled::Attempt);
@@ -533,7 +533,7 @@ fn settle_txn<'a>(
     txn: &Txn,
     keyed: Option<&'a Keyed>,
     rows: &[tokio_postgres::Row],
-    answers: &mut Answers<'a>,
+    answers: &mut AnswersToStore<'a>,
 ) -> Reply {
     let Some(first) = rows.first() else {
         return Err(StoreError::Internal("a transaction answered no row".into()));
@@ -667,7 +667,7 @@ fn replayed(keyed: &Keyed, record: Record) -> Reply {
 
 /// The answer of a keyed item that ran: rendered from `outcome`, and added to
 /// `answers` to be stored with the commit.
-fn ran<'a>(keyed: &'a Keyed, outcome: TxnOutcome, answers: &mut Answers<'a>) -> Reply {
+fn ran<'a>(keyed: &'a Keyed, outcome: TxnOutcome, answers: &mut AnswersToStore<'a>) -> Reply {
     let answer: StoredAnswer = (keyed.render)(&outcome);
     let status = i16::try_from(answer.status)
         .map_err(|_| StoreError::Internal(format!("status {} out of range", answer.status)))?;
@@ -685,11 +685,11 @@ fn ran<'a>(keyed: &'a Keyed, outcome: TxnOutcome, answers: &mut Answers<'a>) -> 
 /// If a statement of the first round trip failed: the group did not apply as a set
 /// (`NotAsASet`: the server refused a statement, so the transaction — and a COMMIT sent
 /// with it — rolled back), or the connection broke, the one error every write gets:
-/// unknown whether it applied if `commit_sent`, else not applied.
+/// unknown whether it applied if a COMMIT was `sent` with it, else not applied.
 fn refused(
     group: &[Queued],
     results: &[Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>],
-    commit_sent: bool,
+    sent: Sent,
 ) -> Option<Checked> {
     let error = results.iter().find_map(|result| result.as_ref().err())?;
     if error.code().is_some() {
@@ -699,7 +699,7 @@ fn refused(
         group,
         StoreError::Unavailable {
             reason: crate::store::UnavailableReason::ConnectionLost,
-            applied: (!commit_sent).then_some(false),
+            applied: sent.applied_if_lost(),
         },
     ))
 }

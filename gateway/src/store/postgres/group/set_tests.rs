@@ -128,7 +128,7 @@ fn random_group(rng: &mut impl Rng, round: usize) -> Vec<Write> {
 /// What the expected answers of [`grouped_as_one_by_one`] were, to check that the
 /// rounds covered what they are for.
 #[derive(Debug, Default)]
-struct Seen {
+struct Coverage {
     stale: usize,
     applied: usize,
     created: usize,
@@ -142,11 +142,11 @@ async fn grouped_as_one_by_one(
     rounds: usize,
     mut group_of: impl FnMut(&mut rand::rngs::ThreadRng, usize) -> Vec<Write>,
     apply: impl AsyncFn(&Object, &[&Write]) -> Option<GroupResult>,
-) -> Seen {
+) -> Coverage {
     let (grouped, one_by_one) = (Scratch::create().await, Scratch::create().await);
     let (group_client, each_client) = (grouped.client().await, one_by_one.client().await);
     let mut rng = rand::rng();
-    let mut seen = Seen::default();
+    let mut seen = Coverage::default();
     for round in 0..rounds {
         let group = group_of(&mut rng, round);
         let writes: Vec<&Write> = group.iter().collect();
