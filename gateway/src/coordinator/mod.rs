@@ -38,6 +38,7 @@ pub(crate) mod issuers;
 mod rejections;
 mod replication;
 mod shares;
+mod sql;
 mod takeover;
 mod txn;
 
@@ -235,11 +236,6 @@ impl Coordinator {
         self.body_timeout
     }
 
-    /// What `/v1/sql` does on this gateway.
-    pub fn sql(&self) -> &SqlEndpoint {
-        &self.sql
-    }
-
     /// One line for the start-up log: which backend, and where (no secrets).
     pub fn describe_backend(&self) -> String {
         self.store.describe()
@@ -268,7 +264,7 @@ impl Coordinator {
     }
 
     /// The generation of the fence cache now, for a backend call about to start.
-    pub fn seen(&self) -> Seen {
+    pub(super) fn seen(&self) -> Seen {
         self.cache.seen()
     }
 
@@ -277,7 +273,7 @@ impl Coordinator {
     /// Not an `async fn`: that would hold `call` — a whole backend future — inside the
     /// request's own future until its first poll, and every request's future would be
     /// as large as the largest backend call, moved in memory with each request.
-    pub fn detached<T: Send + 'static>(
+    pub(super) fn detached<T: Send + 'static>(
         &self,
         call: impl Future<Output = T> + Send + 'static,
     ) -> impl Future<Output = Result<T, ApiError>> + Send + 'static {
@@ -293,7 +289,7 @@ impl Coordinator {
     /// itself records in the backend's readiness and error metrics
     /// ([`Coordinator::backend_result`]): a client that leaves does not hide a store
     /// failure.
-    pub fn store_call<T: Send + 'static>(
+    pub(super) fn store_call<T: Send + 'static>(
         self: &Arc<Self>,
         call: impl Future<Output = Result<T, StoreError>> + Send + 'static,
     ) -> impl Future<Output = Result<Result<T, StoreError>, ApiError>> + Send + 'static {
@@ -440,7 +436,7 @@ impl Coordinator {
 
     /// Records that `token` is committed for `resource`, by a backend call that started
     /// at `seen`.
-    pub fn committed(&self, resource: &ResourceName, token: Token, seen: Seen) {
+    pub(super) fn committed(&self, resource: &ResourceName, token: Token, seen: Seen) {
         if self.cache.raise_seen(resource, token, seen).changed {
             self.metrics.highest_raised(resource, token);
         }
@@ -460,18 +456,21 @@ impl Coordinator {
     }
 
     /// Keeps `fencegate_backend_errors_total` and `fencegate_backend_ready` current.
-    pub fn backend_result<T>(&self, result: &Result<T, StoreError>) {
+    pub(super) fn backend_result<T>(&self, result: &Result<T, StoreError>) {
         match result {
             Ok(_) => self.backend_succeeded(),
             Err(error) => self.backend_failed(error),
         }
     }
 
-    pub fn backend_succeeded(&self) {
+    /// The backend answered: it is ready.
+    pub(super) fn backend_succeeded(&self) {
         self.metrics.backend_ready(true);
     }
 
-    pub fn backend_failed(&self, error: &StoreError) {
+    /// The backend failed: counted, and if it could not be reached, not ready and the
+    /// fences suspect ([`audit`]).
+    pub(super) fn backend_failed(&self, error: &StoreError) {
         self.metrics.backend_error(error.kind());
         if let StoreError::Unavailable { reason, .. } = error {
             self.metrics.backend_ready(false);
