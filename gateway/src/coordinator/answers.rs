@@ -53,10 +53,10 @@ impl Answers {
     pub(super) fn new(config: &Config) -> Answers {
         Answers {
             identity: IdentityBounds {
-                records: config.idempotency_identity_max_records,
-                bytes: config.idempotency_identity_max_bytes as u64,
+                records: config.idempotency.idempotency_identity_max_records,
+                bytes: config.idempotency.idempotency_identity_max_bytes as u64,
             },
-            total_bytes: config.idempotency_max_bytes as u64,
+            total_bytes: config.idempotency.idempotency_max_bytes as u64,
             unreported: Mutex::new(HashMap::new()),
             full: Mutex::new(HashSet::new()),
             store_full: AtomicBool::new(false),
@@ -144,7 +144,7 @@ impl Coordinator {
 
     /// Reports the answers stored since the last report to the store, and reads back
     /// which bounds are met, every `every`, until shutdown.
-    pub async fn follow_answers(self: Arc<Self>, every: Duration) {
+    pub(super) async fn follow_answers(self: Arc<Self>, every: Duration) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -34,7 +34,7 @@ const AUDIT_BATCH: usize = 10_000;
 impl Coordinator {
     /// From now on, no connection to a database server this gateway has not audited is
     /// used before the audit of its fences (Postgres).
-    pub fn audit_new_servers(this: &Arc<Coordinator>) {
+    pub(super) fn audit_new_servers(this: &Arc<Coordinator>) {
         if let crate::store::Store::Postgres(store) = &this.store {
             let auditor: Weak<dyn ServerAuditor> = Arc::downgrade(this) as Weak<dyn ServerAuditor>;
             store.watch().set_auditor(auditor);

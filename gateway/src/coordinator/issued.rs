@@ -239,7 +239,7 @@ impl Coordinator {
     /// Reads etcd's revision every [`ISSUER_WATCH`] while resources are bound to etcd,
     /// until shutdown: a revision below one etcd answered before is a cluster restored
     /// from an older snapshot, found before any new leader's write is refused.
-    pub async fn watch_issuers(self: Arc<Self>) {
+    pub(super) async fn watch_issuers(self: Arc<Self>) {
         let mut tick = tokio::time::interval(ISSUER_WATCH);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -416,7 +416,7 @@ impl Coordinator {
 
     /// Starts following the reset and takeover logs from their ends: what the cache
     /// holds is newer.
-    pub async fn start_following_resets(&self) {
+    pub(super) async fn start_following_resets(&self) {
         self.start_following_takeovers().await;
         match self.store.resets_since(0).await {
             Ok(resets) => {
@@ -432,7 +432,7 @@ impl Coordinator {
     /// Applies fence resets made through other replicas to this gateway's cache, every
     /// [`RESET_POLL`], and audits the cached fences when due ([`super::audit`]), until
     /// shutdown.
-    pub async fn follow_resets(self: Arc<Self>) {
+    pub(super) async fn follow_resets(self: Arc<Self>) {
         let mut last_audit = tokio::time::Instant::now();
         let mut tick = tokio::time::interval(RESET_POLL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

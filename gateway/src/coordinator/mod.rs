@@ -175,6 +175,7 @@ impl Coordinator {
             bindings_generation,
         } = parts;
         let admin_key = config
+            .auth
             .admin_key_file
             .as_deref()
             .map(crate::auth::AdminKey::load)
@@ -183,20 +184,26 @@ impl Coordinator {
             auth,
             store,
             sql,
-            cache: FenceCache::new(config.cache_size),
-            no_cache_rejections: config.no_cache_rejections,
+            cache: FenceCache::new(config.store.cache_size),
+            no_cache_rejections: config.store.no_cache_rejections,
             metrics,
-            max_body: config.max_body,
-            body_timeout: config.body_timeout,
-            writes: Arc::new(Semaphore::new(config.max_writes_in_flight)),
-            body_bytes: Arc::new(Semaphore::new(config.max_body_memory)),
+            max_body: config.limits.max_body,
+            body_timeout: config.http.body_timeout,
+            writes: Arc::new(Semaphore::new(config.limits.max_writes_in_flight)),
+            body_bytes: Arc::new(Semaphore::new(config.limits.max_body_memory)),
             shares: shares::Shares::new(
-                bounds::share_of(config.max_writes_in_flight, config.max_client_share),
-                bounds::share_of(config.max_body_memory, config.max_client_share),
+                bounds::share_of(
+                    config.limits.max_writes_in_flight,
+                    config.limits.max_client_share,
+                ),
+                bounds::share_of(
+                    config.limits.max_body_memory,
+                    config.limits.max_client_share,
+                ),
             ),
-            body_first_byte: config.body_first_byte_timeout,
+            body_first_byte: config.http.body_first_byte_timeout,
             shutdown,
-            stale_log: LogBudget::new(config.stale_log_limit),
+            stale_log: LogBudget::new(config.logging.stale_log_limit),
             issuers,
             resets_followed: AtomicU64::new(0),
             fences_suspect: AtomicBool::new(false),
@@ -204,16 +211,43 @@ impl Coordinator {
             bindings_generation,
             bindings_replaced: AtomicBool::new(false),
             admin_key,
-            idempotency_ttl: config.idempotency_ttl,
+            idempotency_ttl: config.idempotency.idempotency_ttl,
             answers: answers::Answers::new(config),
-            txn_max_operations: config.txn_max_operations,
-            txn_max_bytes: config.txn_max_bytes.min(config.max_body),
-            require_synchronous_replication: config.require_synchronous_replication,
-            patroni_urls: config.patroni_url.clone(),
+            txn_max_operations: config.limits.txn_max_operations,
+            txn_max_bytes: config.limits.txn_max_bytes.min(config.limits.max_body),
+            require_synchronous_replication: config.replication.require_synchronous_replication,
+            patroni_urls: config.replication.patroni_url.clone(),
             patroni_answered: std::sync::atomic::AtomicUsize::new(0),
             synchronously_replicated: AtomicBool::new(false),
             write_probe: tokio::sync::Mutex::new(None),
         })
+    }
+
+    /// Starts the coordinator's background tasks, which run until shutdown — the
+    /// auth file's reloads, the summary of unlogged rejections, the expiry and the
+    /// reports of keyed answers, the resets and takeovers followed with the fence audit,
+    /// the replication and issuer watches — after the first write probe and the first
+    /// reading of the replication, which it returns for the ready line.
+    pub async fn start(self: &Arc<Self>) -> Option<replication::ReplicationReading> {
+        if let Some(auth) = &self.auth {
+            tokio::spawn(Arc::clone(auth).watch());
+        }
+        Coordinator::audit_new_servers(self);
+        tokio::spawn(Arc::clone(self).summarise_unlogged_rejections());
+        let expire_every = (self.idempotency_ttl / 4).min(Duration::from_secs(60));
+        tokio::spawn(Arc::clone(self).expire_idempotency(expire_every));
+        tokio::spawn(Arc::clone(self).follow_answers(ANSWERS_REPORT));
+        self.start_following_resets().await;
+        tokio::spawn(Arc::clone(self).follow_resets());
+        // One write probe before the first /readyz, so that fencegate_store_writable says
+        // from the start whether the store takes writes (a failure is logged by the probe).
+        if let Err(error) = self.writable().await {
+            tracing::warn!(%error, "the store could not be probed for writes at start");
+        }
+        let replication = self.check_replication().await;
+        tokio::spawn(Arc::clone(self).watch_replication());
+        tokio::spawn(Arc::clone(self).watch_issuers());
+        replication
     }
 
     /// The administrator's key of a gateway without --auth-file, if it has one.

@@ -45,7 +45,7 @@ struct Rejected<'a> {
 impl Coordinator {
     /// Logs, once a second while a stale flood lasts, how many "stale write rejected"
     /// lines `--stale-log-limit` left out; runs until shutdown.
-    pub async fn summarise_unlogged_rejections(self: Arc<Self>) {
+    pub(super) async fn summarise_unlogged_rejections(self: Arc<Self>) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

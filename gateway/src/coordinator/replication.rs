@@ -69,7 +69,7 @@ impl Coordinator {
     /// Reads, records and returns how the fence database replicates; `None` for the
     /// embedded store, or when the database cannot be read (then nothing is
     /// synchronous).
-    pub async fn check_replication(&self) -> Option<ReplicationReading> {
+    pub(super) async fn check_replication(&self) -> Option<ReplicationReading> {
         let Store::Postgres(store) = &self.store else {
             return None;
         };
@@ -139,7 +139,7 @@ impl Coordinator {
     }
 
     /// Reads the replication every [`REPLICATION_CHECK`], until shutdown.
-    pub async fn watch_replication(self: Arc<Self>) {
+    pub(super) async fn watch_replication(self: Arc<Self>) {
         if !matches!(self.store, Store::Postgres(_)) {
             return;
         }
