@@ -13,7 +13,7 @@ use std::fmt;
 use tokio_postgres::Client;
 
 use crate::auth::Pattern;
-use crate::config::{LeaderLeaseCommand, TablesCommand};
+use crate::config::{AdminCommand, LeaderLeaseCommand};
 use crate::pgtls::PgUrlError;
 use crate::store::postgres::{error_text, migrate, PgStartError};
 
@@ -46,24 +46,24 @@ impl From<tokio_postgres::Error> for AdminError {
 }
 
 /// Runs `command`, printing what it did; `Ok(false)` if `check` found a problem.
-pub async fn run(command: TablesCommand) -> Result<bool, AdminError> {
+pub async fn run(command: AdminCommand) -> Result<bool, AdminError> {
     match command {
-        TablesCommand::Protect(args) => {
+        AdminCommand::Protect(args) => {
             let client = connect(&args.database.database_url).await?;
             for table in protect(&client, &args.table, &args.resource).await? {
                 println!("fenced {table} for resource {}", args.resource);
             }
             Ok(true)
         }
-        TablesCommand::Unprotect(args) => {
+        AdminCommand::Unprotect(args) => {
             let client = connect(&args.database.database_url).await?;
             for table in unprotect(&client, &args.table).await? {
                 println!("unfenced {table}");
             }
             Ok(true)
         }
-        TablesCommand::Check(args) => check(&connect(&args.database.database_url).await?).await,
-        TablesCommand::Grant(args) => {
+        AdminCommand::Check(args) => check(&connect(&args.database.database_url).await?).await,
+        AdminCommand::Grant(args) => {
             let client = connect(&args.database.database_url).await?;
             if args.resources.is_empty() && !args.tables {
                 return Err(AdminError::Usage(
@@ -79,26 +79,26 @@ pub async fn run(command: TablesCommand) -> Result<bool, AdminError> {
             }
             Ok(true)
         }
-        TablesCommand::Revoke(args) => {
+        AdminCommand::Revoke(args) => {
             let client = connect(&args.database.database_url).await?;
             let taken = revoke(&client, &args.role, &args.resources, args.tables).await?;
             println!("revoked {taken} resource grants of {}", args.role);
             Ok(true)
         }
-        TablesCommand::Grants(args) => {
+        AdminCommand::Grants(args) => {
             let client = connect(&args.database.database_url).await?;
             for held in grants(&client).await? {
                 println!("{:<28} {}", held.role, held.pattern);
             }
             Ok(true)
         }
-        TablesCommand::LeaderLease(LeaderLeaseCommand::Guard(args)) => {
+        AdminCommand::LeaderLease(LeaderLeaseCommand::Guard(args)) => {
             let client = connect(&args.database.database_url).await?;
             guard_leader_lease(&client, &args.table).await?;
             println!("guarded {}: electors move its leases only as the seed's statements do, for resources they hold", args.table);
             Ok(true)
         }
-        TablesCommand::LeaderLease(LeaderLeaseCommand::Retire(args)) => {
+        AdminCommand::LeaderLease(LeaderLeaseCommand::Retire(args)) => {
             let mut client = connect(&args.table.database.database_url).await?;
             let from = retire_lease(
                 &mut client,

@@ -79,7 +79,7 @@ pub use config::{Cli, Config};
 use crate::config::ConfigError;
 use crate::coordinator::Coordinator;
 use crate::metrics::Metrics;
-use crate::sql::{SqlEndpoint, SqlService, SqlStartError};
+use crate::sql::{SqlEndpoint, SqlStartError};
 use crate::store::embedded::EmbeddedStartError;
 use crate::store::postgres::{PgOptions, PgStartError};
 use crate::store::{EmbeddedStore, PgStore, Store};
@@ -124,156 +124,35 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), StartError> {
     config.validate()?;
-    // Backend selection: a database URL means Postgres; otherwise the embedded store.
-    let metrics = Metrics::new(config.metrics_resource_cap);
-    let store = match config.database_url.as_deref() {
-        Some(url) => Store::Postgres(
-            PgStore::connect(
-                url,
-                PgOptions {
-                    pool_size: config.pool_size,
-                    timeout: config.backend_timeout,
-                    write_lanes: config.write_lanes,
-                    group_commit_max: config.group_commit_max,
-                    lane_lock_timeout: config.write_lock_timeout,
-                    term_takeover: config.term_takeover_timeout,
-                    group_size: metrics.commit_group_size(),
-                    off_lanes: metrics.writes_off_lanes(),
-                },
-            )
-            .await?,
-        ),
-        None => Store::Embedded(EmbeddedStore::open(
-            &config.data_dir,
-            config.init_store,
-            config.group_commit_max,
-            config.backend_timeout,
-            metrics.commit_group_size(),
-        )?),
-    };
-    let sql = match &store {
-        Store::Postgres(pg) if config.sql => {
-            SqlEndpoint::Enabled(Arc::new(SqlService::connect(&config, pg).await?))
-        }
-        Store::Postgres(_) => SqlEndpoint::Disabled,
-        Store::Embedded(_) => SqlEndpoint::NotSupported,
-    };
-    let auth = match &config.auth_file {
-        Some(path) => {
-            let auth = Arc::new(auth::Authenticator::load(path)?);
-            tokio::spawn(Arc::clone(&auth).watch());
-            Some(auth)
-        }
-        None => None,
-    };
-    let tls = tls::Tls::start(config.tls_cert.clone().zip(config.tls_key.clone()).map(
-        |(cert, key)| tls::TlsFiles {
-            listener: tls::Listener::Http,
-            cert,
-            key,
-            client_ca: config.tls_client_ca.clone(),
-        },
-    ))?;
+    let metrics = Metrics::new(config.logging.metrics_resource_cap);
+    let store = open_store(&config, &metrics).await?;
+    let sql = SqlEndpoint::start(&config, &store).await?;
+    let auth = (config.auth.auth_file.as_deref())
+        .map(auth::Authenticator::load)
+        .transpose()?
+        .map(Arc::new);
+    let tls = tls::Tls::start(tls::TlsFiles::http(&config.tls))?;
     warn_of_idle_certificate_settings(auth.as_deref(), tls.as_deref());
-    let issuers =
-        coordinator::issuers::Issuers::new(&config.issuers, config.database_url.as_deref())
-            .map_err(StartError::Issuers)?;
-    issuers
-        .check_leader_lease_table()
-        .await
-        .map_err(StartError::Issuers)?;
-    let bindings_generation = match &store {
-        Store::Postgres(pg) => Some(record_bindings(&config, pg).await?),
-        Store::Embedded(_) => None,
-    };
-    let pg_max_connections = match &store {
-        Store::Postgres(pg) if config.pg_door().is_some() => pgdoor::capacity::settle(&config, pg)
-            .await
-            .map_err(StartError::PgCapacity)?,
-        _ => config.pg_max_connections(),
-    };
+    let (issuers, bindings_generation) = issuers(&config, &store).await?;
+    let pg_max_connections = door_capacity(&config, &store).await?;
     let stop = CancellationToken::new();
-    let coordinator = Arc::new(Coordinator::new(
-        &config,
-        coordinator::Parts {
-            shutdown: stop.clone(),
-            store,
-            sql,
-            metrics,
-            auth,
-            issuers,
-            bindings_generation,
-        },
-    )?);
-    let limits = server::Limits {
-        max_connections: server::connection_cap(config.max_connections),
-        max_header_size: config.max_header_size,
-        deadlines: server::conn::Deadlines {
-            idle: config.idle_timeout,
-            header: config.header_timeout,
-            write: config.write_timeout,
-        },
-        http2_keep_alive_interval: config.http2_keepalive_interval,
-        http2_keep_alive_timeout: config.http2_keepalive_timeout,
-        grace: config.shutdown_timeout,
-        max_response_memory: config.max_response_memory,
-        max_pending_answers: config.max_pending_answers,
+    let parts = coordinator::Parts {
+        shutdown: stop.clone(),
+        store,
+        sql,
+        metrics,
+        auth,
+        issuers,
+        bindings_generation,
     };
-    let door = match (config.pg_door(), config.database_url.as_deref()) {
-        (Some(addr), Some(url)) => {
-            let listener = TcpListener::bind(addr)
-                .await
-                .map_err(|source| StartError::PgListen { addr, source })?;
-            let tls = tls::Tls::start(
-                config
-                    .pg_tls_cert
-                    .clone()
-                    .zip(config.pg_tls_key.clone())
-                    .map(|(cert, key)| tls::TlsFiles {
-                        listener: tls::Listener::Postgres,
-                        cert,
-                        key,
-                        client_ca: None,
-                    }),
-            )?;
-            let options = pgdoor::DoorOptions {
-                max_message: config.pg_max_message,
-                max_connections: pg_max_connections,
-                max_pending_auth: config.pg_max_pending_auth,
-                max_pending_auth_per_peer: config.pg_max_pending_auth_per_peer,
-                require_tls: config.pg_requires_tls(),
-                allow: config.pg_allow.clone(),
-                startup_timeout: config.pg_startup_timeout,
-                grace: config.shutdown_timeout,
-                idle_in_transaction: Some(config.pg_idle_in_transaction_timeout)
-                    .filter(|timeout| !timeout.is_zero()),
-            };
-            let door =
-                pgdoor::Door::new(url, tls, &options, Arc::clone(&coordinator), stop.clone())?;
-            Some((listener, Arc::new(door), options))
-        }
-        _ => None,
-    };
-    Coordinator::audit_new_servers(&coordinator);
-    tokio::spawn(Arc::clone(&coordinator).summarise_unlogged_rejections());
-    let expire_every = (config.idempotency_ttl / 4).min(std::time::Duration::from_secs(60));
-    tokio::spawn(Arc::clone(&coordinator).expire_idempotency(expire_every));
-    tokio::spawn(Arc::clone(&coordinator).follow_answers(coordinator::ANSWERS_REPORT));
-    coordinator.start_following_resets().await;
-    tokio::spawn(Arc::clone(&coordinator).follow_resets());
-    // One write probe before the first /readyz, so that fencegate_store_writable says
-    // from the start whether the store takes writes (a failure is logged by the probe).
-    if let Err(error) = coordinator.writable().await {
-        tracing::warn!(%error, "the store could not be probed for writes at start");
-    }
-    let replication = coordinator.check_replication().await;
-    tokio::spawn(Arc::clone(&coordinator).watch_replication());
-    tokio::spawn(Arc::clone(&coordinator).watch_issuers());
+    let coordinator = Arc::new(Coordinator::new(&config, parts)?);
+    let door = open_door(&config, pg_max_connections, &coordinator).await?;
+    let replication = coordinator.start().await;
+    let limits = server::Limits::new(&config.http, &config.limits);
     let addr = listener.local_addr().map_err(StartError::Listener)?;
-    let pg_addr = match &door {
-        Some((listener, ..)) => Some(listener.local_addr().map_err(StartError::Listener)?),
-        None => None,
-    };
+    let pg_addr = (door.as_ref().map(|(listener, ..)| listener.local_addr()))
+        .transpose()
+        .map_err(StartError::Listener)?;
     tracing::info!(
         %addr,
         pg_addr = pg_addr.map(tracing::field::display),
@@ -288,7 +167,7 @@ pub async fn run(
         backend = %coordinator.describe_backend(),
         replication = replication.as_ref().map(|reading| reading.describe()),
         timeline = replication.as_ref().map(|reading| reading.timeline),
-        require_synchronous_replication = config.require_synchronous_replication,
+        require_synchronous_replication = config.replication.require_synchronous_replication,
         auth = coordinator.authenticator().map(|auth| auth.identities().len()),
         max_connections = limits.max_connections,
         threads = tokio::runtime::Handle::current().metrics().num_workers(),
@@ -316,6 +195,95 @@ pub async fn run(
     }
     tracing::info!("fencegate stopped");
     Ok(())
+}
+
+/// The store: Postgres with a database URL, else the embedded one.
+async fn open_store(config: &Config, metrics: &Metrics) -> Result<Store, StartError> {
+    let store = &config.store;
+    Ok(match store.database_url.as_deref() {
+        Some(url) => {
+            let options = PgOptions {
+                pool_size: store.pool_size,
+                timeout: store.backend_timeout,
+                write_lanes: store.write_lanes,
+                group_commit_max: store.group_commit_max,
+                lane_lock_timeout: store.write_lock_timeout,
+                term_takeover: config.term_takeover_timeout,
+                group_size: metrics.commit_group_size(),
+                off_lanes: metrics.writes_off_lanes(),
+            };
+            Store::Postgres(PgStore::connect(url, options).await?)
+        }
+        None => Store::Embedded(EmbeddedStore::open(
+            &store.data_dir,
+            store.init_store,
+            store.group_commit_max,
+            store.backend_timeout,
+            metrics.commit_group_size(),
+        )?),
+    })
+}
+
+/// The issuers resources are bound to (`--issued-by`), checked, and with Postgres the
+/// generation of the bindings recorded in the database.
+async fn issuers(
+    config: &Config,
+    store: &Store,
+) -> Result<(coordinator::issuers::Issuers, Option<i64>), StartError> {
+    let url = config.store.database_url.as_deref();
+    let issuers =
+        coordinator::issuers::Issuers::new(&config.issuers, url).map_err(StartError::Issuers)?;
+    issuers
+        .check_leader_lease_table()
+        .await
+        .map_err(StartError::Issuers)?;
+    let generation = match store {
+        Store::Postgres(pg) => Some(record_bindings(config, pg).await?),
+        Store::Embedded(_) => None,
+    };
+    Ok((issuers, generation))
+}
+
+/// The most connections the Postgres door may open: `--pg-max-connections`, fitted to
+/// the database server's limit if the door runs.
+async fn door_capacity(config: &Config, store: &Store) -> Result<usize, StartError> {
+    match store {
+        Store::Postgres(pg) if config.pg_door().is_some() => pgdoor::capacity::settle(config, pg)
+            .await
+            .map_err(StartError::PgCapacity),
+        _ => Ok(config.pg_max_connections()),
+    }
+}
+
+/// The Postgres door's listener, the door and its options, if it runs.
+async fn open_door(
+    config: &Config,
+    max_connections: usize,
+    coordinator: &Arc<Coordinator>,
+) -> Result<Option<(TcpListener, Arc<pgdoor::Door>, pgdoor::DoorOptions)>, StartError> {
+    let (Some(addr), Some(url)) = (config.pg_door(), config.store.database_url.as_deref()) else {
+        return Ok(None);
+    };
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::PgListen { addr, source })?;
+    let tls = tls::Tls::start(tls::TlsFiles::postgres(&config.door))?;
+    let door = &config.door;
+    let options = pgdoor::DoorOptions {
+        max_message: door.pg_max_message,
+        max_connections,
+        max_pending_auth: door.pg_max_pending_auth,
+        max_pending_auth_per_peer: door.pg_max_pending_auth_per_peer,
+        require_tls: config.pg_requires_tls(),
+        allow: door.pg_allow.clone(),
+        startup_timeout: door.pg_startup_timeout,
+        grace: config.http.shutdown_timeout,
+        idle_in_transaction: Some(door.pg_idle_in_transaction_timeout)
+            .filter(|timeout| !timeout.is_zero()),
+    };
+    let shutdown = coordinator.shutdown().clone();
+    let door = pgdoor::Door::new(url, tls, &options, Arc::clone(coordinator), shutdown)?;
+    Ok(Some((listener, Arc::new(door), options)))
 }
 
 /// Adopts or writes the issuer bindings the in-database fence and every replica follow

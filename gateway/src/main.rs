@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Parser;
 use fencegate_gateway::admin;
 use fencegate_gateway::auth;
-use fencegate_gateway::config::{Cli, Command, Config, KeyCommand, LogFormat, TablesCommand};
+use fencegate_gateway::config::{AdminCommand, Cli, Command, Config, KeyCommand, LogFormat};
 use fencegate_gateway::telemetry;
 
 /// Exit status of a configuration or start-up error (clap's own usage errors exit 2).
@@ -16,7 +16,7 @@ const ERROR_EXIT: u8 = 1;
 fn main() -> ExitCode {
     let outcome = match Cli::parse().into_command() {
         Command::Serve(config) => serve(*config).map(|()| ExitCode::SUCCESS),
-        Command::Tables(command) => tables(command),
+        Command::Admin(command) => admin(command),
         Command::Key(command) => key(command).map(|()| ExitCode::SUCCESS),
     };
     // Printed here rather than by returning the error from `main`: that prints its
@@ -67,7 +67,8 @@ fn key(command: KeyCommand) -> anyhow::Result<()> {
 
 fn serve(config: Config) -> anyhow::Result<()> {
     config.validate()?;
-    telemetry::init(config.log_format, &config.log).context("invalid --log filter")?;
+    telemetry::init(config.logging.log_format, &config.logging.log)
+        .context("invalid --log filter")?;
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let runtime = match config.serving_threads(cores) {
         1 => tokio::runtime::Builder::new_current_thread()
@@ -80,18 +81,18 @@ fn serve(config: Config) -> anyhow::Result<()> {
     }
     .context("could not start the async runtime")?;
     runtime.block_on(async {
-        let listener = tokio::net::TcpListener::bind(config.listen)
+        let listener = tokio::net::TcpListener::bind(config.http.listen)
             .await
-            .with_context(|| format!("could not listen on {}", config.listen))?;
+            .with_context(|| format!("could not listen on {}", config.http.listen))?;
         let shutdown = shutdown_signal().context("could not install the signal handlers")?;
         fencegate_gateway::run(config, listener, shutdown).await?;
         Ok(())
     })
 }
 
-/// Runs a fenced-table command on a single-threaded runtime; exit status 1 if `check`
-/// found a problem.
-fn tables(command: TablesCommand) -> anyhow::Result<ExitCode> {
+/// Runs an operator's command on a database on a single-threaded runtime; exit status 1
+/// if `check` found a problem.
+fn admin(command: AdminCommand) -> anyhow::Result<ExitCode> {
     telemetry::init(LogFormat::Text, "warn").context("could not set up logging")?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -32,6 +32,7 @@ use rustls::{RootCertStore, ServerConfig};
 use tokio_rustls::TlsAcceptor;
 
 use crate::auth::ClientCertificate;
+use crate::config::{DoorArgs, TlsArgs};
 
 /// ALPN protocol name of Postgres (PostgreSQL 17 on), which a client over direct TLS
 /// requires.
@@ -77,6 +78,30 @@ pub struct TlsFiles {
     pub key: PathBuf,
     /// PEM CA certificates that sign client certificates (`--tls-client-ca`).
     pub client_ca: Option<PathBuf>,
+}
+
+impl TlsFiles {
+    /// The HTTP listener's files, if `--tls-cert` is given.
+    pub fn http(args: &TlsArgs) -> Option<TlsFiles> {
+        let (cert, key) = args.tls_cert.clone().zip(args.tls_key.clone())?;
+        Some(TlsFiles {
+            listener: Listener::Http,
+            cert,
+            key,
+            client_ca: args.tls_client_ca.clone(),
+        })
+    }
+
+    /// The Postgres door's files, if `--pg-tls-cert` is given.
+    pub fn postgres(args: &DoorArgs) -> Option<TlsFiles> {
+        let (cert, key) = args.pg_tls_cert.clone().zip(args.pg_tls_key.clone())?;
+        Some(TlsFiles {
+            listener: Listener::Postgres,
+            cert,
+            key,
+            client_ca: None,
+        })
+    }
 }
 
 /// Why the TLS files do not make a configuration.

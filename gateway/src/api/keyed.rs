@@ -69,7 +69,7 @@ pub fn keyed<O>(
         identity: request.identity.clone().unwrap_or_default(),
         key,
         fingerprint: fingerprint(request, body),
-        ttl: coordinator.idempotency_ttl,
+        ttl: coordinator.idempotency_ttl(),
         render,
     }
 }

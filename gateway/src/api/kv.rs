@@ -12,7 +12,7 @@ use crate::api::keyed;
 use crate::api::request::{fencing_of, read_body, Idempotency, Req};
 use crate::api::response::{etag_value, json_response, number_value};
 use crate::api::Body;
-use crate::coordinator::Applied;
+use crate::coordinator::AppliedWrite;
 use crate::coordinator::Coordinator;
 use crate::error::ApiError;
 use crate::store::txn::{OpDone, TxnOp};
@@ -72,7 +72,7 @@ pub async fn write(
         precondition,
         op,
     };
-    let Applied { version, created } = coordinator
+    let AppliedWrite { version, created } = coordinator
         .write(write, &fencing, request.identity.as_deref())
         .await?;
     Ok(accepted(resource, key, fencing.token, version, created))

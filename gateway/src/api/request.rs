@@ -18,7 +18,7 @@ use http_body_util::BodyExt;
 use hyper::body::{Body as _, Incoming};
 
 use crate::api::body::ResponseBudget;
-use crate::coordinator::{BodyMemory, ClientKey, Coordinator, Entry, WritePermit};
+use crate::coordinator::{BodyMemory, ClientKey, Coordinator, FencedRequest, WritePermit};
 use crate::error::ApiError;
 use crate::server::conn::ConnState;
 
@@ -104,7 +104,7 @@ impl Req {
         fencing: &Fencing,
         idempotency: Idempotency,
     ) -> Result<WritePermit, ApiError> {
-        let entry = Entry {
+        let entry = FencedRequest {
             resource,
             key,
             fencing,

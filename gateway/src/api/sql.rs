@@ -17,10 +17,10 @@ use crate::api::keyed;
 use crate::api::request::{fencing_of, read_body, Idempotency, Req};
 use crate::api::response::{error_response, json_response};
 use crate::api::Body;
-use crate::coordinator::{Coordinator, FrontDoor, Gate};
-use crate::dbfence::{FenceRejection, Reported};
+use crate::coordinator::Coordinator;
+use crate::dbfence::FenceRejection;
 use crate::error::ApiError;
-use crate::sql::{SqlEndpoint, SqlError, SqlFailure, SqlOutcome, SqlTransaction};
+use crate::sql::{SqlError, SqlFailure, SqlOutcome, SqlTransaction};
 use crate::store::txn::Answered;
 
 pub async fn post(
@@ -30,11 +30,7 @@ pub async fn post(
 ) -> Result<Response<Body>, ApiError> {
     let fencing = fencing_of(request, &resource)?;
     let idempotency = keyed::key_of(request)?;
-    let service = match coordinator.sql() {
-        SqlEndpoint::Enabled(service) => Arc::clone(service),
-        SqlEndpoint::Disabled => return Err(SqlError::Disabled.into()),
-        SqlEndpoint::NotSupported => return Err(SqlError::NotSupportedByBackend.into()),
-    };
+    let service = coordinator.sql_service()?;
     let policy = service.policy();
     // A keyed transaction is decided by the database alone; see `keyed`.
     let _in_flight = request
@@ -82,54 +78,8 @@ pub async fn post(
     });
     let keyed = idempotency
         .map(|key| keyed::keyed(coordinator, request, key, &body.bytes, Arc::clone(&render)));
-    if let Some(keyed) = &keyed {
-        let highest = coordinator.cached_above(&resource, token);
-        match (
-            coordinator.keyed_gate(keyed, highest.is_some()).await?,
-            highest,
-        ) {
-            (Gate::Answered(answered), _) => {
-                let (head, body) = keyed::answer(answered, &render)?.into_parts();
-                return Ok(Response::from_parts(head, body.in_reserved(reserved)));
-            }
-            (Gate::Stale, Some(highest)) => {
-                let identity = request.identity.as_deref();
-                return Err(coordinator.stale_by_cache(&resource, &fencing, identity, highest));
-            }
-            (Gate::Run | Gate::Stale, _) => {}
-        }
-    }
-    let in_task = Arc::clone(coordinator);
-    let seen = coordinator.seen();
-    let answered = coordinator
-        .detached(async move {
-            let answered = match &keyed {
-                Some(keyed) => service.run_keyed(&tx, keyed).await,
-                None => Answered::Ran {
-                    outcome: service.run(&tx).await,
-                    stored: None,
-                },
-            };
-            match &answered {
-                Answered::Ran { outcome: Ok(_), .. } => {
-                    in_task.committed(&tx.resource, tx.token, seen);
-                    in_task.backend_succeeded();
-                }
-                // Only the backend's own failures count against it; the writer's SQL
-                // errors and stale tokens are answers from a healthy database.
-                Answered::Ran {
-                    outcome: Err(SqlFailure::Store(error)),
-                    ..
-                } => in_task.backend_failed(error),
-                _ => in_task.backend_succeeded(),
-            }
-            // Counted here, not after: a client that left must not hide its key.
-            if let Some(keyed) = &keyed {
-                in_task.keyed_ran(keyed, &answered);
-            }
-            answered
-        })
-        .await?;
+    let identity = request.identity.as_deref();
+    let answered = coordinator.sql(tx, keyed, &fencing, identity).await?;
     match answered {
         Answered::Ran {
             outcome: Ok(results),
@@ -141,19 +91,16 @@ pub async fn post(
         Answered::Ran {
             outcome: Err(failure),
             stored,
-        } => {
-            count_refusal(coordinator, &failure, fencing.holder);
-            match stored {
-                None => Err(failed(&failure)),
-                stored => keyed::answer(
-                    Answered::Ran {
-                        outcome: Err(failure),
-                        stored,
-                    },
-                    &render,
-                ),
-            }
-        }
+        } => match stored {
+            None => Err(failed(&failure)),
+            stored => keyed::answer(
+                Answered::Ran {
+                    outcome: Err(failure),
+                    stored,
+                },
+                &render,
+            ),
+        },
         answered => {
             let response = keyed::answer(answered, &render)?;
             let (head, body) = response.into_parts();
@@ -186,18 +133,5 @@ fn failed(failure: &SqlFailure) -> ApiError {
         SqlFailure::Forged { failed, .. } => failed.clone().into(),
         SqlFailure::Store(error) => ApiError::Store(error.clone()),
         SqlFailure::Refused(error) => error.clone().into(),
-    }
-}
-
-/// Counts and logs what the fence refused, or a fence error the writer's SQL raised.
-fn count_refusal(coordinator: &Coordinator, failure: &SqlFailure, holder: Option<String>) {
-    match failure {
-        SqlFailure::Fence(refusal) => {
-            coordinator.db_refusal(&Reported::Proven(refusal.clone()), holder, FrontDoor::Http)
-        }
-        SqlFailure::Forged { code, .. } => {
-            coordinator.db_refusal(&Reported::Unproven { code }, holder, FrontDoor::Http)
-        }
-        SqlFailure::Store(_) | SqlFailure::Refused(_) => {}
     }
 }

@@ -31,7 +31,7 @@ pub async fn post(
 ) -> Result<Response<Body>, ApiError> {
     let key = keyed::key_of(request)?;
     let _in_flight = coordinator.write_permit(request.client(coordinator))?;
-    let body = read_body_within(coordinator, request, coordinator.txn_max_bytes).await?;
+    let body = read_body_within(coordinator, request, coordinator.txn_max_bytes()).await?;
     let parsed: TxnRequest = serde_json::from_slice(&body.bytes)
         .map_err(|error| invalid(None, format!("the body is not a transaction: {error}")))?;
     if parsed.operations.is_empty() {
@@ -40,16 +40,16 @@ pub async fn post(
             "a transaction needs at least one operation".to_owned(),
         ));
     }
-    if parsed.operations.len() > coordinator.txn_max_operations {
+    if parsed.operations.len() > coordinator.txn_max_operations() {
         let mut refusal = ErrorBody::new(
             ErrorCode::TooManyOperations,
             format!(
                 "the transaction has {} operations; this gateway takes at most {} (--txn-max-operations)",
                 parsed.operations.len(),
-                coordinator.txn_max_operations
+                coordinator.txn_max_operations()
             ),
         );
-        refusal.operation = Some(coordinator.txn_max_operations);
+        refusal.operation = Some(coordinator.txn_max_operations());
         return Err(ApiError::Refused(Box::new(refusal)));
     }
     if let Some(identity) = identity {

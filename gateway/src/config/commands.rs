@@ -1,4 +1,4 @@
-//! The commands besides `serve`: fenced tables and keys.
+//! The commands besides `serve`: the operator's commands on a database, and keys.
 
 use clap::{Args, Subcommand};
 
@@ -9,7 +9,7 @@ pub enum Command {
     /// Run the gateway (the default when no command is given).
     Serve(Box<Config>),
     #[command(flatten)]
-    Tables(TablesCommand),
+    Admin(AdminCommand),
     /// Keys for --auth-file.
     #[command(subcommand)]
     Key(KeyCommand),
@@ -29,9 +29,10 @@ pub enum KeyCommand {
     Hash,
 }
 
-/// The commands for fenced tables ([`crate::admin`]).
+/// The operator's commands on a database ([`crate::admin`]): fenced tables, the grants
+/// of resources, and `leader_lease` tables.
 #[derive(Debug, Subcommand)]
-pub enum TablesCommand {
+pub enum AdminCommand {
     /// Fence a table: its writes must then present a current token.
     ///
     /// Fence a table of your own: from now on every INSERT, UPDATE, DELETE, TRUNCATE and

@@ -1,3 +1,4 @@
+use super::values::parse_size;
 use super::*;
 
 fn parse(args: &[&str]) -> Result<Config, clap::Error> {
@@ -20,9 +21,9 @@ fn serve_is_the_default_command() {
         "3",
     ])
     .unwrap();
-    assert_eq!(implicit.pool_size, 3);
-    assert_eq!(explicit.pool_size, 3);
-    assert_eq!(implicit.listen, DEFAULT_LISTEN.parse().unwrap());
+    assert_eq!(implicit.store.pool_size, 3);
+    assert_eq!(explicit.store.pool_size, 3);
+    assert_eq!(implicit.http.listen, DEFAULT_LISTEN.parse().unwrap());
 }
 
 #[test]
@@ -33,7 +34,7 @@ fn sizes_and_durations() {
     assert!(parse_size("1MB").is_err());
     assert!(parse_size("lots").is_err());
     let config = parse(&["--database-url", "x", "--backend-timeout", "250ms"]).unwrap();
-    assert_eq!(config.backend_timeout, Duration::from_millis(250));
+    assert_eq!(config.store.backend_timeout, Duration::from_millis(250));
 }
 
 #[test]
@@ -62,8 +63,8 @@ fn sql_settings() {
     };
     assert!(sql(&[]).is_ok());
     let config = parse(&["--database-url", "x", "--sql", "--sql-database-url", "y"]).unwrap();
-    assert_eq!(config.sql_max_statements, DEFAULT_SQL_MAX_STATEMENTS);
-    assert_eq!(config.sql_statement_timeout, Duration::from_secs(2));
+    assert_eq!(config.sql.sql_max_statements, DEFAULT_SQL_MAX_STATEMENTS);
+    assert_eq!(config.sql.sql_statement_timeout, Duration::from_secs(2));
     assert!(sql(&["--sql-role", "writer", "--sql-allow-ddl"]).is_ok());
     for (extra, flag) in [
         (&["--sql-max-statements", "0"][..], "--sql-max-statements"),
@@ -124,7 +125,7 @@ fn admin_commands() {
     ])
     .unwrap();
     match cli.command {
-        Some(Command::Tables(TablesCommand::Protect(args))) => {
+        Some(Command::Admin(AdminCommand::Protect(args))) => {
             assert_eq!(
                 (args.table.as_str(), args.resource.as_str()),
                 ("app.orders", "orders")
@@ -141,7 +142,7 @@ fn admin_commands() {
 fn tls_files_come_in_pairs_and_the_client_ca_needs_them() {
     let config = parse(&["--tls-cert", "c.pem", "--tls-key", "k.pem"]).unwrap();
     assert_eq!(
-        (config.tls_cert.unwrap(), config.tls_key.unwrap()),
+        (config.tls.tls_cert.unwrap(), config.tls.tls_key.unwrap()),
         ("c.pem".into(), "k.pem".into())
     );
     let config = parse(&[
@@ -153,7 +154,7 @@ fn tls_files_come_in_pairs_and_the_client_ca_needs_them() {
         "ca.pem",
     ])
     .unwrap();
-    assert_eq!(config.tls_client_ca, Some("ca.pem".into()));
+    assert_eq!(config.tls.tls_client_ca, Some("ca.pem".into()));
     assert!(config.validate().is_ok());
     for args in [
         &["--tls-cert", "c.pem"][..],
@@ -169,7 +170,7 @@ fn tls_files_come_in_pairs_and_the_client_ca_needs_them() {
 #[test]
 fn threads_default_to_one_on_small_machines_and_one_per_core_above() {
     let auto = parse(&[]).unwrap();
-    assert_eq!(auto.threads, 0);
+    assert_eq!(auto.http.threads, 0);
     assert_eq!(auto.serving_threads(1), 1);
     assert_eq!(auto.serving_threads(2), 1);
     assert_eq!(auto.serving_threads(3), 3);
@@ -236,8 +237,8 @@ fn door_allow_pairs_take_wildcards() {
         "*/reporter",
     ])
     .unwrap();
-    let [exact, any_db] = &config.pg_allow[..] else {
-        panic!("{:?}", config.pg_allow)
+    let [exact, any_db] = &config.door.pg_allow[..] else {
+        panic!("{:?}", config.door.pg_allow)
     };
     assert!(exact.admits("orders", "app_writer"));
     assert!(!exact.admits("orders", "reporter"));
@@ -274,7 +275,7 @@ fn replication_flags_need_postgres_and_a_patroni_url_is_http() {
     .unwrap();
     assert!(several.validate().is_ok());
     assert_eq!(
-        several.patroni_url,
+        several.replication.patroni_url,
         ["http://db-1:8008", "http://db-2:8008", "http://db-3:8008"]
     );
     let config = parse(&[
@@ -286,10 +287,11 @@ fn replication_flags_need_postgres_and_a_patroni_url_is_http() {
     ])
     .unwrap();
     assert!(config.validate().is_ok());
-    assert!(config.require_synchronous_replication);
+    assert!(config.replication.require_synchronous_replication);
     assert!(
         !parse(&["--database-url", "x"])
             .unwrap()
+            .replication
             .require_synchronous_replication
     );
 }

@@ -1,4 +1,5 @@
-//! The checks every fenced request passes before its write, in their one order.
+//! The checks every fenced request passes before its write, in their one order; each
+//! step is in the file named for it: `cache_check`, `permits`, `issuer_check`.
 
 use std::sync::Arc;
 
@@ -10,7 +11,7 @@ use crate::error::ApiError;
 
 /// A fenced request at the door of the store: what it writes, with which token, for
 /// whom.
-pub struct Entry<'a> {
+pub struct FencedRequest<'a> {
     pub resource: &'a ResourceName,
     /// The object written, if one is (for the rejection's log line).
     pub key: Option<&'a ObjectKey>,
@@ -37,8 +38,11 @@ impl Coordinator {
     ///
     /// A multi-resource transaction takes one permit and checks each resource's issuer
     /// itself ([`Coordinator::check_issued`]).
-    pub async fn admit(self: &Arc<Self>, entry: Entry<'_>) -> Result<WritePermit, ApiError> {
-        let Entry {
+    pub async fn admit(
+        self: &Arc<Self>,
+        entry: FencedRequest<'_>,
+    ) -> Result<WritePermit, ApiError> {
+        let FencedRequest {
             resource,
             key,
             fencing,

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::Coordinator;
-use crate::config::Config;
+use crate::config::IdempotencyArgs;
 use crate::error::ApiError;
 use crate::store::txn::{record_bytes, replay, Answered, IdentityBounds, Keyed};
 
@@ -38,7 +38,9 @@ pub enum AnswersFull {
 }
 
 /// The bounds of stored answers and what the gateway knows of their use.
-pub(super) struct Answers {
+pub(super) struct AnswerBounds {
+    /// How long keyed answers are kept (`--idempotency-ttl`).
+    ttl: Duration,
     identity: IdentityBounds,
     total_bytes: u64,
     /// Answers stored since the last report to the store: identity -> (records, bytes).
@@ -49,14 +51,15 @@ pub(super) struct Answers {
     store_full: AtomicBool,
 }
 
-impl Answers {
-    pub(super) fn new(config: &Config) -> Answers {
-        Answers {
+impl AnswerBounds {
+    pub(super) fn new(args: &IdempotencyArgs) -> AnswerBounds {
+        AnswerBounds {
+            ttl: args.idempotency_ttl,
             identity: IdentityBounds {
-                records: config.idempotency_identity_max_records,
-                bytes: config.idempotency_identity_max_bytes as u64,
+                records: args.idempotency_identity_max_records,
+                bytes: args.idempotency_identity_max_bytes as u64,
             },
-            total_bytes: config.idempotency_max_bytes as u64,
+            total_bytes: args.idempotency_max_bytes as u64,
             unreported: Mutex::new(HashMap::new()),
             full: Mutex::new(HashSet::new()),
             store_full: AtomicBool::new(false),
@@ -85,9 +88,14 @@ pub enum Gate<O> {
 }
 
 impl Coordinator {
+    /// How long keyed answers are kept (`--idempotency-ttl`).
+    pub fn idempotency_ttl(&self) -> Duration {
+        self.answers.ttl
+    }
+
     /// Decides whether a keyed write runs, `stale` if the fence cache knows its token
     /// is below a committed one; see the module doc.
-    pub async fn keyed_gate<O: Send + 'static>(
+    pub(super) async fn keyed_gate<O: Send + 'static>(
         self: &Arc<Self>,
         keyed: &Keyed<O>,
         stale: bool,
@@ -119,7 +127,7 @@ impl Coordinator {
     }
 
     /// Counts what became of a keyed write that ran, and an answer it stored.
-    pub fn keyed_ran<O>(&self, keyed: &Keyed<O>, answered: &Answered<O>) {
+    pub(super) fn keyed_ran<O>(&self, keyed: &Keyed<O>, answered: &Answered<O>) {
         self.metrics.idempotency(answered.key_outcome());
         let Answered::Ran {
             stored: Some(answer),
@@ -144,7 +152,7 @@ impl Coordinator {
 
     /// Reports the answers stored since the last report to the store, and reads back
     /// which bounds are met, every `every`, until shutdown.
-    pub async fn follow_answers(self: Arc<Self>, every: Duration) {
+    pub(super) async fn follow_answers(self: Arc<Self>, every: Duration) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -13,7 +13,7 @@
 //! Each one is counted (`fencegate_fence_regressions_total`) and logged as an error,
 //! since acknowledged writes of that resource may be lost with the commit.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -25,6 +25,13 @@ use super::Coordinator;
 use crate::store::postgres::ServerAuditor;
 use crate::store::StoreError;
 
+/// Whether the fences are due for an audit before [`AUDIT_INTERVAL`] is up.
+#[derive(Default)]
+pub(super) struct AuditDue {
+    /// The database connection failed since the last audit.
+    suspect: AtomicBool,
+}
+
 /// How often the cache is compared with the database when nothing failed.
 pub const AUDIT_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -34,7 +41,7 @@ const AUDIT_BATCH: usize = 10_000;
 impl Coordinator {
     /// From now on, no connection to a database server this gateway has not audited is
     /// used before the audit of its fences (Postgres).
-    pub fn audit_new_servers(this: &Arc<Coordinator>) {
+    pub(super) fn audit_new_servers(this: &Arc<Coordinator>) {
         if let crate::store::Store::Postgres(store) = &this.store {
             let auditor: Weak<dyn ServerAuditor> = Arc::downgrade(this) as Weak<dyn ServerAuditor>;
             store.watch().set_auditor(auditor);
@@ -44,7 +51,7 @@ impl Coordinator {
     /// Marks the fences for an audit: the database connection failed, and what answers
     /// next may be another server.
     pub(super) fn suspect_fences(&self) {
-        self.fences_suspect.store(true, Ordering::Release);
+        self.audit.suspect.store(true, Ordering::Release);
     }
 
     /// Runs an audit if one is due (after a failure, or every [`AUDIT_INTERVAL`]);
@@ -53,12 +60,12 @@ impl Coordinator {
         if self.store.server_changed() {
             self.suspect_fences();
         }
-        let suspect = self.fences_suspect.load(Ordering::Acquire);
+        let suspect = self.audit.suspect.load(Ordering::Acquire);
         if !suspect && last.elapsed() < AUDIT_INTERVAL {
             return;
         }
         // Cleared first: a failure during the audit marks it again.
-        self.fences_suspect.store(false, Ordering::Release);
+        self.audit.suspect.store(false, Ordering::Release);
         match self.audit_fences_on(None).await {
             Ok(()) => *last = Instant::now(),
             Err(error) => {
@@ -75,7 +82,7 @@ impl Coordinator {
         client: Option<&tokio_postgres::Client>,
     ) -> Result<(), StoreError> {
         // Taken before the snapshot: a reset learned later is excluded by the store.
-        let followed = self.resets_followed.load(Ordering::Acquire);
+        let followed = self.resets.generation.load(Ordering::Acquire);
         for batch in self.cache.snapshot(AUDIT_BATCH) {
             let regressions = match client {
                 Some(client) => {

@@ -14,7 +14,7 @@
 //! which the invariant above does not foresee. A replica that learns of a reset
 //! [forgets](FenceCache::forget) the resource, and moves the cache to a new
 //! *generation*: a result read before the reset but reported after it carries the old
-//! generation ([`Seen`]) and is ignored, so the forgotten value cannot come back.
+//! generation ([`CacheGeneration`]) and is ignored, so the forgotten value cannot come back.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
@@ -23,7 +23,7 @@ use fencegate_proto::{ResourceName, Token};
 
 /// What the cache knows about one resource.
 #[derive(Debug, Default)]
-struct Entry {
+struct Cached {
     /// Highest committed token seen; 0 only transiently, before the first raise.
     highest: AtomicU64,
     /// Stale rejections since this entry was created, for logs.
@@ -33,7 +33,7 @@ struct Entry {
 /// A bounded map of resource -> highest committed token.
 #[derive(Debug)]
 pub struct FenceCache {
-    map: DashMap<Box<str>, Entry>,
+    map: DashMap<Box<str>, Cached>,
     /// Tracks `map.len()` without visiting every shard.
     len: AtomicUsize,
     capacity: usize,
@@ -44,7 +44,7 @@ pub struct FenceCache {
 /// The cache generation a backend call started in: its results may raise the cache
 /// only if no reset was learned since.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Seen(u64);
+pub struct CacheGeneration(u64);
 
 /// The outcome of [`FenceCache::raise`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,13 +64,18 @@ impl FenceCache {
     }
 
     /// The generation now: taken before a backend call whose result will raise the cache.
-    pub fn seen(&self) -> Seen {
-        Seen(self.generation.load(Ordering::Acquire))
+    pub fn seen(&self) -> CacheGeneration {
+        CacheGeneration(self.generation.load(Ordering::Acquire))
     }
 
     /// Records that `token` was committed for `resource` by a call that started at
     /// `seen`; ignored if a reset was learned since.
-    pub fn raise_seen(&self, resource: &ResourceName, token: Token, seen: Seen) -> Raised {
+    pub fn raise_seen(
+        &self,
+        resource: &ResourceName,
+        token: Token,
+        seen: CacheGeneration,
+    ) -> Raised {
         if self.seen() != seen {
             return Raised { changed: false };
         }
@@ -130,7 +135,7 @@ impl FenceCache {
         self.make_room();
         let entry = self.map.entry(resource.as_str().into()).or_insert_with(|| {
             self.len.fetch_add(1, Ordering::Relaxed);
-            Entry::default()
+            Cached::default()
         });
         let previous = entry.highest.fetch_max(token.get(), Ordering::AcqRel);
         Raised {
@@ -141,7 +146,12 @@ impl FenceCache {
     /// Counts a stale rejection for `resource` and returns the count since the entry was
     /// created. `highest` is the committed token that caused the rejection, read by a
     /// call that started at `seen`.
-    pub fn count_rejection(&self, resource: &ResourceName, highest: Token, seen: Seen) -> u64 {
+    pub fn count_rejection(
+        &self,
+        resource: &ResourceName,
+        highest: Token,
+        seen: CacheGeneration,
+    ) -> u64 {
         self.raise_seen(resource, highest, seen);
         self.count_reported_rejection(resource)
     }

@@ -41,7 +41,7 @@ use crate::store::{Store, StoreError};
 
 /// The latest token an issuer issued for a resource, and to whom.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Issued {
+pub struct IssuedToken {
     pub token: Token,
     /// The identity the token is bound to; `None` if the issuer recorded none.
     pub holder: Option<Arc<str>>,
@@ -85,7 +85,7 @@ pub struct Issuers {
     leader_lease: Option<LeaderLease>,
     etcd: Option<EtcdElections>,
     zookeeper: Option<ZooKeeperElections>,
-    known: DashMap<Box<str>, Issued>,
+    known: DashMap<Box<str>, IssuedToken>,
 }
 
 impl Issuers {
@@ -155,7 +155,7 @@ impl Issuers {
     }
 
     /// The latest token this gateway knows `resource`'s issuer issued.
-    pub fn known(&self, resource: &ResourceName) -> Option<Issued> {
+    pub fn known(&self, resource: &ResourceName) -> Option<IssuedToken> {
         self.known.get(resource.as_str()).map(|entry| entry.clone())
     }
 
@@ -197,7 +197,7 @@ impl Issuers {
     }
 
     /// Records what the issuer said; never goes back to an older token.
-    pub fn learn(&self, resource: &ResourceName, issued: Issued) {
+    pub fn learn(&self, resource: &ResourceName, issued: IssuedToken) {
         if self.known.len() >= KNOWN_CAPACITY {
             self.known.clear();
         }
@@ -217,11 +217,11 @@ impl Issuers {
         issuer: IssuerKind,
         store: &Store,
         resource: &ResourceName,
-    ) -> Result<Option<Issued>, AskError> {
+    ) -> Result<Option<IssuedToken>, AskError> {
         let issued = match issuer {
             IssuerKind::Gateway => {
                 let lease = store.read_lease(resource).await?;
-                lease.token.map(|token| Issued {
+                lease.token.map(|token| IssuedToken {
                     token,
                     holder: lease.identity.map(Arc::from),
                 })
@@ -283,7 +283,7 @@ impl EtcdElections {
         within(IssuerKind::Etcd, self.timeout, read).await
     }
 
-    async fn leader(&self, resource: &ResourceName) -> Result<Option<Issued>, AskError> {
+    async fn leader(&self, resource: &ResourceName) -> Result<Option<IssuedToken>, AskError> {
         let election = format!("{}{resource}/", self.prefix);
         let read = self.read(&election).await?;
         self.highest_revision
@@ -316,7 +316,7 @@ struct ZooKeeperElections {
 }
 
 impl ZooKeeperElections {
-    async fn leader(&self, resource: &ResourceName) -> Result<Option<Issued>, AskError> {
+    async fn leader(&self, resource: &ResourceName) -> Result<Option<IssuedToken>, AskError> {
         let election = format!("{}/{resource}", self.prefix);
         let read = async {
             let open = self.session.lock().unwrap().clone();
@@ -360,19 +360,19 @@ const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// An election's leader as an issued token: its token, and the holder identity its key
 /// or node holds (none if empty or not UTF-8).
-fn issued(token: i64, holder: &[u8]) -> Option<Issued> {
+fn issued(token: i64, holder: &[u8]) -> Option<IssuedToken> {
     let token = Token::new(u64::try_from(token).ok()?).ok()?;
     let holder = std::str::from_utf8(holder)
         .ok()
         .filter(|holder| !holder.is_empty())
         .map(Arc::from);
-    Some(Issued { token, holder })
+    Some(IssuedToken { token, holder })
 }
 
 /// Judges `token`, presented by `identity`, against what the issuer issued: only the
 /// latest token, the current term's, is accepted, and with authentication only from
 /// its holder.
-pub fn judge(token: Token, identity: Option<&str>, issued: Option<&Issued>) -> Verdict {
+pub fn judge(token: Token, identity: Option<&str>, issued: Option<&IssuedToken>) -> Verdict {
     let Some(issued) = issued else {
         return Verdict::NotIssued { issued: None };
     };
@@ -416,7 +416,7 @@ impl LeaderLease {
         })
     }
 
-    async fn latest(&self, resource: &ResourceName) -> Result<Option<Issued>, StoreError> {
+    async fn latest(&self, resource: &ResourceName) -> Result<Option<IssuedToken>, StoreError> {
         let client = self.pool.get().await.map_err(|error| {
             tracing::warn!(%error, "no connection to the leader_lease database");
             StoreError::Unavailable {
@@ -429,7 +429,7 @@ impl LeaderLease {
             let epoch: i64 = row.get(0);
             let holder: Option<String> = row.get(1);
             let token = Token::new(u64::try_from(epoch).ok()?).ok()?;
-            Some(Issued {
+            Some(IssuedToken {
                 token,
                 holder: holder.map(Arc::from),
             })
@@ -447,7 +447,7 @@ mod tests {
 
     #[test]
     fn judged_against_the_latest_issued() {
-        let issued = Issued {
+        let issued = IssuedToken {
             token: tok(5),
             holder: Some(Arc::from("node-a")),
         };
@@ -488,14 +488,14 @@ mod tests {
         let resource = ResourceName::new("r").unwrap();
         issuers.learn(
             &resource,
-            Issued {
+            IssuedToken {
                 token: tok(7),
                 holder: None,
             },
         );
         issuers.learn(
             &resource,
-            Issued {
+            IssuedToken {
                 token: tok(3),
                 holder: None,
             },

@@ -17,62 +17,68 @@
 //!
 //! # Parts
 //!
-//! - `admit`: the checks before a write, in their one order.
-//! - `bounds`, `shares`: the permits, and each client's share of them.
+//! - `admit`: the checks before a write, in their one order, each in a file of its own:
+//!   `cache_check` (the fence cache), `permits` (the bounds, with `shares`, each
+//!   client's share of them), `issuer_check` (the token's issuer).
 //! - `fence_cache`: the highest committed token per resource, for early rejections.
 //! - `rejections`: stale and unissued tokens refused, counted and logged, from either
 //!   front door.
-//! - `issuers`, `issued`: the lease stores whose tokens the gateway checks, and the
-//!   checks.
-//! - `takeover`, `audit`, `replication`, `txn`: the older-term sessions that new terms
-//!   ended (the store ends them) and the issuer bindings, followed; the fence audit of a
-//!   new server, the replication watch, multi-resource transactions.
+//! - `issuers`: the lease stores whose tokens the gateway checks.
+//! - `leases`, `txn`, `sql`, `answers`: hosted leases, multi-resource transactions,
+//!   fenced SQL transactions, and the keyed answers of all three.
+//! - `resets`, `audit`, `authority`: fence resets applied and followed; the fence audit
+//!   of a new server; the older-term sessions that new terms ended (the store ends
+//!   them) and the issuer bindings, followed.
+//! - `replication`, `readiness`: the replication watch; the store's readiness.
 
 mod admit;
 mod answers;
 mod audit;
-mod bounds;
+mod authority;
+mod cache_check;
 mod fence_cache;
-mod issued;
+mod issuer_check;
 pub(crate) mod issuers;
+mod leases;
+mod permits;
+mod readiness;
 mod rejections;
 mod replication;
+mod resets;
 mod shares;
-mod takeover;
+mod sql;
 mod txn;
 
-pub use admit::Entry;
+pub use admit::FencedRequest;
 pub use answers::{AnswersFull, Gate};
-pub use bounds::{BodyMemory, WritePermit};
+pub use permits::{BodyMemory, WritePermit};
 pub use rejections::FrontDoor;
 pub use shares::ClientKey;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
 
 use fencegate_proto::headers::Fencing;
 use fencegate_proto::{ErrorCode, ObjectKey, ResourceName, Token};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Authenticator;
-use crate::config::Config;
+use crate::config::{AuthArgs, Config};
 use crate::error::{ApiError, Overload};
 use crate::log_budget::LogBudget;
 use crate::metrics::Metrics;
 use crate::sql::SqlEndpoint;
-use crate::store::{
-    AdvanceOutcome, NotWritable, Store, StoreError, StoredObject, Write, WriteOutcome,
-};
-use fence_cache::{FenceCache, Seen};
+use crate::store::{AdvanceOutcome, Store, StoreError, StoredObject, Write, WriteOutcome};
+use fence_cache::{CacheGeneration, FenceCache};
 use issuers::Issuers;
 
-/// The shared state of a running gateway, and the steps of every backend call.
+/// The shared state of a running gateway, and the steps of every backend call. Each
+/// part of the state is owned by the file that reads it, and built from its flags'
+/// group.
 pub struct Coordinator {
-    /// Who may do what (`--auth-file`); `None` when authentication is off.
-    auth: Option<Arc<Authenticator>>,
+    /// Who may do what.
+    access: Access,
     store: Store,
     /// Fenced SQL transactions (`/v1/sql`), if this gateway runs them.
     sql: SqlEndpoint,
@@ -81,57 +87,45 @@ pub struct Coordinator {
     /// Test-only (`--no-cache-rejections`): the cache never rejects; the store decides.
     no_cache_rejections: bool,
     metrics: Metrics,
-    max_body: usize,
-    body_timeout: Duration,
-    /// Writes being processed (`--max-writes-in-flight`).
-    writes: Arc<Semaphore>,
-    /// Request-body bytes held in memory (`--max-body-memory`), one permit a byte.
-    body_bytes: Arc<Semaphore>,
-    /// Each client's share of `writes` and `body_bytes` (`--max-client-share`).
-    shares: Arc<shares::Shares>,
-    /// How long a request body may take to send its first byte.
-    body_first_byte: Duration,
+    /// The permits of writes and bodies, and the sizes and times of requests.
+    bounds: permits::Bounds,
     /// Cancelled when shutdown begins: requests still receiving their body stop.
     shutdown: CancellationToken,
     stale_log: LogBudget,
     /// The issuers resources are bound to (`--issued-by`).
     issuers: Issuers,
-    /// The last fence reset this gateway has applied to its cache.
-    resets_followed: AtomicU64,
-    /// The database connection failed since the last fence audit ([`audit`]).
-    fences_suspect: AtomicBool,
-    /// The last entry of the takeover log this gateway has counted.
-    takeovers_followed: AtomicI64,
-    /// The generation of the issuer bindings this gateway adopted (Postgres).
-    bindings_generation: Option<i64>,
-    /// Another gateway replaced the bindings (logged once).
-    bindings_replaced: AtomicBool,
-    /// The administrator's key of a gateway without --auth-file (`--admin-key-file`).
-    admin_key: Option<crate::auth::AdminKey>,
-    /// How long keyed answers are kept (`--idempotency-ttl`).
-    pub idempotency_ttl: Duration,
-    /// The bounds of keyed answers, and what the store says of them ([`answers`]).
-    answers: answers::Answers,
-    /// Most operations in one transaction (`--txn-max-operations`).
-    pub txn_max_operations: usize,
-    /// Largest transaction body (`--txn-max-bytes`, at most `--max-body`).
-    pub txn_max_bytes: usize,
-    /// `--require-synchronous-replication`.
-    require_synchronous_replication: bool,
-    /// `--patroni-url`.
-    /// Patroni's REST APIs (`--patroni-url`), read in order until one answers.
-    patroni_urls: Vec<String>,
-    /// Which of them answered last: the first one tried next time.
-    patroni_answered: std::sync::atomic::AtomicUsize,
-    /// The last reading of the fence database's replication was synchronous
-    /// ([`replication`]).
-    synchronously_replicated: AtomicBool,
-    /// The latest write probe of the store and when it ran; see [`Coordinator::writable`].
-    write_probe: tokio::sync::Mutex<Option<(tokio::time::Instant, Result<(), NotWritable>)>>,
+    /// How far the reset log has been followed.
+    resets: resets::ResetsFollowed,
+    /// Whether the fences are due for an audit.
+    audit: audit::AuditDue,
+    /// The takeover log and the issuer bindings, followed.
+    authority: authority::Authority,
+    /// The bounds of keyed answers, and what the store says of them.
+    answers: answers::AnswerBounds,
+    /// The fence database's replication, as last read, and whether it is required.
+    replication: replication::ReplicationWatch,
+    /// The latest write probe of the store.
+    write_probe: readiness::WriteProbe,
 }
 
-/// How long a write probe's outcome answers readiness before the store is probed again.
-const WRITE_PROBE_EVERY: Duration = Duration::from_secs(1);
+/// Who may do what: the identities of `--auth-file` (`None` when authentication is
+/// off), or the administrator's key of a gateway without one (`--admin-key-file`).
+struct Access {
+    auth: Option<Arc<Authenticator>>,
+    admin_key: Option<crate::auth::AdminKey>,
+}
+
+impl Access {
+    fn new(
+        args: &AuthArgs,
+        auth: Option<Arc<Authenticator>>,
+    ) -> Result<Access, crate::auth::AuthFileError> {
+        let admin_key = (args.admin_key_file.as_deref())
+            .map(crate::auth::AdminKey::load)
+            .transpose()?;
+        Ok(Access { auth, admin_key })
+    }
+}
 
 /// How often a gateway looks for fence resets made through other replicas.
 pub const RESET_POLL: Duration = Duration::from_secs(1);
@@ -142,7 +136,7 @@ pub const ANSWERS_REPORT: Duration = Duration::from_secs(1);
 
 /// A write that was applied and committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Applied {
+pub struct AppliedWrite {
     /// The object's version after the write.
     pub version: u64,
     /// The object did not exist before (a put only).
@@ -173,82 +167,66 @@ impl Coordinator {
             issuers,
             bindings_generation,
         } = parts;
-        let admin_key = config
-            .admin_key_file
-            .as_deref()
-            .map(crate::auth::AdminKey::load)
-            .transpose()?;
         Ok(Coordinator {
-            auth,
+            access: Access::new(&config.auth, auth)?,
             store,
             sql,
-            cache: FenceCache::new(config.cache_size),
-            no_cache_rejections: config.no_cache_rejections,
+            cache: FenceCache::new(config.store.cache_size),
+            no_cache_rejections: config.store.no_cache_rejections,
             metrics,
-            max_body: config.max_body,
-            body_timeout: config.body_timeout,
-            writes: Arc::new(Semaphore::new(config.max_writes_in_flight)),
-            body_bytes: Arc::new(Semaphore::new(config.max_body_memory)),
-            shares: shares::Shares::new(
-                bounds::share_of(config.max_writes_in_flight, config.max_client_share),
-                bounds::share_of(config.max_body_memory, config.max_client_share),
-            ),
-            body_first_byte: config.body_first_byte_timeout,
+            bounds: permits::Bounds::new(&config.limits, &config.http),
             shutdown,
-            stale_log: LogBudget::new(config.stale_log_limit),
+            stale_log: LogBudget::new(config.logging.stale_log_limit),
             issuers,
-            resets_followed: AtomicU64::new(0),
-            fences_suspect: AtomicBool::new(false),
-            takeovers_followed: AtomicI64::new(0),
-            bindings_generation,
-            bindings_replaced: AtomicBool::new(false),
-            admin_key,
-            idempotency_ttl: config.idempotency_ttl,
-            answers: answers::Answers::new(config),
-            txn_max_operations: config.txn_max_operations,
-            txn_max_bytes: config.txn_max_bytes.min(config.max_body),
-            require_synchronous_replication: config.require_synchronous_replication,
-            patroni_urls: config.patroni_url.clone(),
-            patroni_answered: std::sync::atomic::AtomicUsize::new(0),
-            synchronously_replicated: AtomicBool::new(false),
-            write_probe: tokio::sync::Mutex::new(None),
+            resets: resets::ResetsFollowed::default(),
+            audit: audit::AuditDue::default(),
+            authority: authority::Authority::new(bindings_generation),
+            answers: answers::AnswerBounds::new(&config.idempotency),
+            replication: replication::ReplicationWatch::new(&config.replication),
+            write_probe: readiness::WriteProbe::default(),
         })
+    }
+
+    /// Starts the coordinator's background tasks, which run until shutdown — the
+    /// auth file's reloads, the summary of unlogged rejections, the expiry and the
+    /// reports of keyed answers, the resets and takeovers followed with the fence audit,
+    /// the replication and issuer watches — after the first write probe and the first
+    /// reading of the replication, which it returns for the ready line.
+    pub async fn start(self: &Arc<Self>) -> Option<replication::ReplicationReading> {
+        if let Some(auth) = &self.access.auth {
+            tokio::spawn(Arc::clone(auth).watch());
+        }
+        Coordinator::audit_new_servers(self);
+        tokio::spawn(Arc::clone(self).summarise_unlogged_rejections());
+        let expire_every = (self.idempotency_ttl() / 4).min(Duration::from_secs(60));
+        tokio::spawn(Arc::clone(self).expire_idempotency(expire_every));
+        tokio::spawn(Arc::clone(self).follow_answers(ANSWERS_REPORT));
+        self.start_following_resets().await;
+        tokio::spawn(Arc::clone(self).follow_resets());
+        // One write probe before the first /readyz, so that fencegate_store_writable says
+        // from the start whether the store takes writes (a failure is logged by the probe).
+        if let Err(error) = self.writable().await {
+            tracing::warn!(%error, "the store could not be probed for writes at start");
+        }
+        let replication = self.check_replication().await;
+        tokio::spawn(Arc::clone(self).watch_replication());
+        tokio::spawn(Arc::clone(self).watch_issuers());
+        replication
     }
 
     /// The administrator's key of a gateway without --auth-file, if it has one.
     pub fn admin_key(&self) -> Option<&crate::auth::AdminKey> {
-        self.admin_key.as_ref()
+        self.access.admin_key.as_ref()
     }
 
     /// The identities and grants requests are checked against, if authentication is on.
     pub fn authenticator(&self) -> Option<&Authenticator> {
-        self.auth.as_deref()
-    }
-
-    /// The largest request body (`--max-body`).
-    pub fn max_body(&self) -> usize {
-        self.max_body
-    }
-
-    /// The longest time a request body may take to arrive (`--body-timeout`).
-    pub fn body_timeout(&self) -> Duration {
-        self.body_timeout
-    }
-
-    /// What `/v1/sql` does on this gateway.
-    pub fn sql(&self) -> &SqlEndpoint {
-        &self.sql
+        self.access.auth.as_deref()
     }
 
     /// One line for the start-up log: which backend, and where (no secrets).
     pub fn describe_backend(&self) -> String {
         self.store.describe()
-    }
-
-    /// How long a request body may take to send its first byte
-    /// (`--body-first-byte-timeout`).
-    pub fn body_first_byte(&self) -> Duration {
-        self.body_first_byte
     }
 
     /// Cancelled once shutdown has begun.
@@ -268,7 +246,7 @@ impl Coordinator {
     }
 
     /// The generation of the fence cache now, for a backend call about to start.
-    pub fn seen(&self) -> Seen {
+    pub(super) fn seen(&self) -> CacheGeneration {
         self.cache.seen()
     }
 
@@ -277,7 +255,7 @@ impl Coordinator {
     /// Not an `async fn`: that would hold `call` — a whole backend future — inside the
     /// request's own future until its first poll, and every request's future would be
     /// as large as the largest backend call, moved in memory with each request.
-    pub fn detached<T: Send + 'static>(
+    pub(super) fn detached<T: Send + 'static>(
         &self,
         call: impl Future<Output = T> + Send + 'static,
     ) -> impl Future<Output = Result<T, ApiError>> + Send + 'static {
@@ -293,7 +271,7 @@ impl Coordinator {
     /// itself records in the backend's readiness and error metrics
     /// ([`Coordinator::backend_result`]): a client that leaves does not hide a store
     /// failure.
-    pub fn store_call<T: Send + 'static>(
+    pub(super) fn store_call<T: Send + 'static>(
         self: &Arc<Self>,
         call: impl Future<Output = Result<T, StoreError>> + Send + 'static,
     ) -> impl Future<Output = Result<Result<T, StoreError>, ApiError>> + Send + 'static {
@@ -311,7 +289,7 @@ impl Coordinator {
         write: Write,
         fencing: &Fencing,
         identity: Option<&str>,
-    ) -> Result<Applied, ApiError> {
+    ) -> Result<AppliedWrite, ApiError> {
         let this = Arc::clone(self);
         let seen = self.seen();
         let (write, outcome) = self
@@ -325,7 +303,7 @@ impl Coordinator {
             })
             .await?;
         match outcome? {
-            WriteOutcome::Applied { version, created } => Ok(Applied { version, created }),
+            WriteOutcome::Applied { version, created } => Ok(AppliedWrite { version, created }),
             WriteOutcome::Stale { highest } => {
                 let key = Some(&write.key);
                 Err(self.stale(&write.resource, key, fencing, identity, highest, seen))
@@ -399,48 +377,9 @@ impl Coordinator {
         Ok(result?)
     }
 
-    /// Succeeds if the backend can serve requests now.
-    pub async fn ping(self: &Arc<Self>) -> Result<(), ApiError> {
-        let this = Arc::clone(self);
-        let result = self
-            .store_call(async move { this.store.ping().await })
-            .await?;
-        Ok(result?)
-    }
-
-    /// Whether the store can take writes, by a real write ([`Store::probe_write`]) at
-    /// most every [`WRITE_PROBE_EVERY`], or at once after a write failed in storage.
-    /// Readiness callers wait for one probe rather than each run their own.
-    pub async fn writable(self: &Arc<Self>) -> Result<Result<(), NotWritable>, ApiError> {
-        let mut last = self.write_probe.lock().await;
-        if let Some((at, outcome)) = &*last {
-            if at.elapsed() < WRITE_PROBE_EVERY && !self.store.write_failed_since_probe() {
-                return Ok(outcome.clone());
-            }
-        }
-        let this = Arc::clone(self);
-        let result = self
-            .store_call(async move { this.store.probe_write().await })
-            .await?;
-        let outcome = result?;
-        self.metrics.store_writable(outcome.is_ok());
-        let was_writable = last.as_ref().is_none_or(|(_, before)| before.is_ok());
-        match &outcome {
-            Err(not) => tracing::warn!(
-                reason = not.reason.as_str(),
-                detail = %not.detail,
-                "the store cannot take writes: not ready"
-            ),
-            Ok(()) if !was_writable => tracing::info!("the store takes writes again"),
-            Ok(()) => {}
-        }
-        *last = Some((tokio::time::Instant::now(), outcome.clone()));
-        Ok(outcome)
-    }
-
     /// Records that `token` is committed for `resource`, by a backend call that started
     /// at `seen`.
-    pub fn committed(&self, resource: &ResourceName, token: Token, seen: Seen) {
+    pub(super) fn committed(&self, resource: &ResourceName, token: Token, seen: CacheGeneration) {
         if self.cache.raise_seen(resource, token, seen).changed {
             self.metrics.highest_raised(resource, token);
         }
@@ -460,18 +399,21 @@ impl Coordinator {
     }
 
     /// Keeps `fencegate_backend_errors_total` and `fencegate_backend_ready` current.
-    pub fn backend_result<T>(&self, result: &Result<T, StoreError>) {
+    pub(super) fn backend_result<T>(&self, result: &Result<T, StoreError>) {
         match result {
             Ok(_) => self.backend_succeeded(),
             Err(error) => self.backend_failed(error),
         }
     }
 
-    pub fn backend_succeeded(&self) {
+    /// The backend answered: it is ready.
+    pub(super) fn backend_succeeded(&self) {
         self.metrics.backend_ready(true);
     }
 
-    pub fn backend_failed(&self, error: &StoreError) {
+    /// The backend failed: counted, and if it could not be reached, not ready and the
+    /// fences suspect ([`audit`]).
+    pub(super) fn backend_failed(&self, error: &StoreError) {
         self.metrics.backend_error(error.kind());
         if let StoreError::Unavailable { reason, .. } = error {
             self.metrics.backend_ready(false);

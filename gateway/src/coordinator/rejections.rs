@@ -1,6 +1,7 @@
-//! Stale and unissued tokens refused: from the fence cache before any work, by the
-//! store, or by the in-database fence through either front door — each counted in the
-//! metrics and logged within the `--stale-log-limit` budget, whichever way it came.
+//! Stale and unissued tokens refused: from the fence cache before any work
+//! ([`super::cache_check`]), by the store, or by the in-database fence through either
+//! front door — each counted in the metrics and logged within the `--stale-log-limit`
+//! budget, whichever way it came.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -8,7 +9,7 @@ use std::time::Duration;
 use fencegate_proto::headers::Fencing;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
 
-use super::fence_cache::Seen;
+use super::fence_cache::CacheGeneration;
 use super::Coordinator;
 use crate::dbfence::{FenceRejection, Reported};
 use crate::error::ApiError;
@@ -33,19 +34,19 @@ impl FrontDoor {
 
 /// The facts of a stale rejection, as logged.
 #[derive(Clone, Copy)]
-struct Rejected<'a> {
-    resource: &'a ResourceName,
-    key: Option<&'a ObjectKey>,
-    fencing: &'a Fencing,
+pub(super) struct Rejected<'a> {
+    pub(super) resource: &'a ResourceName,
+    pub(super) key: Option<&'a ObjectKey>,
+    pub(super) fencing: &'a Fencing,
     /// The authenticated caller; `None` when authentication is off.
-    identity: Option<&'a str>,
-    highest: Token,
+    pub(super) identity: Option<&'a str>,
+    pub(super) highest: Token,
 }
 
 impl Coordinator {
     /// Logs, once a second while a stale flood lasts, how many "stale write rejected"
     /// lines `--stale-log-limit` left out; runs until shutdown.
-    pub async fn summarise_unlogged_rejections(self: Arc<Self>) {
+    pub(super) async fn summarise_unlogged_rejections(self: Arc<Self>) {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -64,65 +65,17 @@ impl Coordinator {
         }
     }
 
-    /// The fast path: rejects `fencing` from memory if the cache already knows a higher
-    /// committed token. `Ok` means only "not known to be stale": the backend decides.
-    pub(super) fn check_cached(
-        &self,
-        resource: &ResourceName,
-        key: Option<&ObjectKey>,
-        fencing: &Fencing,
-        identity: Option<&str>,
-    ) -> Result<(), ApiError> {
-        if self.no_cache_rejections {
-            return Ok(());
-        }
-        match self.cache.reject_below(resource, fencing.token) {
-            Some((highest, rejections)) => {
-                self.metrics.cache_rejection();
-                let rejected = Rejected {
-                    resource,
-                    key,
-                    fencing,
-                    identity,
-                    highest,
-                };
-                Err(self.rejected(&rejected, rejections))
-            }
-            None => Ok(()),
-        }
-    }
-
-    /// The committed highest token the cache knows for `resource`, if `token` is below
-    /// it (never, with the test-only `--no-cache-rejections`).
-    pub fn cached_above(&self, resource: &ResourceName, token: Token) -> Option<Token> {
-        let highest = self.cache.highest(resource)?;
-        (!self.no_cache_rejections && highest > token).then_some(highest)
-    }
-
-    /// The rejection of a write the cache knew stale (`highest`: the token it knew),
-    /// counted as a cache rejection and logged.
-    pub fn stale_by_cache(
-        &self,
-        resource: &ResourceName,
-        fencing: &Fencing,
-        identity: Option<&str>,
-        highest: Token,
-    ) -> ApiError {
-        self.metrics.cache_rejection();
-        self.stale(resource, None, fencing, identity, highest, self.seen())
-    }
-
     /// Counts and logs a stale rejection (within the `--stale-log-limit` budget), and
     /// returns the error to answer with. `highest` must be a committed token above the
     /// presented one.
-    pub fn stale(
+    pub(super) fn stale(
         &self,
         resource: &ResourceName,
         key: Option<&ObjectKey>,
         fencing: &Fencing,
         identity: Option<&str>,
         highest: Token,
-        seen: Seen,
+        seen: CacheGeneration,
     ) -> ApiError {
         self.count_stale(resource, key, fencing, identity, highest, seen);
         ApiError::Stale {
@@ -134,14 +87,14 @@ impl Coordinator {
 
     /// Counts and logs a stale rejection as [`Coordinator::stale`] does, for an answer
     /// built elsewhere (a transaction's, rendered from its outcome).
-    pub fn count_stale(
+    pub(super) fn count_stale(
         &self,
         resource: &ResourceName,
         key: Option<&ObjectKey>,
         fencing: &Fencing,
         identity: Option<&str>,
         highest: Token,
-        seen: Seen,
+        seen: CacheGeneration,
     ) {
         let rejections = self.cache.count_rejection(resource, highest, seen);
         let rejected = Rejected {
@@ -156,7 +109,7 @@ impl Coordinator {
 
     /// Counts and logs `rejected`, the resource's `rejections`-th, and returns the error
     /// to answer with.
-    fn rejected(&self, rejected: &Rejected<'_>, rejections: u64) -> ApiError {
+    pub(super) fn rejected(&self, rejected: &Rejected<'_>, rejections: u64) -> ApiError {
         self.record_stale(rejected, FrontDoor::Http, rejections);
         ApiError::Stale {
             resource: rejected.resource.clone(),

@@ -10,11 +10,12 @@
 //! with `503 not_synchronously_replicated` while the last reading was not synchronous,
 //! or could not be taken.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::Coordinator;
+use crate::config::ReplicationArgs;
 use crate::error::ApiError;
 use crate::store::postgres::replication::{patroni_config, PatroniConfig, Replication};
 use crate::store::Store;
@@ -24,6 +25,30 @@ pub const REPLICATION_CHECK: Duration = Duration::from_secs(1);
 
 /// How long Patroni's REST API may take to answer.
 const PATRONI_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The fence database's replication as last read, where to read Patroni's, and whether
+/// writes require it synchronous.
+pub(super) struct ReplicationWatch {
+    /// `--require-synchronous-replication`.
+    required: bool,
+    /// Patroni's REST APIs (`--patroni-url`), read in order until one answers.
+    patroni_urls: Vec<String>,
+    /// Which of them answered last: the first one tried next time.
+    patroni_answered: AtomicUsize,
+    /// The last reading was synchronous.
+    synchronous: AtomicBool,
+}
+
+impl ReplicationWatch {
+    pub(super) fn new(args: &ReplicationArgs) -> ReplicationWatch {
+        ReplicationWatch {
+            required: args.require_synchronous_replication,
+            patroni_urls: args.patroni_url.clone(),
+            patroni_answered: AtomicUsize::new(0),
+            synchronous: AtomicBool::new(false),
+        }
+    }
+}
 
 /// What one reading found, for the ready line.
 #[derive(Debug, Clone)]
@@ -69,7 +94,7 @@ impl Coordinator {
     /// Reads, records and returns how the fence database replicates; `None` for the
     /// embedded store, or when the database cannot be read (then nothing is
     /// synchronous).
-    pub async fn check_replication(&self) -> Option<ReplicationReading> {
+    pub(super) async fn check_replication(&self) -> Option<ReplicationReading> {
         let Store::Postgres(store) = &self.store else {
             return None;
         };
@@ -101,13 +126,15 @@ impl Coordinator {
     /// with the one that answered last; `None` without the flag, or if none does (then
     /// a warning with each one's error).
     async fn read_patroni(&self) -> Option<PatroniConfig> {
-        let urls = &self.patroni_urls;
-        let first = self.patroni_answered.load(Ordering::Relaxed);
+        let urls = &self.replication.patroni_urls;
+        let first = self.replication.patroni_answered.load(Ordering::Relaxed);
         let mut errors = Vec::new();
         for at in (0..urls.len()).map(|n| (first + n) % urls.len()) {
             match patroni_config(&urls[at], PATRONI_TIMEOUT).await {
                 Ok(config) => {
-                    self.patroni_answered.store(at, Ordering::Relaxed);
+                    self.replication
+                        .patroni_answered
+                        .store(at, Ordering::Relaxed);
                     return Some(config);
                 }
                 Err(error) => errors.push(format!("{}: {error}", urls[at])),
@@ -125,11 +152,12 @@ impl Coordinator {
     /// Records whether the fence database is synchronously replicated, logging changes.
     fn replicated(&self, synchronous: bool) {
         let before = self
-            .synchronously_replicated
+            .replication
+            .synchronous
             .swap(synchronous, Ordering::AcqRel);
         if before && !synchronous {
             tracing::warn!(
-                refusing = self.require_synchronous_replication,
+                refusing = self.replication.required,
                 "the fence database has no synchronous standby: a failover now may lose \
                  acknowledged writes and fence raises"
             );
@@ -139,7 +167,7 @@ impl Coordinator {
     }
 
     /// Reads the replication every [`REPLICATION_CHECK`], until shutdown.
-    pub async fn watch_replication(self: Arc<Self>) {
+    pub(super) async fn watch_replication(self: Arc<Self>) {
         if !matches!(self.store, Store::Postgres(_)) {
             return;
         }
@@ -169,9 +197,8 @@ impl Coordinator {
     /// Refuses a write, raise or lease step while the fence database is not known to be
     /// synchronously replicated, if `--require-synchronous-replication` asks for it.
     pub(super) fn require_replication(&self) -> Result<(), ApiError> {
-        if self.require_synchronous_replication
-            && !self.synchronously_replicated.load(Ordering::Acquire)
-        {
+        let watch = &self.replication;
+        if watch.required && !watch.synchronous.load(Ordering::Acquire) {
             return Err(ApiError::NotSynchronouslyReplicated);
         }
         Ok(())

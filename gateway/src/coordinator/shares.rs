@@ -26,7 +26,7 @@ pub enum ClientKey {
 
 /// What one client holds now.
 #[derive(Debug, Default, Clone, Copy)]
-struct Held {
+struct ClientHolds {
     writes: usize,
     body_bytes: usize,
 }
@@ -37,7 +37,7 @@ pub struct Shares {
     max_body_bytes: usize,
     /// Keys the hash of identity names, so that names cannot be chosen to collide.
     hasher: std::collections::hash_map::RandomState,
-    held: DashMap<ClientKey, Held>,
+    held: DashMap<ClientKey, ClientHolds>,
 }
 
 impl Shares {

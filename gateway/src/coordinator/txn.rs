@@ -138,7 +138,7 @@ impl Coordinator {
 
     /// Removes expired answers of keyed writes, every `every`, until shutdown. Touches
     /// no fence: a cleanup never holds a fence lock.
-    pub async fn expire_idempotency(self: Arc<Self>, every: Duration) {
+    pub(super) async fn expire_idempotency(self: Arc<Self>, every: Duration) {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -50,11 +50,11 @@ impl ServerSlots {
 /// sets each pool.
 pub(crate) fn gateway_pools(config: &Config) -> Vec<(&'static str, usize)> {
     let mut pools = vec![
-        ("--pool-size", config.pool_size),
-        ("--write-lanes", config.write_lanes),
+        ("--pool-size", config.store.pool_size),
+        ("--write-lanes", config.store.write_lanes),
     ];
-    if config.sql {
-        pools.push(("--sql-pool-size", config.sql_pool_size));
+    if config.sql.enabled {
+        pools.push(("--sql-pool-size", config.sql.sql_pool_size));
     }
     let leader_lease = config
         .issuers
@@ -123,7 +123,12 @@ pub(crate) async fn settle(config: &Config, pg: &PgStore) -> Result<usize, Strin
     let server = read(pg).await?;
     let pools = gateway_pools(config);
     let wanted = config.pg_max_connections();
-    match fit(wanted, config.pg_max_connections.is_some(), server, &pools)? {
+    match fit(
+        wanted,
+        config.door.pg_max_connections.is_some(),
+        server,
+        &pools,
+    )? {
         Fit::Fits(cap) => Ok(cap),
         Fit::Lowered { from, to } => {
             let own: usize = pools.iter().map(|(_, size)| size).sum();

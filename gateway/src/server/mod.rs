@@ -52,6 +52,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, ResponseBudget};
 use crate::auth::ClientCertificate;
+use crate::config::{HttpArgs, LimitArgs};
 use crate::coordinator::Coordinator;
 use crate::tls::{self, Tls};
 use conn::{ConnState, Deadlines, Watched};
@@ -73,6 +74,27 @@ pub struct Limits {
     pub max_response_memory: usize,
     /// `--max-pending-answers`: answers waiting on one connection.
     pub max_pending_answers: usize,
+}
+
+impl Limits {
+    /// The limits the HTTP and limit flags set; raises the open-file limit for
+    /// `--max-connections` ([`connection_cap`]).
+    pub fn new(http: &HttpArgs, limits: &LimitArgs) -> Limits {
+        Limits {
+            max_connections: connection_cap(http.max_connections),
+            max_header_size: http.max_header_size,
+            deadlines: Deadlines {
+                idle: http.idle_timeout,
+                header: http.header_timeout,
+                write: http.write_timeout,
+            },
+            http2_keep_alive_interval: http.http2_keepalive_interval,
+            http2_keep_alive_timeout: http.http2_keepalive_timeout,
+            grace: http.shutdown_timeout,
+            max_response_memory: limits.max_response_memory,
+            max_pending_answers: limits.max_pending_answers,
+        }
+    }
 }
 
 /// Raises the soft open-file limit to the hard one, and returns how many connections

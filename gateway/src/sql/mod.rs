@@ -54,10 +54,8 @@ use crate::dbfence::{FenceRejection, ProofKey};
 use crate::error::ApiError;
 use crate::pgtls::PgUrlError;
 use crate::store::postgres::session::Pins;
-use crate::store::postgres::{
-    describe, error_text, with_client_until, OnNewServer, PgPool, PgStore,
-};
-use crate::store::StoreError;
+use crate::store::postgres::{describe, error_text, with_client_until, OnNewServer, PgPool, PgStore};
+use crate::store::{Store, StoreError};
 
 pub use guard::SqlPolicy;
 
@@ -68,6 +66,19 @@ pub enum SqlEndpoint {
     Disabled,
     /// The embedded store: there is no database to run SQL in.
     NotSupported,
+}
+
+impl SqlEndpoint {
+    /// What `/v1/sql` does with `store`: runs, with `--sql` and the Postgres backend.
+    pub async fn start(config: &Config, store: &Store) -> Result<SqlEndpoint, SqlStartError> {
+        Ok(match store {
+            Store::Postgres(pg) if config.sql.enabled => {
+                SqlEndpoint::Enabled(Arc::new(SqlService::connect(config, pg).await?))
+            }
+            Store::Postgres(_) => SqlEndpoint::Disabled,
+            Store::Embedded(_) => SqlEndpoint::NotSupported,
+        })
+    }
 }
 
 /// Runs fenced SQL transactions on the writer-only pool.
@@ -253,12 +264,15 @@ fn pinned_options(config: &Config) -> Pins {
         .set("standard_conforming_strings", "on")
         .duration(
             "statement_timeout",
-            at_least_1ms(config.sql_statement_timeout),
+            at_least_1ms(config.sql.sql_statement_timeout),
         )
-        .duration("lock_timeout", at_least_1ms(config.sql_statement_timeout))
+        .duration(
+            "lock_timeout",
+            at_least_1ms(config.sql.sql_statement_timeout),
+        )
         .duration(
             "idle_in_transaction_session_timeout",
-            at_least_1ms(config.backend_timeout),
+            at_least_1ms(config.store.backend_timeout),
         )
         .set("default_transaction_isolation", "read committed")
 }
@@ -287,6 +301,7 @@ impl SqlService {
     /// the login can reach nothing more of fencegate's; see the module doc.
     pub async fn connect(config: &Config, gateway: &PgStore) -> Result<SqlService, SqlStartError> {
         let url = config
+            .sql
             .sql_database_url
             .as_deref()
             .expect("validated: --sql comes with --sql-database-url");
@@ -298,7 +313,7 @@ impl SqlService {
             pg_config.application_name("fencegate-sql");
         }
         pinned_options(config).apply(&mut pg_config);
-        pg_config.connect_timeout(config.backend_timeout);
+        pg_config.connect_timeout(config.store.backend_timeout);
         pg_config.keepalives_idle(Duration::from_secs(30));
         // One connection of its own for the checks, so that a login that cannot connect
         // says why.
@@ -329,12 +344,12 @@ impl SqlService {
         let pool = PgPool::watched(
             pg_config,
             &tls,
-            config.sql_pool_size,
+            config.sql.sql_pool_size,
             RecyclingMethod::Clean,
             (Arc::clone(gateway.watch()), OnNewServer::Waits),
         );
         // Opened now and kept, as the gateway's own pools are: see `PgStore::connect`.
-        pool.warm(config.sql_pool_size, "--sql-pool-size")
+        pool.warm(config.sql.sql_pool_size, "--sql-pool-size")
             .await
             .map_err(SqlStartError::Connect)?;
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
@@ -342,7 +357,7 @@ impl SqlService {
             pool,
             policy: SqlPolicy::from_config(config),
             checker: checker::Checker::start(threads).map_err(SqlStartError::Threads)?,
-            timeout: config.backend_timeout,
+            timeout: config.store.backend_timeout,
             fence_key: gateway.keys().sql.clone(),
             proof: gateway.keys().proof.clone(),
         })

@@ -120,14 +120,17 @@ impl SqlPolicy {
     /// The policy of `config`'s `--sql-*` flags.
     pub fn from_config(config: &Config) -> SqlPolicy {
         SqlPolicy {
-            role: config.sql_role.clone(),
-            allow_ddl: config.sql_allow_ddl,
-            max_statements: config.sql_max_statements,
-            max_statement_size: config.sql_max_statement_size,
-            statement_timeout: config.sql_statement_timeout,
-            max_rows: config.sql_max_rows,
-            max_response: config.sql_max_response,
-            max_keyed_response: config.sql_max_response.min(config.idempotency_max_answer),
+            role: config.sql.sql_role.clone(),
+            allow_ddl: config.sql.sql_allow_ddl,
+            max_statements: config.sql.sql_max_statements,
+            max_statement_size: config.sql.sql_max_statement_size,
+            statement_timeout: config.sql.sql_statement_timeout,
+            max_rows: config.sql.sql_max_rows,
+            max_response: config.sql.sql_max_response,
+            max_keyed_response: config
+                .sql
+                .sql_max_response
+                .min(config.idempotency.idempotency_max_answer),
         }
     }
 }

@@ -10,18 +10,42 @@
 //!   (`fencegate_term_takeovers_total`) and logs each; and compares the issuer bindings
 //!   in the database with its own flags ([`crate::store::postgres::bindings`]).
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use super::Coordinator;
 use crate::store::postgres::bindings::{describe, Drift};
 use crate::store::Store;
+
+/// How far this gateway has followed the takeover log, and the issuer bindings it
+/// adopted.
+pub(super) struct Authority {
+    /// The last entry of the takeover log this gateway has counted.
+    takeovers_followed: AtomicI64,
+    /// The generation of the issuer bindings this gateway adopted (Postgres).
+    bindings_generation: Option<i64>,
+    /// Another gateway replaced the bindings (logged once).
+    bindings_replaced: AtomicBool,
+}
+
+impl Authority {
+    pub(super) fn new(bindings_generation: Option<i64>) -> Authority {
+        Authority {
+            takeovers_followed: AtomicI64::new(0),
+            bindings_generation,
+            bindings_replaced: AtomicBool::new(false),
+        }
+    }
+}
 
 impl Coordinator {
     /// Starts following the takeover log from its end.
     pub(super) async fn start_following_takeovers(&self) {
         if let Store::Postgres(pg) = &self.store {
             match pg.last_takeover().await {
-                Ok(last) => self.takeovers_followed.store(last, Ordering::Release),
+                Ok(last) => self
+                    .authority
+                    .takeovers_followed
+                    .store(last, Ordering::Release),
                 Err(error) => tracing::warn!(%error, "could not read the takeover log"),
             }
         }
@@ -33,7 +57,7 @@ impl Coordinator {
         let Store::Postgres(pg) = &self.store else {
             return;
         };
-        let after = self.takeovers_followed.load(Ordering::Acquire);
+        let after = self.authority.takeovers_followed.load(Ordering::Acquire);
         match pg.takeovers_since(after).await {
             Ok(ended) => {
                 for takeover in &ended.records {
@@ -66,14 +90,15 @@ impl Coordinator {
                     );
                 }
                 if issued > 0 {
-                    self.takeovers_followed
+                    self.authority
+                        .takeovers_followed
                         .store(ended.last_id, Ordering::Release);
                     self.metrics.terms_taken_over(issued);
                 }
             }
             Err(error) => tracing::debug!(%error, "could not read the takeover log"),
         }
-        let Some(generation) = self.bindings_generation else {
+        let Some(generation) = self.authority.bindings_generation else {
             return;
         };
         match pg
@@ -92,7 +117,11 @@ impl Coordinator {
             }
             Ok(Drift::Replaced { generation: newer }) => {
                 self.metrics.issuer_bindings_drift(true);
-                if !self.bindings_replaced.swap(true, Ordering::AcqRel) {
+                if !self
+                    .authority
+                    .bindings_replaced
+                    .swap(true, Ordering::AcqRel)
+                {
                     tracing::error!(
                         generation,
                         newer,
