@@ -54,7 +54,9 @@ use crate::dbfence::{FenceRejection, ProofKey};
 use crate::error::ApiError;
 use crate::pgtls::PgUrlError;
 use crate::store::postgres::session::Pins;
-use crate::store::postgres::{describe, error_text, with_client_until, OnNewServer, PgPool, PgStore};
+use crate::store::postgres::{
+    describe, error_text, with_client_until, OnNewServer, PgPool, PgStore,
+};
 use crate::store::{Store, StoreError};
 
 pub use guard::SqlPolicy;
