@@ -1,6 +1,6 @@
 //! The gateway's configuration: one struct, every field a flag and an environment variable.
 //!
-//! [`Config`] holds `serve`'s flags in groups ([`groups`]), one for each part of the
+//! [`Config`] holds `serve`'s flags in groups (`groups.rs`), one for each part of the
 //! gateway they configure, which takes its group whole.
 //!
 //! Tests build it with [`Cli::try_parse_from`]; nothing here

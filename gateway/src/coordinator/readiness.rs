@@ -28,7 +28,7 @@ impl Coordinator {
         Ok(result?)
     }
 
-    /// Whether the store can take writes, by a real write ([`Store::probe_write`]) at
+    /// Whether the store can take writes, by a real write ([`crate::store::Store::probe_write`]) at
     /// most every [`WRITE_PROBE_EVERY`], or at once after a write failed in storage.
     /// Readiness callers wait for one probe rather than each run their own.
     pub async fn writable(self: &Arc<Self>) -> Result<Result<(), NotWritable>, ApiError> {

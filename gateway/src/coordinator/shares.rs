@@ -3,7 +3,7 @@
 //! `--max-writes-in-flight` and `--max-body-memory` bound the whole process. Without
 //! shares, one client that opens many writes and sends their bodies slowly (or never)
 //! holds all of both, and every other client's write is refused `503 overloaded`. So
-//! each client may hold at most its share of each ([`Limits::share`]); past it, that
+//! each client may hold at most its share of each (`--max-client-share`); past it, that
 //! client's writes are refused (`writes_share`, `body_share`) while the others' go on.
 //!
 //! A client is its authenticated identity when the gateway authenticates — one key
