@@ -317,6 +317,23 @@ impl Gateway {
     }
 }
 
+/// Lines of a gateway's log that a failing test prints.
+const TAIL_LINES: usize = 40;
+
+impl Drop for Gateway {
+    /// In a test that is failing, prints the end of the gateway's log: what it was
+    /// doing when the test gave up (libtest shows a failing test's output).
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- gateway {}, its last {TAIL_LINES} log lines:\n{}",
+                self.addr,
+                self.log_lines().tail(TAIL_LINES)
+            );
+        }
+    }
+}
+
 /// A gateway's log lines as it printed them, shared with the gateway: for the report
 /// of a failure elsewhere (a test bed's wait that ran out).
 #[derive(Clone)]
