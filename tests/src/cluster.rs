@@ -355,8 +355,23 @@ impl Cluster {
     }
 }
 
+/// Lines of a server's log that a failing test prints.
+const TAIL_LINES: usize = 40;
+
 impl Drop for Cluster {
+    /// Stops the server and removes its directory; in a test that is failing, prints the
+    /// end of its log first (libtest shows a failing test's output).
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = self.log();
+            let lines: Vec<&str> = log.lines().collect();
+            eprintln!(
+                "--- postgres {} (port {}), its last {TAIL_LINES} log lines:\n{}",
+                self.dir.display(),
+                self.port,
+                lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n")
+            );
+        }
         if self.running {
             let stop = format!(
                 "{BIN}/pg_ctl stop -w -m immediate -D {}/data",

@@ -303,12 +303,47 @@ impl Gateway {
             .collect()
     }
 
+    /// Its log lines, now and later.
+    pub fn log_lines(&self) -> LogLines {
+        LogLines(Arc::clone(&self.logs))
+    }
+
     /// The log events whose message is `message`.
     pub fn events(&self, message: &str) -> Vec<Value> {
         self.logs()
             .into_iter()
             .filter(|event| event["fields"]["message"].as_str() == Some(message))
             .collect()
+    }
+}
+
+/// Lines of a gateway's log that a failing test prints.
+const TAIL_LINES: usize = 40;
+
+impl Drop for Gateway {
+    /// In a test that is failing, prints the end of the gateway's log: what it was
+    /// doing when the test gave up (libtest shows a failing test's output).
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- gateway {}, its last {TAIL_LINES} log lines:\n{}",
+                self.addr,
+                self.log_lines().tail(TAIL_LINES)
+            );
+        }
+    }
+}
+
+/// A gateway's log lines as it printed them, shared with the gateway: for the report
+/// of a failure elsewhere (a test bed's wait that ran out).
+#[derive(Clone)]
+pub struct LogLines(Arc<Mutex<Vec<String>>>);
+
+impl LogLines {
+    /// The last `count` lines.
+    pub fn tail(&self, count: usize) -> String {
+        let lines = self.0.lock().unwrap();
+        lines[lines.len().saturating_sub(count)..].join("\n")
     }
 }
 

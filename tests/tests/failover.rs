@@ -18,7 +18,20 @@ use serde_json::{json, Value};
 /// The first token of the epoch of timeline 2: the first a promoted standby mints.
 const SECOND_EPOCH: u64 = (1 << 40) + 1;
 
-const WAIT: Duration = Duration::from_secs(20);
+/// The gateways' backend deadline (`--backend-timeout`), in seconds: how long one
+/// attempt to connect to a server, or one statement, may take before the gateway gives
+/// up on that server and tries again.
+const BACKEND_TIMEOUT_S: u64 = 2;
+
+/// How long a step of a failover may take here: the test promotes the standby itself,
+/// so what is left is the gateway's attempts to reach it, each bounded by the backend
+/// deadline — ten of them, for a machine busy with other work.
+const WAIT: Duration = Duration::from_secs(10 * BACKEND_TIMEOUT_S);
+
+/// `--backend-timeout` as the gateways take it.
+fn backend_timeout() -> String {
+    format!("{BACKEND_TIMEOUT_S}s")
+}
 
 /// A primary that lets its standby replicate without a password, and the standby,
 /// streaming through a proxy the test can cut.
@@ -49,7 +62,12 @@ fn url(primary: &Cluster, standby: &Cluster) -> String {
 async fn gateway_on(primary: &Cluster, standby: &Cluster) -> Gateway {
     Gateway::builder()
         .database(&url(primary, standby))
-        .args(&["--pg-listen", "off", "--backend-timeout", "2s"])
+        .args(&[
+            "--pg-listen",
+            "off",
+            "--backend-timeout",
+            &backend_timeout(),
+        ])
         .spawn()
         .await
 }
@@ -137,7 +155,7 @@ async fn after_an_asynchronous_failover_the_lost_fence_is_restored() {
     // A third gateway, with its Postgres door, sees `billing` only.
     let doors = Gateway::builder()
         .database(&url(&primary, &standby))
-        .args(&["--backend-timeout", "2s"])
+        .args(&["--backend-timeout", &backend_timeout()])
         .spawn()
         .await;
     assert_eq!(
@@ -394,7 +412,7 @@ async fn without_a_synchronous_standby_a_gateway_that_requires_one_refuses_write
         .database(&url(&primary, &standby))
         .args(&[
             "--backend-timeout",
-            "2s",
+            &backend_timeout(),
             "--require-synchronous-replication",
         ])
         .spawn()

@@ -8,7 +8,7 @@ use http::Method;
 use serde_json::json;
 
 use super::process::{children, signal_group, signal_process};
-use super::{HaCluster, SWITCHOVER_TIMEOUT};
+use super::HaCluster;
 
 /// A node stopped with SIGSTOP by [`HaCluster::stop_primary`].
 #[derive(Debug, Clone)]
@@ -24,7 +24,7 @@ impl HaCluster {
     /// kill -9 of the primary's postmaster alone (its backends notice and exit; Patroni
     /// starts it again). The node and the pid killed.
     pub async fn kill_primary_postmaster(&self) -> (String, u32) {
-        let (name, _) = self.wait_for_primary(Duration::from_secs(30)).await;
+        let (name, _) = self.wait_for_primary().await;
         let pid = self
             .node(&name)
             .postmaster_pid()
@@ -38,7 +38,7 @@ impl HaCluster {
     /// child. The node stays down until [`HaCluster::restart_killed_nodes`]; its leader key
     /// expires after `ttl`. The node killed.
     pub async fn kill_primary_node(&self) -> String {
-        let (name, _) = self.wait_for_primary(Duration::from_secs(30)).await;
+        let (name, _) = self.wait_for_primary().await;
         let node = self.node(&name);
         node.patroni.signal("KILL");
         node.kill_postgres();
@@ -72,7 +72,7 @@ impl HaCluster {
     /// its own) — as when a VM is paused: the node holds its sessions and its leader key
     /// until that expires, until [`HaCluster::cont`].
     pub async fn stop_primary(&self) -> Stopped {
-        let (name, _) = self.wait_for_primary(Duration::from_secs(30)).await;
+        let (name, _) = self.wait_for_primary().await;
         let node = self.node(&name);
         let patroni = node.patroni.group();
         if let Some(group) = patroni {
@@ -109,7 +109,7 @@ impl HaCluster {
     /// etcd, the other nodes, HAProxy, the gateways — every packet silently dropped,
     /// until [`HaCluster::heal`]. The node cut off.
     pub async fn partition_primary(&mut self) -> String {
-        let (name, _) = self.wait_for_primary(Duration::from_secs(30)).await;
+        let (name, _) = self.wait_for_primary().await;
         let index = self
             .nodes
             .iter()
@@ -131,12 +131,13 @@ impl HaCluster {
     /// A switchover (`POST /switchover` to the primary's Patroni, which answers once it
     /// is done): the old primary, the new one, and how long the call took.
     pub async fn switchover(&self) -> (String, String, Duration) {
-        let (old, _) = self.wait_for_primary(Duration::from_secs(30)).await;
+        let (old, _) = self.wait_for_primary().await;
         let started = Instant::now();
+        // Patroni answers once the new primary runs.
         let answer = self
             .node(&old)
             .call_within(
-                SWITCHOVER_TIMEOUT,
+                self.timing.recovery(),
                 Method::POST,
                 "/switchover",
                 Some(json!({"leader": old})),
@@ -145,9 +146,7 @@ impl HaCluster {
         if !matches!(answer, Some((200, _))) {
             self.fail(&format!("POST /switchover answered {answer:?}"));
         }
-        let (new, _) = self
-            .wait_for_new_primary(&old, Duration::from_secs(60))
-            .await;
+        let (new, _) = self.wait_for_new_primary(&old).await;
         (old, new, started.elapsed())
     }
 

@@ -21,10 +21,6 @@ use tokio_util::sync::CancellationToken;
 use crate::history;
 use crate::lease::next_transition;
 
-/// How long a holder may take to acquire its new lease: the gateway may still be
-/// waiting for a synchronous standby after the previous fault.
-const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(60);
-
 /// Holds a lease through one gateway until stopped, noting every transition.
 pub struct Holder {
     /// What the gateway is, e.g. `haproxy`.
@@ -58,7 +54,15 @@ pub struct Held {
 impl Holder {
     /// Starts a holder of a new lease `lease` through the gateway at `url`, and waits
     /// until it has acquired it.
-    pub async fn start(label: &str, url: &str, lease: &str, ttl: Duration) -> Holder {
+    /// It may take up to `patience` to acquire it: the gateway may still be waiting for
+    /// a synchronous standby after the previous fault.
+    pub async fn start(
+        label: &str,
+        url: &str,
+        lease: &str,
+        ttl: Duration,
+        patience: Duration,
+    ) -> Holder {
         let config = LeaseConfig::with_lease(ttl);
         let store = GatewayStore::new(FencedClient::new(url).expect("a gateway URL"));
         let elector = Elector::new(store, lease, &format!("holder-{lease}"), config)
@@ -87,7 +91,7 @@ impl Holder {
                     .await;
             }
         });
-        next_transition(&mut first, ACQUIRE_TIMEOUT, |t| {
+        next_transition(&mut first, patience, |t| {
             matches!(t, Transition::Acquired { .. })
         })
         .await;

@@ -37,10 +37,23 @@
 //!
 //! After bootstrap the cluster's dynamic configuration (`PATCH /config`) turns `fsync`
 //! off, for speed on a machine of two cores, and `synchronous_mode` off if asked; the
-//! rest is as `patroni.yml` says. Every log goes to `logs/<process>.log`; a wait that
-//! runs out, or a process that exits unasked (found by every wait), panics with what
-//! was awaited and last seen, the processes that exited, any permission error in the
-//! logs, and the tails of all of them (Patroni's logs hold its Postgres's output too).
+//! rest is as `patroni.yml` says. Every log goes to `logs/<process>.log`.
+//!
+//! # Waits
+//!
+//! The waits are derived from Patroni's timing as `GET /config` reports it and from
+//! this machine's pace ([`Timing`]), and go on while a node reports work under way. A
+//! wait that runs out, or a process that exits unasked (found by every wait), panics
+//! with what was awaited and last seen, the processes that exited, any permission error
+//! in the logs, Patroni's view of the cluster (`GET /cluster`), and the tails of every
+//! log: Patroni's (which hold its Postgres's output), Postgres's own if it keeps one,
+//! etcd's, HAProxy's, and those of the gateways a test runs on the cluster
+//! ([`HaCluster::watch`]).
+//!
+//! # Fault runs
+//!
+//! [`run`] is the run of faults `tests/tests/patroni.rs` judges: its writers
+//! (`writers.rs`) and the summary of each fault (`summary.rs`).
 
 mod faults;
 mod gateway_login;
@@ -48,9 +61,15 @@ mod holder;
 mod network;
 mod probe;
 mod process;
+pub mod run;
+mod summary;
+mod timing;
+mod writers;
 
-use std::net::Ipv4Addr;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -59,23 +78,23 @@ use serde_json::{json, Value};
 use tokio::process::Command;
 
 use crate::cluster::BIN;
+use crate::gateway::{Gateway, LogLines};
 use crate::http::Client;
 pub use holder::{Held, Holder};
 use network::Network;
 pub use probe::{longest_gap, Outage, Probe};
 use process::{
     children, postgres_ids, process_group, readable_by_postgres, signal_group, signal_process,
-    Process,
+    tail, Process, TAIL_LINES,
 };
+pub use timing::Timing;
+use timing::{in_progress, PROGRESS_CAP};
 
 /// The reference deployment: `patroni.yml` and `haproxy.cfg`.
 pub const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/patroni");
 
 /// The node names, as `haproxy.cfg` names its servers.
 const NODES: [&str; 3] = ["node1", "node2", "node3"];
-
-/// How long the cluster may take to bootstrap (initdb, base backups) and to settle.
-const START_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// How long one REST call to Patroni, or an etcd health check, may take: a stopped node
 /// never answers.
@@ -84,9 +103,6 @@ const REST_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a `/primary` probe may take: a stopped node never answers, and the
 /// harness should see a new primary soon after it is promoted.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
-
-/// How long a switchover may take: Patroni answers once the new primary runs.
-const SWITCHOVER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// One Patroni node and its Postgres.
 pub struct Node {
@@ -193,6 +209,11 @@ pub struct HaCluster {
     haproxy: Option<Process>,
     /// Whether commits wait for a synchronous standby (`synchronous_mode`).
     synchronous: bool,
+    /// Patroni's timing and this machine's pace, which the waits are derived from.
+    timing: Timing,
+    /// The gateways a test runs on the cluster, by label: their logs go into a
+    /// failure's report.
+    gateways: Mutex<Vec<(String, LogLines)>>,
     /// Removed when dropped, after the fields above: after every process was killed.
     network: Network,
 }
@@ -213,6 +234,11 @@ impl HaCluster {
         // Whatever the umask: `postgres` must pass through to its nodes' directories.
         std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o711))
             .expect("chmod 0711 of the temp dir");
+        let deployed = Path::new(DEPLOY).join("patroni.yml");
+        let timing = std::fs::read_to_string(&deployed)
+            .map_err(|e| e.to_string())
+            .and_then(|text| Timing::deployed(&text))
+            .unwrap_or_else(|e| panic!("{}: {e}", deployed.display()));
         let network = Network::create(NODES.len())
             .await
             .unwrap_or_else(|e| panic!("the nodes' namespaces cannot be made: {e}"));
@@ -226,10 +252,13 @@ impl HaCluster {
             haproxy_port: crate::free_port(),
             haproxy: None,
             synchronous,
+            timing,
+            gateways: Mutex::new(Vec::new()),
             network,
         };
         cluster.start_etcd().await;
         let (uid, gid) = postgres_ids().await;
+        let nodes_started = Instant::now();
         for (index, name) in NODES.into_iter().enumerate() {
             let node_dir = cluster.dir.join(name);
             std::fs::create_dir(&node_dir).expect("a node's directory can be created");
@@ -252,7 +281,8 @@ impl HaCluster {
             let node = cluster.start_node(index, name, node_dir);
             cluster.nodes.push(node);
         }
-        let (leader, _) = cluster.wait_for_primary(START_TIMEOUT).await;
+        let (leader, _) = cluster.wait_for_primary().await;
+        let bootstrap = nodes_started.elapsed();
         let settings = json!({
             "synchronous_mode": synchronous,
             "postgresql": {"parameters": {"fsync": "off"}},
@@ -264,12 +294,34 @@ impl HaCluster {
         if !matches!(patched, Some((200, _))) {
             cluster.fail(&format!("PATCH /config answered {patched:?}"));
         }
-        cluster.start_haproxy();
-        cluster.wait_until_streaming(START_TIMEOUT).await;
-        cluster
-            .wait_for_writes(&cluster.haproxy_url(), START_TIMEOUT)
+        let config = cluster
+            .node(&leader)
+            .call(Method::GET, "/config", None)
             .await;
+        cluster.timing = match &config {
+            Some((200, config)) => {
+                Timing::reported(config, bootstrap).unwrap_or_else(|e| cluster.fail(&e))
+            }
+            _ => cluster.fail(&format!("GET /config answered {config:?}")),
+        };
+        cluster.start_haproxy();
+        cluster.wait_until_streaming().await;
+        cluster.wait_for_writes(&cluster.haproxy_url()).await;
         cluster
+    }
+
+    /// Patroni's timing as the cluster reports it, and this machine's pace: what the
+    /// cluster's waits, and a test's, are derived from.
+    pub fn timing(&self) -> Timing {
+        self.timing
+    }
+
+    /// Adds `gateway`'s log, under `label`, to the report of a failure.
+    pub fn watch(&self, label: &str, gateway: &Gateway) {
+        self.gateways
+            .lock()
+            .unwrap()
+            .push((label.to_owned(), gateway.log_lines()));
     }
 
     /// The superuser's URL of database `postgres` through HAProxy's primary frontend.
@@ -322,11 +374,20 @@ impl HaCluster {
     /// and whose Postgres runs as a primary (Patroni 3.0.2 answers 200 on the node that
     /// holds the leader key, also while its Postgres restarts in recovery), if any.
     pub async fn primary(&self) -> Option<String> {
+        self.primary_of(&self.probe_primary().await)
+    }
+
+    /// Each node's answer to `GET /primary`, in [`NODES`]' order.
+    async fn probe_primary(&self) -> Vec<Option<(u16, Value)>> {
         let probes = self
             .nodes
             .iter()
             .map(|node| node.call_within(PROBE_TIMEOUT, Method::GET, "/primary", None));
-        let answers = futures_util::future::join_all(probes).await;
+        futures_util::future::join_all(probes).await
+    }
+
+    /// The primary, as [`HaCluster::primary`] tells it, by the nodes' `answers`.
+    fn primary_of(&self, answers: &[Option<(u16, Value)>]) -> Option<String> {
         self.nodes
             .iter()
             .zip(answers)
@@ -341,76 +402,75 @@ impl HaCluster {
     }
 
     /// Waits until some node is the primary; its name and how long that took.
-    pub async fn wait_for_primary(&self, timeout: Duration) -> (String, Duration) {
-        self.wait_for_primary_where(timeout, "a primary", |_| true)
-            .await
+    pub async fn wait_for_primary(&self) -> (String, Duration) {
+        self.wait_for_primary_where("a primary", |_| true).await
     }
 
     /// Waits until a node other than `old` is the primary; its name and how long that
     /// took.
-    pub async fn wait_for_new_primary(&self, old: &str, timeout: Duration) -> (String, Duration) {
-        self.wait_for_primary_where(timeout, &format!("a primary other than {old}"), |name| {
-            name != old
-        })
-        .await
+    pub async fn wait_for_new_primary(&self, old: &str) -> (String, Duration) {
+        self.wait_for_primary_where(&format!("a primary other than {old}"), |name| name != old)
+            .await
     }
 
     /// Waits until a primary runs a postmaster other than `pid` of `node` (killed): the
     /// same node after Patroni restarted it, or another; its name and how long that
     /// took.
-    pub async fn wait_for_primary_after_kill(
-        &self,
-        node: &str,
-        pid: u32,
-        timeout: Duration,
-    ) -> (String, Duration) {
+    pub async fn wait_for_primary_after_kill(&self, node: &str, pid: u32) -> (String, Duration) {
         self.wait_for_primary_where(
-            timeout,
             &format!("a primary after {node}'s postmaster {pid} was killed"),
             |name| name != node || self.node(node).postmaster_pid().is_some_and(|p| p != pid),
         )
         .await
     }
 
+    /// Waits, [`Timing::recovery`] and longer while a node reports work under way
+    /// ([`Wait`]), until a primary that `accept`s runs.
     async fn wait_for_primary_where(
         &self,
-        timeout: Duration,
         what: &str,
         accept: impl Fn(&str) -> bool,
     ) -> (String, Duration) {
-        let started = Instant::now();
+        let mut wait = Wait::new(self.timing.recovery());
         loop {
-            if let Some(name) = self.primary().await {
+            let answers = self.probe_primary().await;
+            if let Some(name) = self.primary_of(&answers) {
                 if accept(&name) {
-                    return (name, started.elapsed());
+                    return (name, wait.started.elapsed());
                 }
             }
             self.check_processes(&format!("waiting for {what}"));
-            if started.elapsed() > timeout {
-                let answers = self.primary_answers().await;
+            let busy = answers
+                .iter()
+                .flatten()
+                .any(|(_, status)| in_progress(status));
+            if let Some(waited) = wait.expired(busy) {
                 self.fail(&format!(
-                    "waited {timeout:?} for {what}, in vain; GET /primary answers: {answers}"
+                    "waited {waited} for {what}, in vain; GET /primary answers: {}",
+                    self.describe(&answers)
                 ));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
-    /// What each node's Patroni answers `GET /primary`, for a failure's message:
+    /// The nodes' `answers` to `GET /primary`, for a failure's message:
     /// `node1: 503 replica running; node2: no answer; ...`.
-    async fn primary_answers(&self) -> String {
-        let mut answers = Vec::new();
-        for node in &self.nodes {
-            let answer = match node.call(Method::GET, "/primary", None).await {
+    fn describe(&self, answers: &[Option<(u16, Value)>]) -> String {
+        let answers: Vec<String> = self
+            .nodes
+            .iter()
+            .zip(answers)
+            .map(|(node, answer)| match answer {
                 Some((status, body)) => format!(
-                    "{status} {} {}",
+                    "{}: {status} {} {}",
+                    node.name,
                     body["role"].as_str().unwrap_or("-"),
                     body["state"].as_str().unwrap_or("-")
                 ),
-                None => "no answer".to_owned(),
-            };
-            answers.push(format!("{}: {answer}", node.name));
-        }
+                None => format!("{}: no answer", node.name),
+            })
+            .collect();
         answers.join("; ")
     }
 
@@ -437,9 +497,12 @@ impl HaCluster {
     }
 
     /// Waits until there is a leader and both other nodes run as replicas with no lag
-    /// (and, in synchronous mode, one of them is the synchronous standby).
-    pub async fn wait_until_streaming(&self, timeout: Duration) {
-        let started = Instant::now();
+    /// (and, in synchronous mode, one of them is the synchronous standby):
+    /// [`Timing::recovery`], and longer while the members' roles, states and lags
+    /// change or one reports work under way.
+    pub async fn wait_until_streaming(&self) {
+        let mut wait = Wait::new(self.timing.recovery());
+        let mut last = String::new();
         loop {
             let members = self.members().await;
             if let Some(members) = &members {
@@ -466,9 +529,18 @@ impl HaCluster {
                 }
             }
             self.check_processes("waiting for the replicas to stream");
-            if started.elapsed() > timeout {
+            let now = format!("{members:?}");
+            let busy = now != last
+                || members.iter().flatten().any(|m| {
+                    matches!(
+                        m.state.as_str(),
+                        "creating replica" | "starting" | "restarting"
+                    )
+                });
+            last = now;
+            if let Some(waited) = wait.expired(busy) {
                 self.fail(&format!(
-                    "the replicas are not streaming after {timeout:?}: {members:#?}"
+                    "the replicas are not streaming after {waited}: {members:#?}"
                 ));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -476,7 +548,8 @@ impl HaCluster {
     }
 
     /// Waits until `url` takes a write: a connection that is not in recovery.
-    async fn wait_for_writes(&self, url: &str, timeout: Duration) {
+    async fn wait_for_writes(&self, url: &str) {
+        let timeout = self.timing.recovery();
         let started = Instant::now();
         let mut last = String::new();
         while started.elapsed() < timeout {
@@ -523,11 +596,58 @@ impl HaCluster {
         if !denied.is_empty() {
             text.push_str(&format!("permission errors:\n{}\n", denied.join("\n")));
         }
+        text.push_str(&self.patroni_view());
+        text.push('\n');
         for process in processes {
             text.push_str(&process.tail());
             text.push('\n');
         }
+        for node in &self.nodes {
+            if let Some(tail) = postgres_log(&node.data_dir()) {
+                text.push_str(&format!("--- postgres {} ({tail}\n", node.name));
+            }
+        }
+        for (label, lines) in self.gateways.lock().unwrap().iter() {
+            text.push_str(&format!(
+                "--- gateway {label}:\n{}\n",
+                lines.tail(TAIL_LINES)
+            ));
+        }
         text
+    }
+
+    /// Patroni's view of the cluster for a failure's report: the members as `GET
+    /// /cluster` of the first node that answers lists them, one a line. Read without
+    /// the runtime: [`HaCluster::fail`] is not async.
+    fn patroni_view(&self) -> String {
+        for node in &self.nodes {
+            let addr = SocketAddr::from((node.addr, node.rest_port));
+            let Some(body) = blocking_get(addr, "/cluster") else {
+                continue;
+            };
+            let cluster: Value = serde_json::from_str(&body).unwrap_or(Value::String(body));
+            let members: Vec<String> = cluster["members"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|m| {
+                    format!(
+                        "  {} {} {} timeline {} lag {}",
+                        m["name"].as_str().unwrap_or("-"),
+                        m["role"].as_str().unwrap_or("-"),
+                        m["state"].as_str().unwrap_or("-"),
+                        m["timeline"],
+                        m["lag"]
+                    )
+                })
+                .collect();
+            return format!(
+                "--- Patroni's view (GET /cluster of {}):\n{}",
+                node.name,
+                members.join("\n")
+            );
+        }
+        "--- Patroni's view: no node answered GET /cluster".to_owned()
     }
 
     /// Panics with `message` and [`HaCluster::logs`].
@@ -702,6 +822,76 @@ impl Drop for HaCluster {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// A wait that runs out `timeout` after the last time the system reported work under
+/// way, and at most [`PROGRESS_CAP`] times `timeout` after it began.
+struct Wait {
+    started: Instant,
+    busy: Instant,
+    timeout: Duration,
+}
+
+impl Wait {
+    fn new(timeout: Duration) -> Wait {
+        let now = Instant::now();
+        Wait {
+            started: now,
+            busy: now,
+            timeout,
+        }
+    }
+
+    /// Notes whether the system is `busy` now; once the wait has run out, how long it
+    /// waited and why it stopped, for a failure's message.
+    fn expired(&mut self, busy: bool) -> Option<String> {
+        let now = Instant::now();
+        if busy {
+            self.busy = now;
+        }
+        let waited = now - self.started;
+        if now - self.busy > self.timeout {
+            Some(format!(
+                "{waited:.1?} ({:?} without work under way, from Patroni's timing and \
+                 this machine's pace)",
+                self.timeout
+            ))
+        } else if waited > PROGRESS_CAP * self.timeout {
+            Some(format!(
+                "{waited:.1?} ({PROGRESS_CAP} times {:?}, work still under way)",
+                self.timeout
+            ))
+        } else {
+            None
+        }
+    }
+}
+
+/// `GET path` of the HTTP server at `addr`, blocking: the body of a 200 answer.
+fn blocking_get(addr: SocketAddr, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect_timeout(&addr, REST_TIMEOUT).ok()?;
+    stream.set_read_timeout(Some(REST_TIMEOUT)).ok()?;
+    stream.set_write_timeout(Some(REST_TIMEOUT)).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).ok()?;
+    let (head, body) = reply.split_once("\r\n\r\n")?;
+    head.split_whitespace()
+        .nth(1)
+        .is_some_and(|status| status == "200")
+        .then(|| body.to_owned())
+}
+
+/// The tail of the newest file of Postgres's own log directory (`<data>/log`), when
+/// its logging collector writes one: `<file>):\n<lines>`. Without it, Postgres logs
+/// to Patroni's output.
+fn postgres_log(data_dir: &Path) -> Option<String> {
+    let newest = std::fs::read_dir(data_dir.join("log"))
+        .ok()?
+        .flatten()
+        .max_by_key(|entry| entry.metadata().and_then(|m| m.modified()).ok())?
+        .path();
+    Some(format!("{}):\n{}", newest.display(), tail(&newest)))
 }
 
 /// Whether `url` connects to a server that takes writes.

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
 /// Lines of each log a failure shows.
-const TAIL_LINES: usize = 40;
+pub(super) const TAIL_LINES: usize = 40;
 
 /// Lines naming a permission error a failure shows, over all logs.
 const PERMISSION_LINES: usize = 10;
@@ -211,7 +211,7 @@ pub(super) async fn postgres_ids() -> (u32, u32) {
 }
 
 /// The last [`TAIL_LINES`] lines of `path`.
-fn tail(path: &Path) -> String {
+pub(super) fn tail(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n")

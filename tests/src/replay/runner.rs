@@ -115,7 +115,7 @@ impl<'a> Run<'a> {
                 step: 0,
                 reason: format!(
                     "its lease lives in {}, and this target's leases do not: run it with \
-                     `cargo test -p fencegate-tests --test replay_scenarios`, which starts it",
+                     `cargo test -p fencegate-tests --test it replay_scenarios::`, which starts it",
                     source.name()
                 ),
             });

@@ -8,7 +8,7 @@ use std::process::Command;
 use fencegate_tests::db::TestDb;
 use fencegate_tests::gateway::Gateway;
 
-const DOCUMENT: &str = include_str!("../../gateway/openapi.json");
+const DOCUMENT: &str = include_str!("../../../gateway/openapi.json");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_nothing_that_breaks_the_document() {

@@ -82,7 +82,8 @@ async fn dropped_pool_connections_are_summarised_not_repeated() {
         .db()
         .execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-             WHERE application_name = 'fencegate' AND pid <> pg_backend_pid()",
+             WHERE application_name = 'fencegate' AND datname = current_database()
+               AND pid <> pg_backend_pid()",
         )
         .await;
     let served = fencegate_tests::eventually(

@@ -58,7 +58,7 @@ async fn an_answer_lost_after_the_commit_is_replayed_not_applied_again() {
         async move { keyed_put(&client, "o-1", 7, "pay-o-1", "paid").await }
     });
     eventually(Duration::from_secs(5), "the keyed write is committing", || async {
-        db.value::<i64>("SELECT count(*) FROM pg_stat_activity WHERE query = 'COMMIT' AND state = 'active' AND application_name = 'fencegate'")
+        db.value::<i64>("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query = 'COMMIT' AND state = 'active' AND application_name = 'fencegate'")
             .await
             == 1
     })

@@ -323,7 +323,7 @@ async fn checked_resource_held_until_commit(lock_timeout: &str, waiting_in: &str
     let db = deployment.db();
     let waiting = format!(
         "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'fencegate' \
-         AND wait_event_type = 'Lock' AND query LIKE '%{waiting_in}%'"
+         AND datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%{waiting_in}%'"
     );
     fencegate_tests::eventually(
         Duration::from_secs(5),

@@ -4,7 +4,7 @@
 //!
 //! ```sh
 //! cargo build --release -p fencegate-gateway
-//! cargo test --release -p fencegate-tests --test sql_latency -- --ignored --nocapture
+//! cargo test --release -p fencegate-tests --test it sql_latency:: -- --ignored --nocapture
 //! ```
 
 use std::time::{Duration, Instant};

@@ -259,7 +259,7 @@ async fn a_retry_while_the_first_attempt_runs_is_told_to_wait() {
     // The first attempt has claimed its key and waits on the fence.
     let db = deployment.db();
     fencegate_tests::eventually(Duration::from_secs(5), "the first attempt waits on the fence lock", || async {
-        db.value::<i64>("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%fencegate.fences%'").await == 1
+        db.value::<i64>("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%fencegate.fences%'").await == 1
     })
     .await;
     let retry = keyed_put(&client, "held", "k", 2, "slow", "v").await;

@@ -255,7 +255,8 @@ async fn a_cancel_stops_only_its_own_statement() {
             .db
             .value::<i64>(
                 "SELECT count(*) FROM pg_stat_activity
-                 WHERE query = 'SELECT pg_sleep(30)' AND state = 'active'",
+                 WHERE datname = current_database() AND query = 'SELECT pg_sleep(30)'
+                   AND state = 'active'",
             )
             .await
             == 1
@@ -365,7 +366,8 @@ async fn a_client_killed_mid_transaction_leaves_nothing_behind() {
         door.db
             .db
             .value::<i64>(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'fg-killed'",
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND application_name = 'fg-killed'",
             )
             .await
     };
@@ -395,7 +397,8 @@ async fn a_client_killed_mid_transaction_leaves_nothing_behind() {
         door.db
             .db
             .value::<i64>(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'fg-dropped'",
+                "SELECT count(*) FROM pg_stat_activity
+                 WHERE datname = current_database() AND application_name = 'fg-dropped'",
             )
             .await
             == 0
