@@ -35,6 +35,8 @@
 //!   group, the conditional put, the advance.
 //! - `multi`: a model of its own, of one transaction fencing several resources in the
 //!   database, with its invariants and mutants.
+//! - `s3`: a model of its own, of the S3 door's mapped layout: intents, late uploads,
+//!   the fenced mapping commit and the collector, with its invariants and mutants.
 //! - `properties`: the invariants (`always`) and the states that must be reachable
 //!   (`sometimes`).
 //! - `check`: running the checker and reporting; `trace`: paths in words.
@@ -46,6 +48,7 @@ pub mod database;
 pub mod model;
 pub mod multi;
 pub mod properties;
+pub mod s3;
 pub mod state;
 pub mod trace;
 
