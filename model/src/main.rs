@@ -4,6 +4,8 @@
 //! cargo run -p fencegate-model --release
 //! cargo run -p fencegate-model --release -- --mutant cache-before-commit
 //! cargo run -p fencegate-model --release -- --resources 2 --sends 3 --depth 20
+//! cargo run -p fencegate-model -- --s3
+//! cargo run -p fencegate-model -- --s3 --s3-mutant no-intent-lock
 //! ```
 
 #![forbid(unsafe_code)]
@@ -13,7 +15,9 @@ use std::time::Instant;
 
 use clap::Parser;
 use fencegate_model::check::shortest_counterexample;
+use fencegate_model::s3::{S3Model, S3Mutant};
 use fencegate_model::{check, Bounds, FencingModel, Finish, Mutant, Options};
+use stateright::{Checker, Expectation, Model};
 
 /// How deep a mutant's counterexample is looked for unless `--depth` says otherwise.
 const DEFAULT_MUTANT_STEPS: usize = 30;
@@ -50,10 +54,21 @@ struct Args {
     /// Checker threads (a mutant's search for its shortest counterexample uses one).
     #[arg(long, default_value_t = Options::default().threads)]
     threads: usize,
+    /// Check the model of the S3 door's mapped layout instead, to its full depth (the
+    /// other flags do not apply).
+    #[arg(long)]
+    s3: bool,
+    /// With --s3, put back this bug: check-then-put, no-intent-lock or
+    /// no-if-none-match.
+    #[arg(long, requires = "s3")]
+    s3_mutant: Option<S3Mutant>,
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.s3 {
+        return check_s3(args.s3_mutant);
+    }
     if !(1..=2).contains(&args.resources) {
         eprintln!("--resources must be 1 or 2");
         return ExitCode::from(2);
@@ -105,5 +120,55 @@ fn main() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// Checks the model of the S3 door's mapped layout to its full depth and prints each
+/// property's outcome. Exits 1 if an invariant is broken or a state that must be
+/// reachable was not reached.
+fn check_s3(mutant: Option<S3Mutant>) -> ExitCode {
+    let model = S3Model::new(mutant);
+    match mutant {
+        Some(mutant) => println!("checking the S3 mapped layout with mutant {mutant}"),
+        None => println!("checking the S3 mapped layout"),
+    }
+    let started = Instant::now();
+    let checker = model.clone().checker().spawn_bfs().join();
+    println!(
+        "{} states, {} unique, depth {}, {:.2} s",
+        checker.state_count(),
+        checker.unique_state_count(),
+        checker.max_depth(),
+        started.elapsed().as_secs_f64()
+    );
+    let mut failed = false;
+    for property in model.properties() {
+        let found = checker.discovery(property.name);
+        match (property.expectation, found) {
+            (Expectation::Sometimes, Some(_)) => println!("reached: {}", property.name),
+            (Expectation::Sometimes, None) => {
+                failed = true;
+                println!("NEVER REACHED: {}", property.name);
+            }
+            (_, None) => println!("holds: {}", property.name),
+            (_, Some(path)) => {
+                failed = true;
+                println!("BROKEN: {}", property.name);
+                // The steps up to the first state that breaks it.
+                let steps = path
+                    .into_vec()
+                    .into_iter()
+                    .take_while(|(state, _)| (property.condition)(&model, state))
+                    .filter_map(|(_, action)| action);
+                for (step, action) in steps.enumerate() {
+                    println!("  {}. {action:?}", step + 1);
+                }
+            }
+        }
+    }
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
     }
 }
