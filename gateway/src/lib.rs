@@ -202,16 +202,7 @@ async fn open_store(config: &Config, metrics: &Metrics) -> Result<Store, StartEr
     let store = &config.store;
     Ok(match store.database_url.as_deref() {
         Some(url) => {
-            let options = PgOptions {
-                pool_size: store.pool_size,
-                timeout: store.backend_timeout,
-                write_lanes: store.write_lanes,
-                group_commit_max: store.group_commit_max,
-                lane_lock_timeout: store.write_lock_timeout,
-                term_takeover: config.term_takeover_timeout,
-                group_size: metrics.commit_group_size(),
-                off_lanes: metrics.writes_off_lanes(),
-            };
+            let options = PgOptions::new(store, config.term_takeover_timeout, metrics);
             Store::Postgres(PgStore::connect(url, options).await?)
         }
         None => Store::Embedded(EmbeddedStore::open(
@@ -268,19 +259,12 @@ async fn open_door(
         .await
         .map_err(|source| StartError::PgListen { addr, source })?;
     let tls = tls::Tls::start(tls::TlsFiles::postgres(&config.door))?;
-    let door = &config.door;
-    let options = pgdoor::DoorOptions {
-        max_message: door.pg_max_message,
+    let options = pgdoor::DoorOptions::new(
+        &config.door,
         max_connections,
-        max_pending_auth: door.pg_max_pending_auth,
-        max_pending_auth_per_peer: door.pg_max_pending_auth_per_peer,
-        require_tls: config.pg_requires_tls(),
-        allow: door.pg_allow.clone(),
-        startup_timeout: door.pg_startup_timeout,
-        grace: config.http.shutdown_timeout,
-        idle_in_transaction: Some(door.pg_idle_in_transaction_timeout)
-            .filter(|timeout| !timeout.is_zero()),
-    };
+        config.pg_requires_tls(),
+        config.http.shutdown_timeout,
+    );
     let shutdown = coordinator.shutdown().clone();
     let door = pgdoor::Door::new(url, tls, &options, Arc::clone(coordinator), shutdown)?;
     Ok(Some((listener, Arc::new(door), options)))

@@ -83,6 +83,30 @@ pub struct DoorOptions {
     pub idle_in_transaction: Option<Duration>,
 }
 
+impl DoorOptions {
+    /// The options of the door's flags, with what is settled elsewhere: the most
+    /// connections it may open, whether it requires TLS, and the grace on shutdown.
+    pub fn new(
+        door: &crate::config::DoorArgs,
+        max_connections: usize,
+        require_tls: bool,
+        grace: Duration,
+    ) -> DoorOptions {
+        DoorOptions {
+            max_message: door.pg_max_message,
+            max_connections,
+            max_pending_auth: door.pg_max_pending_auth,
+            max_pending_auth_per_peer: door.pg_max_pending_auth_per_peer,
+            require_tls,
+            allow: door.pg_allow.clone(),
+            startup_timeout: door.pg_startup_timeout,
+            grace,
+            idle_in_transaction: Some(door.pg_idle_in_transaction_timeout)
+                .filter(|timeout| !timeout.is_zero()),
+        }
+    }
+}
+
 /// Why the door could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum DoorStartError {

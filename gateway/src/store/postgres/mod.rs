@@ -101,6 +101,27 @@ pub struct PgOptions {
     pub off_lanes: prometheus::IntGauge,
 }
 
+impl PgOptions {
+    /// The options of the store's flags, with `--term-takeover-timeout` (an issuers'
+    /// flag) and the metrics the store reports to.
+    pub fn new(
+        store: &crate::config::StoreArgs,
+        term_takeover: Duration,
+        metrics: &crate::metrics::Metrics,
+    ) -> PgOptions {
+        PgOptions {
+            pool_size: store.pool_size,
+            timeout: store.backend_timeout,
+            write_lanes: store.write_lanes,
+            group_commit_max: store.group_commit_max,
+            lane_lock_timeout: store.write_lock_timeout,
+            term_takeover,
+            group_size: metrics.commit_group_size(),
+            off_lanes: metrics.writes_off_lanes(),
+        }
+    }
+}
+
 /// [`PgStore::restore_fences`] on `client`: for the audit of a new connection's server,
 /// before the connection is used.
 pub async fn restore_fences_on(
