@@ -41,6 +41,31 @@ impl Reply {
     }
 }
 
+/// Sends `request` on `client` and reads the whole answer; an error if the transport
+/// failed.
+pub async fn send(
+    client: &hyper_util::client::legacy::Client<HttpConnector, Full<Bytes>>,
+    request: Request<Full<Bytes>>,
+) -> Result<Reply, String> {
+    let response = client
+        .request(request)
+        .await
+        .map_err(|e| format!("{e:?}"))?;
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok(Reply {
+        status,
+        headers,
+        body,
+    })
+}
+
 /// A client bound to one gateway base URL, keeping connections alive.
 #[derive(Clone)]
 pub struct Client {
@@ -85,24 +110,7 @@ impl Client {
         let request = request
             .body(Full::new(body.into()))
             .map_err(|e| e.to_string())?;
-        let response = self
-            .inner
-            .request(request)
-            .await
-            .map_err(|e| format!("{e:?}"))?;
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        Ok(Reply {
-            status,
-            headers,
-            body,
-        })
+        send(&self.inner, request).await
     }
 
     /// Sends a request; panics on a transport failure.

@@ -13,7 +13,7 @@ use aws_sigv4::sign::v4;
 use aws_smithy_runtime_api::client::identity::Identity;
 use bytes::Bytes;
 use http::{Method, Request};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
@@ -81,24 +81,7 @@ impl S3Client {
             .body(Full::new(body.clone()))
             .map_err(|e| e.to_string())?;
         self.sign(&mut request, &body)?;
-        let response = self
-            .inner
-            .request(request)
-            .await
-            .map_err(|e| format!("{e:?}"))?;
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let body = response
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| e.to_string())?
-            .to_bytes();
-        Ok(Reply {
-            status,
-            headers,
-            body,
-        })
+        crate::http::send(&self.inner, request).await
     }
 
     /// Sends a signed request; panics on a transport failure.
