@@ -62,6 +62,7 @@ pub(crate) mod metrics;
 pub(crate) mod pgdoor;
 pub mod pgtls;
 pub(crate) mod reload;
+pub mod s3door;
 pub(crate) mod server;
 pub(crate) mod sql;
 pub mod store;
@@ -109,6 +110,8 @@ pub enum StartError {
     PgDoor(#[from] pgdoor::DoorStartError),
     #[error("the Postgres door: {0}")]
     PgCapacity(String),
+    #[error(transparent)]
+    S3Door(#[from] s3door::S3StartError),
     #[error("could not listen on {addr} for the Postgres door (--pg-listen): {source}")]
     PgListen {
         addr: std::net::SocketAddr,
@@ -147,15 +150,20 @@ pub async fn run(
     };
     let coordinator = Arc::new(Coordinator::new(&config, parts)?);
     let door = open_door(&config, pg_max_connections, &coordinator).await?;
+    let s3 = s3door::open(&config.s3, &coordinator).await?;
     let replication = coordinator.start().await;
     let limits = server::Limits::new(&config.http, &config.limits);
     let addr = listener.local_addr().map_err(StartError::Listener)?;
     let pg_addr = (door.as_ref().map(|(listener, ..)| listener.local_addr()))
         .transpose()
         .map_err(StartError::Listener)?;
+    let s3_addr = (s3.as_ref().map(|(listener, _)| listener.local_addr()))
+        .transpose()
+        .map_err(StartError::Listener)?;
     tracing::info!(
         %addr,
         pg_addr = pg_addr.map(tracing::field::display),
+        s3_addr = s3_addr.map(tracing::field::display),
         tls = match &tls {
             None => "off",
             Some(tls) if tls.verifies_clients() => "on, client certificates",
@@ -185,14 +193,18 @@ pub async fn run(
         limits,
         tls,
     );
-    match door {
-        Some((listener, door, options)) => {
-            tokio::join!(signal, http, pgdoor::serve(listener, door, options));
+    let pg = async {
+        if let Some((listener, door, options)) = door {
+            pgdoor::serve(listener, door, options).await;
         }
-        None => {
-            tokio::join!(signal, http);
+    };
+    let grace = config.http.shutdown_timeout;
+    let s3 = async {
+        if let Some((listener, service)) = s3 {
+            s3door::serve(listener, service, stop.clone(), grace).await;
         }
-    }
+    };
+    tokio::join!(signal, http, pg, s3);
     tracing::info!("fencegate stopped");
     Ok(())
 }

@@ -157,7 +157,7 @@ impl GatewayBuilder {
             None
         })
         .await;
-        let (addr, pg_addr) = match ready {
+        let (addr, pg_addr, s3_addr) = match ready {
             Ok(Some(addrs)) => addrs,
             Ok(None) | Err(_) => {
                 let _ = child.start_kill();
@@ -176,6 +176,7 @@ impl GatewayBuilder {
             child,
             addr,
             pg_addr,
+            s3_addr,
             logs,
             builder: self,
         })
@@ -195,19 +196,22 @@ impl std::fmt::Display for StartFailure {
     }
 }
 
-/// The HTTP address and the Postgres door's, if any, of a "fencegate ready" line.
-fn ready_addrs(line: &str) -> Option<(SocketAddr, Option<SocketAddr>)> {
+/// The HTTP address, and the Postgres and S3 doors' if any, of a "fencegate ready"
+/// line.
+fn ready_addrs(line: &str) -> Option<(SocketAddr, Option<SocketAddr>, Option<SocketAddr>)> {
     let event: Value = serde_json::from_str(line).ok()?;
     let fields = event.get("fields")?;
     if fields.get("message")?.as_str()? != "fencegate ready" {
         return None;
     }
     let addr = fields.get("addr")?.as_str()?.parse().ok()?;
-    let pg_addr = fields
-        .get("pg_addr")
-        .and_then(Value::as_str)
-        .and_then(|addr| addr.parse().ok());
-    Some((addr, pg_addr))
+    let door = |name: &str| {
+        fields
+            .get(name)
+            .and_then(Value::as_str)
+            .and_then(|addr| addr.parse().ok())
+    };
+    Some((addr, door("pg_addr"), door("s3_addr")))
 }
 
 /// A running gateway process. Killed when dropped.
@@ -215,6 +219,7 @@ pub struct Gateway {
     child: Child,
     addr: SocketAddr,
     pg_addr: Option<SocketAddr>,
+    s3_addr: Option<SocketAddr>,
     logs: Arc<Mutex<Vec<String>>>,
     builder: GatewayBuilder,
 }
@@ -245,6 +250,12 @@ impl Gateway {
     }
 
     /// `http://127.0.0.1:<port>`.
+    /// The S3 door's address; panics if it has none.
+    pub fn s3_addr(&self) -> SocketAddr {
+        self.s3_addr
+            .expect("the gateway runs the S3 door (--s3-listen)")
+    }
+
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }

@@ -21,7 +21,7 @@ use ring::digest;
 use crate::api::request::Req;
 use crate::api::response::{error_response, respond};
 use crate::api::Body;
-use crate::coordinator::Coordinator;
+use crate::coordinator::{Coordinator, FrontDoor};
 use crate::error::ApiError;
 use crate::store::txn::{Answered, Keyed, OpDone, Render, StoredAnswer, Txn, TxnOp, TxnOutcome};
 use crate::store::StoreError;
@@ -163,6 +163,7 @@ pub async fn single(
             Some(record),
             holder,
             request.identity.as_deref(),
+            FrontDoor::Http,
         )
         .await?;
     answer(answered, &render)

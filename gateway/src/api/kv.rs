@@ -13,7 +13,7 @@ use crate::api::request::{fencing_of, read_body, Idempotency, Req};
 use crate::api::response::{etag_value, json_response, number_value};
 use crate::api::Body;
 use crate::coordinator::AppliedWrite;
-use crate::coordinator::Coordinator;
+use crate::coordinator::{Coordinator, FrontDoor};
 use crate::error::ApiError;
 use crate::store::txn::{OpDone, TxnOp};
 use crate::store::{Write, WriteOp};
@@ -73,7 +73,12 @@ pub async fn write(
         op,
     };
     let AppliedWrite { version, created } = coordinator
-        .write(write, &fencing, request.identity.as_deref())
+        .write(
+            write,
+            &fencing,
+            request.identity.as_deref(),
+            FrontDoor::Http,
+        )
         .await?;
     Ok(accepted(resource, key, fencing.token, version, created))
 }

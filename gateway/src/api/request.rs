@@ -18,7 +18,9 @@ use http_body_util::BodyExt;
 use hyper::body::{Body as _, Incoming};
 
 use crate::api::body::ResponseBudget;
-use crate::coordinator::{BodyMemory, ClientKey, Coordinator, FencedRequest, WritePermit};
+use crate::coordinator::{
+    BodyMemory, ClientKey, Coordinator, FencedRequest, FrontDoor, WritePermit,
+};
 use crate::error::ApiError;
 use crate::server::conn::ConnState;
 
@@ -111,6 +113,7 @@ impl Req {
             identity: self.identity.as_deref(),
             client: self.client(coordinator),
             keyed: idempotency == Idempotency::Keyed,
+            door: FrontDoor::Http,
         };
         coordinator.admit(entry).await
     }

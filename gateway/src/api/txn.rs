@@ -17,7 +17,7 @@ use crate::api::request::{read_body_within, Req};
 use crate::api::response::{json_response, number_value};
 use crate::api::Body;
 use crate::auth::{Action, Identity};
-use crate::coordinator::Coordinator;
+use crate::coordinator::{Coordinator, FrontDoor};
 use crate::error::ApiError;
 use crate::store::txn::{Txn, TxnOp, TxnOutcome};
 
@@ -88,7 +88,9 @@ pub async fn post(
     let shown = Arc::clone(&txn);
     let render = keyed::renderer(move |outcome| txn_answer(&shown, outcome));
     let keyed = key.map(|key| keyed::keyed(coordinator, request, key, &body.bytes, render.clone()));
-    let answered = coordinator.txn(txn, keyed, None, caller.as_deref()).await?;
+    let answered = coordinator
+        .txn(txn, keyed, None, caller.as_deref(), FrontDoor::Http)
+        .await?;
     keyed::answer(answered, &render)
 }
 

@@ -199,6 +199,7 @@ pub struct Identities {
     by_key: HashMap<[u8; 32], Arc<Identity>>,
     /// Lowercase DNS names; each listed by one identity only.
     by_certificate: HashMap<String, Arc<Identity>>,
+    by_name: HashMap<String, Arc<Identity>>,
     count: usize,
 }
 
@@ -242,9 +243,9 @@ impl Identities {
         let file: File = toml::from_str(text).map_err(|e| e.to_string())?;
         let mut by_key = HashMap::new();
         let mut by_certificate: HashMap<String, Arc<Identity>> = HashMap::new();
-        let mut names = std::collections::HashSet::new();
+        let mut by_name = HashMap::new();
         for entry in &file.identity {
-            if entry.name.is_empty() || !names.insert(entry.name.clone()) {
+            if entry.name.is_empty() || by_name.contains_key(&entry.name) {
                 return Err(format!(
                     "identity name {:?} is empty or used twice",
                     entry.name
@@ -269,6 +270,7 @@ impl Identities {
                 name: entry.name.clone(),
                 grants,
             });
+            by_name.insert(entry.name.clone(), Arc::clone(&identity));
             for key in &entry.keys {
                 let hash =
                     parse_hash(key).map_err(|e| format!("identity {:?}: {e}", entry.name))?;
@@ -294,8 +296,14 @@ impl Identities {
         Ok(Identities {
             by_key,
             by_certificate,
+            by_name,
             count: file.identity.len(),
         })
+    }
+
+    /// The identity named `name` (the S3 door's keys name their identity).
+    pub fn by_name(&self, name: &str) -> Option<Arc<Identity>> {
+        self.by_name.get(name).cloned()
     }
 
     /// The identity holding `key`.

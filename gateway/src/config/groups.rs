@@ -349,6 +349,85 @@ pub struct IdempotencyArgs {
     pub idempotency_max_answer: usize,
 }
 
+/// The S3 door (`s3door`).
+#[derive(Debug, Clone, Args)]
+pub struct S3Args {
+    /// Address of the S3 door; `off` (the default) for none.
+    ///
+    /// Address of the S3 door, where writers connect with their own S3 SDK
+    /// (docs/s3.md); `off` for none. Needs --s3-upstream, --s3-keys-file and
+    /// --s3-bucket. Port 0 picks a free port.
+    #[arg(long, env = "FENCEGATE_S3_LISTEN", default_value = "off", value_parser = parse_listen, value_name = "ADDR", help_heading = heading::S3_DOOR)]
+    pub s3_listen: Listen,
+
+    /// The S3-compatible server behind the door (http://host:port).
+    ///
+    /// The S3-compatible server the door keeps objects in, as `http://host:port`
+    /// (path-style requests). The door signs every request to it with its own
+    /// credentials (--s3-upstream-credentials-file, or AWS_ACCESS_KEY_ID and
+    /// AWS_SECRET_ACCESS_KEY); a client's signature is never forwarded.
+    #[arg(long, env = "FENCEGATE_S3_UPSTREAM", value_name = "URL", help_heading = heading::S3_DOOR)]
+    pub s3_upstream: Option<String>,
+
+    /// TOML file of the upstream's access key id and secret.
+    ///
+    /// TOML file with `access_key_id` and `secret_access_key`: the credentials the
+    /// door signs upstream requests with. Without it, AWS_ACCESS_KEY_ID and
+    /// AWS_SECRET_ACCESS_KEY are read from the environment.
+    #[arg(long, env = "FENCEGATE_S3_UPSTREAM_CREDENTIALS_FILE", value_name = "FILE", help_heading = heading::S3_DOOR)]
+    pub s3_upstream_credentials_file: Option<std::path::PathBuf>,
+
+    /// TOML file of the door's access keys: id → secret and identity.
+    ///
+    /// TOML file of the access keys clients sign with (`[[key]]` entries with
+    /// `access_key_id`, `secret` and `identity`). Every request's SigV4 signature is
+    /// checked against it; a bad or missing one is refused before anything reaches
+    /// the upstream. With --auth-file, each key's identity must be listed there and
+    /// its grants apply; without, every key may read and write.
+    #[arg(long, env = "FENCEGATE_S3_KEYS_FILE", value_name = "FILE", help_heading = heading::S3_DOOR)]
+    pub s3_keys_file: Option<std::path::PathBuf>,
+
+    /// A bucket the door serves (repeatable).
+    ///
+    /// A bucket of the upstream the door serves; repeat the flag for more. Requests
+    /// for other buckets are refused. At start the door checks, in each, that the
+    /// upstream honours conditional writes (see --s3-skip-conformance-check).
+    #[arg(long = "s3-bucket", env = "FENCEGATE_S3_BUCKET", value_delimiter = ',', value_name = "BUCKET", help_heading = heading::S3_DOOR)]
+    pub s3_buckets: Vec<String>,
+
+    /// Map a bucket prefix to a resource: `BUCKET/PREFIX*=RESOURCE` (repeatable).
+    ///
+    /// The keys of BUCKET under PREFIX belong to RESOURCE (`data/orders/*=orders`);
+    /// the longest matching prefix wins. Keys no rule covers belong to the resource
+    /// named like their bucket.
+    #[arg(long = "s3-resource", env = "FENCEGATE_S3_RESOURCE", value_delimiter = ',', value_parser = crate::s3door::layout::parse_resource_rule, value_name = "RULE", help_heading = heading::S3_DOOR)]
+    pub s3_resources: Vec<crate::s3door::layout::ResourceRule>,
+
+    /// The region the door signs for and takes signatures of.
+    #[arg(long, env = "FENCEGATE_S3_REGION", default_value = DEFAULT_S3_REGION, value_name = "REGION", help_heading = heading::S3_DOOR)]
+    pub s3_region: String,
+
+    /// Largest single PUT body (bytes, KiB, MiB, GiB).
+    ///
+    /// Largest body of a single PutObject (bytes, KiB, MiB, GiB); larger ones are
+    /// refused with EntityTooLarge. The door holds a body in memory while it uploads
+    /// it, within the gateway's body memory (--max-body-memory).
+    #[arg(long, env = "FENCEGATE_S3_MAX_OBJECT", default_value = DEFAULT_S3_MAX_OBJECT, value_parser = parse_size, value_name = "SIZE", help_heading = heading::S3_DOOR)]
+    pub s3_max_object: usize,
+
+    /// Longest an upstream request may take.
+    #[arg(long, env = "FENCEGATE_S3_UPSTREAM_TIMEOUT", default_value = DEFAULT_S3_UPSTREAM_TIMEOUT, value_parser = humantime::parse_duration, value_name = "DURATION", help_heading = heading::S3_DOOR)]
+    pub s3_upstream_timeout: Duration,
+
+    /// Skip the start-up check of the upstream's conditional writes.
+    ///
+    /// Start without racing concurrent If-None-Match PUTs in each bucket. The check
+    /// refuses to start on an upstream that lets two of them win, because the
+    /// door's write-once objects rest on it.
+    #[arg(long, env = "FENCEGATE_S3_SKIP_CONFORMANCE_CHECK", help_heading = heading::S3_DOOR)]
+    pub s3_skip_conformance_check: bool,
+}
+
 /// The Postgres door (`pgdoor`).
 #[derive(Debug, Clone, Args)]
 pub struct DoorArgs {

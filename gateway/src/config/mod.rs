@@ -22,7 +22,7 @@ pub use commands::{
     UnprotectArgs,
 };
 pub use groups::{
-    AuthArgs, DoorArgs, HttpArgs, IdempotencyArgs, LimitArgs, LoggingArgs, ReplicationArgs,
+    AuthArgs, DoorArgs, HttpArgs, IdempotencyArgs, LimitArgs, LoggingArgs, ReplicationArgs, S3Args,
     SqlArgs, StoreArgs, TlsArgs,
 };
 pub use issuers::{Binding, IssuerArgs, IssuerKind, DEFAULT_ETCD_PREFIX, DEFAULT_ZOOKEEPER_PREFIX};
@@ -81,6 +81,9 @@ pub const DEFAULT_IDEMPOTENCY_MAX_ANSWER: &str = "256KiB";
 pub const DEFAULT_TXN_MAX_OPERATIONS: usize = 64;
 pub const DEFAULT_TXN_MAX_BYTES: &str = "1MiB";
 pub const DEFAULT_PG_IDLE_IN_TRANSACTION_TIMEOUT: &str = "60s";
+pub const DEFAULT_S3_REGION: &str = "us-east-1";
+pub const DEFAULT_S3_MAX_OBJECT: &str = "64MiB";
+pub const DEFAULT_S3_UPSTREAM_TIMEOUT: &str = "30s";
 
 /// The headings that group the flags in `--help` and `-h`, by door and concern.
 pub mod heading {
@@ -92,12 +95,13 @@ pub mod heading {
     pub const ISSUERS: &str = "Leases and issuers";
     pub const IDEMPOTENCY: &str = "Idempotency";
     pub const PG_DOOR: &str = "Postgres door";
+    pub const S3_DOOR: &str = "S3 door";
     pub const SQL: &str = "/v1/sql";
     pub const REPLICATION: &str = "Replication";
     pub const LOGGING: &str = "Logging and metrics";
 
     /// Every heading, in the order `--help` shows them.
-    pub const ALL: [&str; 11] = [
+    pub const ALL: [&str; 12] = [
         HTTP,
         STORE,
         LIMITS,
@@ -106,6 +110,7 @@ pub mod heading {
         ISSUERS,
         IDEMPOTENCY,
         PG_DOOR,
+        S3_DOOR,
         SQL,
         REPLICATION,
         LOGGING,
@@ -182,6 +187,9 @@ pub struct Config {
 
     #[command(flatten)]
     pub door: DoorArgs,
+
+    #[command(flatten)]
+    pub s3: S3Args,
 
     #[command(flatten)]
     pub sql: SqlArgs,

@@ -24,6 +24,8 @@ pub struct FencedRequest<'a> {
     /// that the retry of an accepted request gets its answer even after a newer term
     /// began — the fence cache does not turn it away.
     pub keyed: bool,
+    /// The door the request came through, for the log and the metrics.
+    pub door: super::FrontDoor,
 }
 
 impl Coordinator {
@@ -49,9 +51,10 @@ impl Coordinator {
             identity,
             client,
             keyed,
+            door,
         } = entry;
         if !keyed {
-            self.check_cached(resource, key, fencing, identity)?;
+            self.check_cached(resource, key, fencing, identity, door)?;
         }
         let permit = self.write_permit(client)?;
         self.check_issued(resource, fencing, identity).await?;

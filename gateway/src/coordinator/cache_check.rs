@@ -7,7 +7,7 @@ use fencegate_proto::headers::Fencing;
 use fencegate_proto::{ObjectKey, ResourceName, Token};
 
 use super::rejections::Rejected;
-use super::Coordinator;
+use super::{Coordinator, FrontDoor};
 use crate::error::ApiError;
 
 impl Coordinator {
@@ -19,6 +19,7 @@ impl Coordinator {
         key: Option<&ObjectKey>,
         fencing: &Fencing,
         identity: Option<&str>,
+        door: FrontDoor,
     ) -> Result<(), ApiError> {
         if self.no_cache_rejections {
             return Ok(());
@@ -32,6 +33,7 @@ impl Coordinator {
                     fencing,
                     identity,
                     highest,
+                    door,
                 };
                 Err(self.rejected(&rejected, rejections))
             }
@@ -56,6 +58,15 @@ impl Coordinator {
         highest: Token,
     ) -> ApiError {
         self.metrics.cache_rejection();
-        self.stale(resource, None, fencing, identity, highest, self.seen())
+        let seen = self.seen();
+        let rejected = Rejected {
+            resource,
+            key: None,
+            fencing,
+            identity,
+            highest,
+            door: FrontDoor::Http,
+        };
+        self.stale(&rejected, seen)
     }
 }

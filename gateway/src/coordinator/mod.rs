@@ -72,6 +72,7 @@ use crate::sql::SqlEndpoint;
 use crate::store::{AdvanceOutcome, Store, StoreError, StoredObject, Write, WriteOutcome};
 use fence_cache::{CacheGeneration, FenceCache};
 use issuers::Issuers;
+use rejections::Rejected;
 
 /// The shared state of a running gateway, and the steps of every backend call. Each
 /// part of the state is owned by the file that reads it, and built from its flags'
@@ -289,6 +290,7 @@ impl Coordinator {
         write: Write,
         fencing: &Fencing,
         identity: Option<&str>,
+        door: FrontDoor,
     ) -> Result<AppliedWrite, ApiError> {
         let this = Arc::clone(self);
         let seen = self.seen();
@@ -306,7 +308,15 @@ impl Coordinator {
             WriteOutcome::Applied { version, created } => Ok(AppliedWrite { version, created }),
             WriteOutcome::Stale { highest } => {
                 let key = Some(&write.key);
-                Err(self.stale(&write.resource, key, fencing, identity, highest, seen))
+                let rejected = Rejected {
+                    resource: &write.resource,
+                    key,
+                    fencing,
+                    identity,
+                    highest,
+                    door,
+                };
+                Err(self.stale(&rejected, seen))
             }
             WriteOutcome::PreconditionFailed { current } => {
                 Err(ApiError::VersionMismatch { current })
@@ -336,7 +346,16 @@ impl Coordinator {
         match outcome? {
             AdvanceOutcome::Applied => Ok(()),
             AdvanceOutcome::Stale { highest } => {
-                Err(self.stale(resource, None, fencing, identity, highest, seen))
+                let door = FrontDoor::Http;
+                let rejected = Rejected {
+                    resource,
+                    key: None,
+                    fencing,
+                    identity,
+                    highest,
+                    door,
+                };
+                Err(self.stale(&rejected, seen))
             }
         }
     }

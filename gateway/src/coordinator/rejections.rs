@@ -21,6 +21,7 @@ use crate::error::ApiError;
 pub enum FrontDoor {
     Http,
     Postgres,
+    S3,
 }
 
 impl FrontDoor {
@@ -28,6 +29,7 @@ impl FrontDoor {
         match self {
             FrontDoor::Http => "http",
             FrontDoor::Postgres => "pg",
+            FrontDoor::S3 => "s3",
         }
     }
 }
@@ -41,6 +43,7 @@ pub(super) struct Rejected<'a> {
     /// The authenticated caller; `None` when authentication is off.
     pub(super) identity: Option<&'a str>,
     pub(super) highest: Token,
+    pub(super) door: FrontDoor,
 }
 
 impl Coordinator {
@@ -66,51 +69,30 @@ impl Coordinator {
     }
 
     /// Counts and logs a stale rejection (within the `--stale-log-limit` budget), and
-    /// returns the error to answer with. `highest` must be a committed token above the
-    /// presented one.
-    pub(super) fn stale(
-        &self,
-        resource: &ResourceName,
-        key: Option<&ObjectKey>,
-        fencing: &Fencing,
-        identity: Option<&str>,
-        highest: Token,
-        seen: CacheGeneration,
-    ) -> ApiError {
-        self.count_stale(resource, key, fencing, identity, highest, seen);
+    /// returns the error to answer with. `rejected.highest` must be a committed token
+    /// above the presented one.
+    pub(super) fn stale(&self, rejected: &Rejected<'_>, seen: CacheGeneration) -> ApiError {
+        self.count_stale(rejected, seen);
         ApiError::Stale {
-            resource: resource.clone(),
-            presented: fencing.token,
-            highest,
+            resource: rejected.resource.clone(),
+            presented: rejected.fencing.token,
+            highest: rejected.highest,
         }
     }
 
     /// Counts and logs a stale rejection as [`Coordinator::stale`] does, for an answer
     /// built elsewhere (a transaction's, rendered from its outcome).
-    pub(super) fn count_stale(
-        &self,
-        resource: &ResourceName,
-        key: Option<&ObjectKey>,
-        fencing: &Fencing,
-        identity: Option<&str>,
-        highest: Token,
-        seen: CacheGeneration,
-    ) {
-        let rejections = self.cache.count_rejection(resource, highest, seen);
-        let rejected = Rejected {
-            resource,
-            key,
-            fencing,
-            identity,
-            highest,
-        };
-        self.record_stale(&rejected, FrontDoor::Http, rejections);
+    pub(super) fn count_stale(&self, rejected: &Rejected<'_>, seen: CacheGeneration) {
+        let rejections = self
+            .cache
+            .count_rejection(rejected.resource, rejected.highest, seen);
+        self.record_stale(rejected, rejections);
     }
 
     /// Counts and logs `rejected`, the resource's `rejections`-th, and returns the error
     /// to answer with.
     pub(super) fn rejected(&self, rejected: &Rejected<'_>, rejections: u64) -> ApiError {
-        self.record_stale(rejected, FrontDoor::Http, rejections);
+        self.record_stale(rejected, rejections);
         ApiError::Stale {
             resource: rejected.resource.clone(),
             presented: rejected.fencing.token,
@@ -140,8 +122,9 @@ impl Coordinator {
                     fencing: &fencing,
                     identity: None,
                     highest: rejection.highest,
+                    door,
                 };
-                self.record_stale(&rejected, door, rejections);
+                self.record_stale(&rejected, rejections);
             }
             Reported::Proven(FenceRejection::NotIssued(rejection)) => {
                 self.not_issued_in_database(rejection, door)
@@ -159,16 +142,18 @@ impl Coordinator {
         }
     }
 
-    fn record_stale(&self, rejected: &Rejected<'_>, door: FrontDoor, rejections: u64) {
+    fn record_stale(&self, rejected: &Rejected<'_>, rejections: u64) {
         let Rejected {
             resource,
             key,
             fencing,
             identity,
             highest,
+            door,
         } = *rejected;
         self.metrics
             .stale_rejected(resource, fencing.token, highest);
+        self.metrics.door_stale_rejected(door.as_str());
         if let Some(unlogged) = self.stale_log.take_line() {
             tracing::warn!(
                 resource = resource.as_str(),

@@ -10,7 +10,8 @@ use fencegate_proto::headers::Fencing;
 
 use fencegate_proto::{ObjectKey, ResourceName};
 
-use super::{Coordinator, Gate};
+use super::rejections::Rejected;
+use super::{Coordinator, FrontDoor, Gate};
 use crate::error::ApiError;
 use crate::store::txn::{Answered, Hold, Keyed, StaleMember, Txn, TxnOutcome};
 
@@ -35,6 +36,7 @@ impl Coordinator {
         keyed: Option<Keyed>,
         holder: Option<&str>,
         identity: Option<&str>,
+        door: FrontDoor,
     ) -> Result<Answered, ApiError> {
         let seen = self.seen();
         // A transaction the fence cache knows stale is refused without one (a keyed
@@ -56,14 +58,15 @@ impl Coordinator {
                         holder: holder.map(str::to_owned),
                     };
                     let key = object_key(&txn, &member.resource);
-                    self.count_stale(
-                        &member.resource,
+                    let rejected = Rejected {
+                        resource: &member.resource,
                         key,
-                        &fencing,
+                        fencing: &fencing,
                         identity,
-                        member.highest,
-                        seen,
-                    );
+                        highest: member.highest,
+                        door,
+                    };
+                    self.count_stale(&rejected, seen);
                 }
                 return Ok(Answered::Ran {
                     outcome: TxnOutcome::Stale(stale),
@@ -108,14 +111,15 @@ impl Coordinator {
                 };
                 let key = object_key(&txn, &member.resource);
                 // The answer is rendered from the outcome; this counts and logs.
-                self.count_stale(
-                    &member.resource,
+                let rejected = Rejected {
+                    resource: &member.resource,
                     key,
-                    &fencing,
+                    fencing: &fencing,
                     identity,
-                    member.highest,
-                    seen,
-                );
+                    highest: member.highest,
+                    door,
+                };
+                self.count_stale(&rejected, seen);
             }
         }
         Ok(answered)

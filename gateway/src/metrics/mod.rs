@@ -338,6 +338,14 @@ impl Metrics {
     }
 
     /// Counts an error with a fence SQLSTATE that the fence did not raise.
+    /// Counts a stale rejection by the door it came through.
+    pub fn door_stale_rejected(&self, door: &str) {
+        self.trust
+            .door_stale_rejections
+            .with_label_values(&[door])
+            .inc();
+    }
+
     pub fn forged_refusal(&self, door: &str) {
         self.trust.forged_refusals.with_label_values(&[door]).inc();
     }

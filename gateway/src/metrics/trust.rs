@@ -16,6 +16,8 @@ pub const REFUSAL_REASONS: [&str; 4] = [
 pub const SOURCES: [&str; 3] = ["leader_lease", "etcd", "zookeeper"];
 /// Every value of the `door` label of `fencegate_forged_refusals_total`.
 pub const DOORS: [&str; 2] = ["http", "pg"];
+/// Every value of the `door` label of `fencegate_door_stale_rejections_total`.
+pub const WRITE_DOORS: [&str; 3] = ["http", "pg", "s3"];
 
 pub(super) struct TrustMetrics {
     pub(super) lease_steps: IntCounterVec,
@@ -25,6 +27,7 @@ pub(super) struct TrustMetrics {
     pub(super) regressions: IntCounter,
     pub(super) issuer_regressions: IntCounterVec,
     pub(super) forged_refusals: IntCounterVec,
+    pub(super) door_stale_rejections: IntCounterVec,
     pub(super) takeovers: IntCounter,
     pub(super) bindings_drift: IntGauge,
     pub(super) binding_restores: IntCounter,
@@ -97,6 +100,17 @@ impl TrustMetrics {
         for door in DOORS {
             forged_refusals.with_label_values(&[door]);
         }
+        let door_stale_rejections = IntCounterVec::new(
+            Opts::new(
+                "fencegate_door_stale_rejections_total",
+                "Writes refused as stale (below the resource's highest token), by the door they came through: the HTTP API, the Postgres door, the S3 door. fencegate_stale_rejections_total counts the same refusals by resource.",
+            ),
+            &["door"],
+        )
+        .unwrap();
+        for door in WRITE_DOORS {
+            door_stale_rejections.with_label_values(&[door]);
+        }
         let takeovers = IntCounter::new(
             "fencegate_term_takeovers_total",
             "Sessions of an older term that held a fence row a new term was raising, ended after --term-takeover-timeout (by the in-database fence or by this gateway; read from fencegate.takeovers).",
@@ -141,6 +155,7 @@ impl TrustMetrics {
             timeline,
             patroni_synchronous_mode,
             forged_refusals,
+            door_stale_rejections,
             takeovers,
             bindings_drift,
             binding_restores,
@@ -162,6 +177,7 @@ impl TrustMetrics {
             Box::new(self.reset_generation.clone()),
             Box::new(self.regressions.clone()),
             Box::new(self.forged_refusals.clone()),
+            Box::new(self.door_stale_rejections.clone()),
             Box::new(self.takeovers.clone()),
             Box::new(self.bindings_drift.clone()),
             Box::new(self.binding_restores.clone()),

@@ -1,0 +1,561 @@
+//! The S3 door in front of a real radosgw (`fencegate_tests::s3::door`): tokens in
+//! object metadata or the `Fencing-Token` header, stale writes refused with S3's own
+//! error document, SigV4 checked against the gateway's keys, grants applied, and the
+//! mapped layout's promise — no older term's write becomes visible once a newer term
+//! wrote or advanced — kept even for an upload held in the network past the term
+//! change.
+//!
+//! One bed (radosgw, a proxy, a database, a gateway) runs every step, each on keys of
+//! its own; the test checks that every step ran.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use http::Method;
+
+use fencegate_tests::http::{advance_path, Client, Reply};
+use fencegate_tests::s3::client::{error_code, text, xml_values};
+use fencegate_tests::s3::door::{DoorBed, DoorFiles, BUCKET, HTTP_KEY, READER, WRITER};
+use fencegate_tests::s3::S3Client;
+
+type Step = for<'a> fn(&'a DoorBed, &'a str) -> Pin<Box<dyn Future<Output = ()> + 'a>>;
+
+const STEPS: &[(&str, Step)] = &[
+    ("late-put-is-stale", |bed, k| {
+        Box::pin(a_late_put_of_an_older_term_is_refused(bed, k))
+    }),
+    ("header-token", |bed, k| {
+        Box::pin(the_token_may_come_as_a_header(bed, k))
+    }),
+    ("no-token", |bed, k| {
+        Box::pin(a_write_without_a_token_is_refused(bed, k))
+    }),
+    ("bad-signature", |bed, k| {
+        Box::pin(bad_signatures_reach_nothing(bed, k))
+    }),
+    ("grants", |bed, k| {
+        Box::pin(grants_apply_to_the_resolved_resource(bed, k))
+    }),
+    ("reads", |bed, k| {
+        Box::pin(reads_resolve_through_the_mapping(bed, k))
+    }),
+    ("delete", |bed, k| Box::pin(deletes_are_fenced(bed, k))),
+    ("held-upload", |bed, k| {
+        Box::pin(an_upload_held_past_a_term_change_never_shows(bed, k))
+    }),
+    ("boto3", |bed, k| {
+        Box::pin(boto3_writes_through_the_door(bed, k))
+    }),
+];
+
+#[tokio::test]
+async fn the_s3_door_fences_writes_to_a_real_object_store() {
+    let bed = DoorBed::start().await;
+    let mut ran = Vec::new();
+    for (name, step) in STEPS {
+        let key = format!("orders/{name}.json");
+        step(&bed, &key).await;
+        ran.push(*name);
+    }
+    assert_eq!(ran.len(), STEPS.len(), "every step ran");
+}
+
+fn token(value: u64) -> String {
+    value.to_string()
+}
+
+/// PUT with the token in `x-amz-meta-fencing-token`.
+async fn put(s3: &S3Client, key: &str, term: u64, body: &str) -> Reply {
+    let term = token(term);
+    s3.put(
+        BUCKET,
+        key,
+        &[("x-amz-meta-fencing-token", &term)],
+        body.to_owned(),
+    )
+    .await
+}
+
+fn assert_stale(reply: &Reply, presented: u64, highest: u64) {
+    assert_eq!(reply.status, 409, "{}", text(reply));
+    assert_eq!(
+        error_code(reply).as_deref(),
+        Some("StaleFencingToken"),
+        "{}",
+        text(reply)
+    );
+    assert_eq!(
+        reply.header("fencing-highest"),
+        Some(highest.to_string().as_str())
+    );
+    let message = xml_values(&text(reply), "Message").join("");
+    assert!(
+        message.contains(&presented.to_string()) && message.contains(&highest.to_string()),
+        "the message names the presented and the highest token: {message}"
+    );
+}
+
+async fn body_of(s3: &S3Client, key: &str) -> (u16, String) {
+    let reply = s3.get(BUCKET, key).await;
+    (reply.status, text(&reply))
+}
+
+/// The seed's scenario: term 41 writes, term 42 writes, term 41's late PUT is refused
+/// with 409 `StaleFencingToken` and the object keeps term 42's bytes; nothing of the
+/// late PUT reaches the bucket.
+async fn a_late_put_of_an_older_term_is_refused(bed: &DoorBed, key: &str) {
+    let s3 = bed.client(WRITER);
+    let reply = put(&s3, key, 41, "term 41").await;
+    assert_eq!(reply.status, 200, "{}", text(&reply));
+    assert!(reply.header("etag").is_some_and(|etag| !etag.is_empty()));
+    assert_eq!(body_of(&s3, key).await, (200, "term 41".into()));
+    let reply = put(&s3, key, 42, "term 42").await;
+    assert_eq!(reply.status, 200, "{}", text(&reply));
+    let before = bed.physical_keys().await;
+    let counted = door_stale_rejections(bed).await;
+    let late = put(&s3, key, 41, "term 41, late").await;
+    assert_stale(&late, 41, 42);
+    assert_eq!(door_stale_rejections(bed).await, counted + 1.0);
+    assert_eq!(body_of(&s3, key).await, (200, "term 42".into()));
+    assert_eq!(
+        bed.physical_keys().await,
+        before,
+        "the refused PUT reached the bucket"
+    );
+    // Physical keys carry their term.
+    assert!(
+        before
+            .iter()
+            .any(|k| k.starts_with(".fencegate/orders/42/")),
+        "{before:?}"
+    );
+}
+
+async fn the_token_may_come_as_a_header(bed: &DoorBed, key: &str) {
+    let s3 = bed.client(WRITER);
+    let reply = s3
+        .put(BUCKET, key, &[("fencing-token", "43")], "by header")
+        .await;
+    assert_eq!(reply.status, 200, "{}", text(&reply));
+    let reply = s3
+        .put(BUCKET, key, &[("fencing-token", "42")], "stale header")
+        .await;
+    assert_stale(&reply, 42, 43);
+    // Both, differing: refused as an invalid argument, nothing written.
+    let reply = s3
+        .put(
+            BUCKET,
+            key,
+            &[("fencing-token", "43"), ("x-amz-meta-fencing-token", "44")],
+            "two tokens",
+        )
+        .await;
+    assert_eq!(reply.status, 400, "{}", text(&reply));
+    assert_eq!(error_code(&reply).as_deref(), Some("InvalidArgument"));
+    assert_eq!(body_of(&s3, key).await, (200, "by header".into()));
+}
+
+async fn a_write_without_a_token_is_refused(bed: &DoorBed, key: &str) {
+    let s3 = bed.client(WRITER);
+    let before = bed.physical_keys().await;
+    let reply = s3.put(BUCKET, key, &[], "no token").await;
+    assert_eq!(reply.status, 400, "{}", text(&reply));
+    assert_eq!(error_code(&reply).as_deref(), Some("MissingFencingToken"));
+    let reply = s3
+        .put(
+            BUCKET,
+            key,
+            &[("x-amz-meta-fencing-token", "forty-four")],
+            "bad",
+        )
+        .await;
+    assert_eq!(
+        error_code(&reply).as_deref(),
+        Some("InvalidArgument"),
+        "{}",
+        text(&reply)
+    );
+    assert_eq!(s3.get(BUCKET, key).await.status, 404);
+    assert_eq!(bed.physical_keys().await, before);
+}
+
+async fn bad_signatures_reach_nothing(bed: &DoorBed, key: &str) {
+    let door = format!("http://{}", bed.gateway.s3_addr());
+    let before = bed.physical_keys().await;
+    let wrong_secret = S3Client::new(&door, WRITER.0, "not-the-writer-secret-0123456789");
+    let reply = put(&wrong_secret, key, 50, "forged").await;
+    assert_eq!(reply.status, 403, "{}", text(&reply));
+    assert_eq!(error_code(&reply).as_deref(), Some("SignatureDoesNotMatch"));
+    let unknown = S3Client::new(&door, "FGNOBODY", "whatever-secret-0123456789abcdef");
+    let reply = put(&unknown, key, 50, "forged").await;
+    assert_eq!(reply.status, 403, "{}", text(&reply));
+    assert_eq!(error_code(&reply).as_deref(), Some("InvalidAccessKeyId"));
+    // Unsigned: anonymous requests are refused.
+    let reply = Client::new(&door)
+        .request(Method::GET, &format!("/{BUCKET}/{key}"), &[], "")
+        .await;
+    assert_eq!(
+        reply.status,
+        403,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert_eq!(bed.physical_keys().await, before);
+    // Nothing raised the fence either: the highest token is still below 50.
+    let http = Client::new(bed.gateway.url());
+    let fence = http
+        .request(
+            Method::GET,
+            "/v1/fences/orders",
+            &[("authorization", &format!("Bearer {HTTP_KEY}"))],
+            "",
+        )
+        .await;
+    assert!(
+        fence.json()["highest"].as_u64().unwrap() < 50,
+        "{}",
+        fence.json()
+    );
+}
+
+async fn grants_apply_to_the_resolved_resource(bed: &DoorBed, key: &str) {
+    let reader = bed.client(READER);
+    let reply = put(&reader, key, 60, "by a reader").await;
+    assert_eq!(reply.status, 403, "{}", text(&reply));
+    assert_eq!(error_code(&reply).as_deref(), Some("AccessDenied"));
+    // A key outside every rule belongs to the resource named like the bucket, which
+    // no one here is granted.
+    let writer = bed.client(WRITER);
+    let reply = put(&writer, "invoices/1.json", 60, "elsewhere").await;
+    assert_eq!(
+        error_code(&reply).as_deref(),
+        Some("AccessDenied"),
+        "{}",
+        text(&reply)
+    );
+    // A bucket the door does not serve.
+    let reply = writer
+        .put(
+            "other",
+            key,
+            &[("x-amz-meta-fencing-token", "60")],
+            "elsewhere",
+        )
+        .await;
+    assert_eq!(
+        error_code(&reply).as_deref(),
+        Some("NoSuchBucket"),
+        "{}",
+        text(&reply)
+    );
+    // The door's own physical keys are not logical keys.
+    let reply = writer.get(BUCKET, ".fencegate/orders/41/x").await;
+    assert_ne!(reply.status, 200, "{}", text(&reply));
+    assert_eq!(reader.get(BUCKET, key).await.status, 404);
+}
+
+async fn reads_resolve_through_the_mapping(bed: &DoorBed, key: &str) {
+    let s3 = bed.client(WRITER);
+    let highest = current(bed).await;
+    let reply = s3
+        .put(
+            BUCKET,
+            key,
+            &[
+                ("x-amz-meta-fencing-token", &token(highest)),
+                ("x-amz-meta-owner", "sweeper"),
+                ("content-type", "application/json"),
+            ],
+            "{\"total\": 12}",
+        )
+        .await;
+    assert_eq!(reply.status, 200, "{}", text(&reply));
+    let etag = reply.header("etag").unwrap().to_owned();
+    let reader = bed.client(READER);
+    let head = reader.head(BUCKET, key).await;
+    assert_eq!(head.status, 200);
+    assert_eq!(head.header("content-length"), Some("13"));
+    assert_eq!(head.header("etag"), Some(etag.as_str()));
+    assert_eq!(head.header("content-type"), Some("application/json"));
+    assert_eq!(head.header("x-amz-meta-owner"), Some("sweeper"));
+    assert_eq!(
+        head.header("x-amz-meta-fencing-token"),
+        Some(token(highest).as_str())
+    );
+    let ranged = reader
+        .request_path(
+            Method::GET,
+            &fencegate_tests::s3::client::object_path(BUCKET, key),
+            &[("range", "bytes=1-7")],
+            "",
+        )
+        .await;
+    assert_eq!(ranged.status, 206, "{}", text(&ranged));
+    assert_eq!(text(&ranged), "\"total\"");
+    let missing = reader.get(BUCKET, "orders/never-written.json").await;
+    assert_eq!(missing.status, 404);
+    assert_eq!(error_code(&missing).as_deref(), Some("NoSuchKey"));
+}
+
+/// `fencegate_door_stale_rejections_total{door="s3"}`.
+async fn door_stale_rejections(bed: &DoorBed) -> f64 {
+    let http = Client::new(bed.gateway.url());
+    let reply = http
+        .request(
+            Method::GET,
+            "/metrics",
+            &[("authorization", &format!("Bearer {HTTP_KEY}"))],
+            "",
+        )
+        .await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    let text = String::from_utf8_lossy(&reply.body);
+    fencegate_tests::http::metric_value(
+        &text,
+        r#"fencegate_door_stale_rejections_total{door="s3"}"#,
+    )
+    .expect("the door's stale rejections are exported")
+}
+
+/// The highest token of `orders`, read over the HTTP API.
+async fn current(bed: &DoorBed) -> u64 {
+    let http = Client::new(bed.gateway.url());
+    let fence = http
+        .request(
+            Method::GET,
+            "/v1/fences/orders",
+            &[("authorization", &format!("Bearer {HTTP_KEY}"))],
+            "",
+        )
+        .await;
+    fence.json()["highest"]
+        .as_u64()
+        .expect("orders has a fence")
+}
+
+async fn deletes_are_fenced(bed: &DoorBed, key: &str) {
+    let s3 = bed.client(WRITER);
+    let highest = current(bed).await;
+    assert_eq!(put(&s3, key, highest, "to delete").await.status, 200);
+    let path = fencegate_tests::s3::client::object_path(BUCKET, key);
+    let stale = s3
+        .request_path(
+            Method::DELETE,
+            &path,
+            &[("fencing-token", &token(highest - 1))],
+            "",
+        )
+        .await;
+    assert_stale(&stale, highest - 1, highest);
+    assert_eq!(body_of(&s3, key).await, (200, "to delete".into()));
+    let untokened = s3.request_path(Method::DELETE, &path, &[], "").await;
+    assert_eq!(
+        error_code(&untokened).as_deref(),
+        Some("MissingFencingToken")
+    );
+    let deleted = s3
+        .request_path(
+            Method::DELETE,
+            &path,
+            &[("fencing-token", &token(highest))],
+            "",
+        )
+        .await;
+    assert_eq!(deleted.status, 204, "{}", text(&deleted));
+    assert_eq!(s3.get(BUCKET, key).await.status, 404);
+}
+
+/// The window check-then-PUT leaves open: term T's PUT passes every check, its upload
+/// is held in the network, term T+1 advances the fence and is acknowledged, then the
+/// upload lands. The door's commit finds the fence above T and refuses: the object
+/// keeps the bytes it had, and the late upload's physical object is referenced by
+/// nothing.
+async fn an_upload_held_past_a_term_change_never_shows(bed: &DoorBed, key: &str) {
+    let s3 = bed.client(WRITER);
+    let term = current(bed).await;
+    assert_eq!(put(&s3, key, term, "before the hold").await.status, 200);
+    let before = bed.physical_keys().await;
+
+    bed.proxy.hold();
+    let late = {
+        let s3 = s3.clone();
+        let key = key.to_owned();
+        tokio::spawn(async move { put(&s3, &key, term, "held past the term change").await })
+    };
+    fencegate_tests::eventually(Duration::from_secs(10), "the upload is held", || async {
+        bed.proxy.held_bytes() > 0
+    })
+    .await;
+    let http = Client::new(bed.gateway.url());
+    let next = token(term + 1);
+    let advanced = http
+        .request(
+            Method::POST,
+            &advance_path("orders"),
+            &[
+                ("fencing-token", &next),
+                ("authorization", &format!("Bearer {HTTP_KEY}")),
+            ],
+            "",
+        )
+        .await;
+    assert_eq!(
+        advanced.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&advanced.body)
+    );
+    bed.proxy.release();
+
+    let late = late.await.expect("the late PUT's task");
+    assert_stale(&late, term, term + 1);
+    assert_eq!(body_of(&s3, key).await, (200, "before the hold".into()));
+    // The upload did land: one more physical object, which no mapping names.
+    let after = bed.physical_keys().await;
+    assert_eq!(after.len(), before.len() + 1, "{before:?} → {after:?}");
+}
+
+/// boto3, the Python SDK, unchanged but for the endpoint: the seed's script.
+async fn boto3_writes_through_the_door(bed: &DoorBed, key: &str) {
+    let term = current(bed).await;
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/s3/boto3_seed.py");
+    let output = tokio::process::Command::new("python3")
+        .arg(script)
+        .args([
+            &format!("http://{}", bed.gateway.s3_addr()),
+            WRITER.0,
+            WRITER.1,
+            BUCKET,
+            key,
+            &token(term + 1),
+        ])
+        .output()
+        .await
+        .expect("python3 runs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "the boto3 script failed:\n{said}");
+    assert!(
+        said.contains("late PUT refused: StaleFencingToken"),
+        "{said}"
+    );
+    // What boto3 read, the door and the bucket agree on.
+    let s3 = bed.client(READER);
+    assert_eq!(body_of(&s3, key).await, (200, format!("term {}", term + 2)));
+}
+
+/// A stand-in for an S3 server that does not honour `If-None-Match` (a mock: such
+/// servers — older MinIO and gateways — are not packaged here): it answers every
+/// request `200` with an ETag. The door's start-up race sees every conditional PUT
+/// win, and the gateway refuses to start, saying why.
+#[tokio::test]
+async fn a_door_refuses_an_upstream_whose_conditional_writes_all_win() {
+    use hyper::service::service_fn;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&seen);
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let counted = std::sync::Arc::clone(&counted);
+            tokio::spawn(async move {
+                let service = service_fn(move |_request: http::Request<hyper::body::Incoming>| {
+                    counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    async {
+                        http::Response::builder()
+                            .status(200)
+                            .header("etag", "\"takes-everything\"")
+                            .body(http_body_util::Full::new(bytes::Bytes::new()))
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    let db = fencegate_tests::db::TestDb::create().await;
+    let files = DoorFiles::new("upstream-key", "upstream-secret");
+    let failure = files
+        .builder(&db, &format!("http://{addr}"))
+        .try_spawn()
+        .await
+        .err()
+        .expect("the gateway refuses the upstream");
+    assert!(
+        failure
+            .logs
+            .contains("does not honour conditional writes atomically"),
+        "{failure}"
+    );
+    assert!(
+        failure.logs.contains("--s3-skip-conformance-check"),
+        "{failure}"
+    );
+    assert!(
+        seen.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+        "the race ran"
+    );
+    // Told to skip the check, it starts.
+    let gateway = files
+        .builder(&db, &format!("http://{addr}"))
+        .arg("--s3-skip-conformance-check")
+        .spawn()
+        .await;
+    let _ = gateway.s3_addr();
+}
+
+/// The door's flags are checked before anything starts.
+#[tokio::test]
+async fn the_door_names_what_it_lacks() {
+    for (args, says) in [
+        (
+            vec!["--s3-listen", "127.0.0.1:0"],
+            "--s3-listen needs --s3-upstream",
+        ),
+        (
+            vec![
+                "--s3-listen",
+                "127.0.0.1:0",
+                "--s3-upstream",
+                "https://s3.example",
+            ],
+            "must be an http:// URL",
+        ),
+        (
+            vec![
+                "--s3-listen",
+                "127.0.0.1:0",
+                "--s3-upstream",
+                "http://127.0.0.1:1",
+            ],
+            "--s3-listen needs --s3-keys-file",
+        ),
+    ] {
+        let dir =
+            std::env::temp_dir().join(format!("fencegate-s3-flags-{:08x}", rand::random::<u32>()));
+        let failure = fencegate_tests::gateway::Gateway::builder()
+            .args(&["--data-dir", &dir.display().to_string()])
+            .args(&args)
+            .try_spawn()
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{args:?} started"));
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(failure.logs.contains(says), "{args:?}: {failure}");
+    }
+}
