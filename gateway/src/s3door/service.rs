@@ -2,7 +2,7 @@
 //!
 //! A PUT: authenticate (s3s verified the SigV4 signature against [`super::keys`]),
 //! resolve the resource, authorise, admit the token as every door does
-//! ([`Coordinator::admit`]: fence cache, write bounds, issuer), record an intent, upload
+//! (`Coordinator::admit`: fence cache, write bounds, issuer), record an intent, upload
 //! the body to a fresh write-once physical key, then commit — in one store transaction
 //! — the intent's removal and the mapping, fenced by the token. The object becomes
 //! visible only at that commit.

@@ -94,10 +94,6 @@ impl Upstream {
         }
     }
 
-    pub fn endpoint(&self) -> &str {
-        &self.options.endpoint
-    }
-
     /// PUTs `body` to a key that must not exist yet (`If-None-Match: *`), with the
     /// given headers (content type, user metadata).
     pub async fn put_new(
