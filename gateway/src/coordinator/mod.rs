@@ -377,6 +377,26 @@ impl Coordinator {
         Ok(result?.transpose()?)
     }
 
+    /// Lists live objects of `resource` under a key prefix ([`Store::list`]).
+    pub async fn list(
+        self: &Arc<Self>,
+        resource: &ResourceName,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, bytes::Bytes)>, ApiError> {
+        let (this, resource) = (Arc::clone(self), resource.clone());
+        let (prefix, after) = (prefix.to_owned(), after.map(str::to_owned));
+        let result = self
+            .store_call(async move {
+                this.store
+                    .list(&resource, &prefix, after.as_deref(), limit)
+                    .await
+            })
+            .await?;
+        Ok(result?)
+    }
+
     /// Reads a resource's committed highest token, and caches it.
     pub async fn fence(
         self: &Arc<Self>,

@@ -94,6 +94,31 @@ impl Resources {
     }
 }
 
+impl Resources {
+    /// Every resource a key of `bucket` under `prefix` may belong to, in name order:
+    /// each rule whose prefix and `prefix` overlap, and the bucket's own resource
+    /// unless a rule covers every key under `prefix`.
+    pub fn covering(&self, bucket: &str, prefix: &str) -> Result<Vec<ResourceName>, String> {
+        let rules = self.rules.iter().filter(|rule| rule.bucket == bucket);
+        let mut covering: Vec<ResourceName> = rules
+            .clone()
+            .filter(|rule| rule.prefix.starts_with(prefix) || prefix.starts_with(&rule.prefix))
+            .map(|rule| rule.resource.clone())
+            .collect();
+        if !rules.clone().any(|rule| prefix.starts_with(&rule.prefix)) {
+            covering.push(ResourceName::new(bucket).map_err(|e| e.to_string())?);
+        }
+        covering.sort();
+        covering.dedup();
+        Ok(covering)
+    }
+}
+
+/// The store-key prefix of every mapping of `bucket`.
+pub fn mapping_root(bucket: &str) -> String {
+    format!("s3/{bucket}/")
+}
+
 /// The store key of `key`'s mapping in `bucket`.
 pub fn mapping_key(bucket: &str, key: &str) -> Result<ObjectKey, String> {
     if key.starts_with(PHYSICAL_ROOT) {
@@ -154,6 +179,47 @@ impl Mapping {
     }
 }
 
+/// An upload under way: written (as a fenced write with the upload's token) before
+/// its object can land, deleted by the commit that maps it. A multipart upload's
+/// intent is also its record: the upload id a client gets is the intent's uuid.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intent {
+    pub physical: String,
+    pub bucket: String,
+    pub key: String,
+    pub token: u64,
+    /// The upstream's id of a multipart upload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upload_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    pub created_at_ms: i64,
+}
+
+impl Intent {
+    /// Decodes a store value, refusing one whose physical key is not of `resource`.
+    pub fn decode(value: &[u8], resource: &ResourceName) -> Result<Intent, String> {
+        let intent: Intent = serde_json::from_slice(value)
+            .map_err(|_| "the stored value is not an S3 upload's intent".to_owned())?;
+        let own = format!("{PHYSICAL_ROOT}{resource}/");
+        if !intent.physical.starts_with(&own) || intent.physical.contains("/../") {
+            return Err(format!(
+                "the stored intent names {:?}, outside {own}",
+                intent.physical
+            ));
+        }
+        Ok(intent)
+    }
+
+    pub fn encode(&self) -> bytes::Bytes {
+        serde_json::to_vec(self)
+            .expect("an intent serializes")
+            .into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +240,24 @@ mod tests {
         assert_eq!(of("data", "orders/eu/1.json"), "orders-eu");
         assert_eq!(of("data", "invoices/1.json"), "data");
         assert_eq!(of("other", "orders/1.json"), "other");
+    }
+
+    #[test]
+    fn a_listing_covers_the_resources_its_prefix_may_reach() {
+        let resources = Resources::new(vec![
+            rule("data/orders/*=orders"),
+            rule("data/orders/eu/*=orders-eu"),
+        ])
+        .unwrap();
+        let names = |prefix| {
+            let covering = resources.covering("data", prefix).unwrap();
+            covering.iter().map(ToString::to_string).collect::<Vec<_>>()
+        };
+        assert_eq!(names(""), ["data", "orders", "orders-eu"]);
+        assert_eq!(names("orders/"), ["orders", "orders-eu"]);
+        assert_eq!(names("orders/eu/2026"), ["orders-eu"]);
+        assert_eq!(names("ord"), ["data", "orders", "orders-eu"]);
+        assert_eq!(names("invoices/"), ["data"]);
     }
 
     #[test]

@@ -11,6 +11,8 @@
 
 pub mod keys;
 pub mod layout;
+mod listing;
+mod multipart;
 pub mod service;
 pub mod upstream;
 

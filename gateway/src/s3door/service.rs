@@ -15,13 +15,16 @@ use fencegate_proto::headers::{Fencing, Precondition};
 use fencegate_proto::{ObjectKey, ResourceName, Token};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use s3s::dto::{
+    AbortMultipartUploadInput, AbortMultipartUploadOutput, CompleteMultipartUploadInput,
+    CompleteMultipartUploadOutput, CreateMultipartUploadInput, CreateMultipartUploadOutput,
     DeleteObjectInput, DeleteObjectOutput, GetObjectInput, GetObjectOutput, HeadObjectInput,
-    HeadObjectOutput, PutObjectInput, PutObjectOutput, StreamingBlob, Timestamp,
+    HeadObjectOutput, ListObjectsV2Input, ListObjectsV2Output, PutObjectInput, PutObjectOutput,
+    StreamingBlob, Timestamp, UploadPartInput, UploadPartOutput,
 };
 use s3s::{s3_error, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, S3};
 
 use super::keys::S3Keys;
-use super::layout::{self, Mapping, Resources};
+use super::layout::{self, Intent, Mapping, Resources};
 use super::upstream::{Conditional, Upstream, UpstreamError};
 use crate::auth::{Action, Identity};
 use crate::coordinator::{BodyMemory, Coordinator, FencedRequest, FrontDoor, WritePermit};
@@ -49,17 +52,17 @@ pub struct S3Door {
 }
 
 /// Who a request is, as far as the gateway's grants go.
-struct Caller {
-    name: String,
+pub(super) struct Caller {
+    pub(super) name: String,
     /// `None` without `--auth-file`: every key holder may do everything.
     identity: Option<Arc<Identity>>,
-    peer: IpAddr,
+    pub(super) peer: IpAddr,
 }
 
 impl S3Door {
     /// The caller of an authenticated request; s3s refused unsigned and badly signed
     /// requests before any operation runs.
-    fn caller<T>(&self, req: &S3Request<T>) -> S3Result<Caller> {
+    pub(super) fn caller<T>(&self, req: &S3Request<T>) -> S3Result<Caller> {
         let access_key = req
             .credentials
             .as_ref()
@@ -91,42 +94,58 @@ impl S3Door {
     }
 
     /// The resource of `key` in `bucket`, if the caller may do `action` on it.
-    fn authorise(
+    pub(super) fn authorise(
         &self,
         caller: &Caller,
         action: Action,
         bucket: &str,
         key: &str,
     ) -> S3Result<(ResourceName, ObjectKey)> {
-        if !self.buckets.contains(bucket) {
-            return Err(S3Error::with_message(
-                S3ErrorCode::NoSuchBucket,
-                "the S3 door does not serve this bucket (--s3-bucket)",
-            ));
-        }
+        self.served(bucket)?;
         let resource = self
             .resources
             .resolve(bucket, key)
             .map_err(|e| S3Error::with_message(S3ErrorCode::InvalidBucketName, e))?;
         let mapping_key = layout::mapping_key(bucket, key)
             .map_err(|e| S3Error::with_message(S3ErrorCode::KeyTooLongError, e))?;
-        if let Some(identity) = &caller.identity {
-            if !identity.may(action, Some(&resource)) {
-                return Err(S3Error::with_message(
-                    S3ErrorCode::AccessDenied,
-                    format!(
-                        "identity {:?} may not {} resource {resource}",
-                        caller.name,
-                        action.as_str()
-                    ),
-                ));
-            }
-        }
+        self.may(caller, action, &resource)?;
         Ok((resource, mapping_key))
     }
 
+    /// Refuses a bucket the door does not serve.
+    pub(super) fn served(&self, bucket: &str) -> S3Result<()> {
+        if self.buckets.contains(bucket) {
+            Ok(())
+        } else {
+            Err(S3Error::with_message(
+                S3ErrorCode::NoSuchBucket,
+                "the S3 door does not serve this bucket (--s3-bucket)",
+            ))
+        }
+    }
+
+    /// Refuses `action` on `resource` unless the caller's grants allow it.
+    pub(super) fn may(
+        &self,
+        caller: &Caller,
+        action: Action,
+        resource: &ResourceName,
+    ) -> S3Result<()> {
+        match &caller.identity {
+            Some(identity) if !identity.may(action, Some(resource)) => Err(S3Error::with_message(
+                S3ErrorCode::AccessDenied,
+                format!(
+                    "identity {:?} may not {} resource {resource}",
+                    caller.name,
+                    action.as_str()
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// The checks every door's write passes, in their one order.
-    async fn admit(
+    pub(super) async fn admit(
         &self,
         caller: &Caller,
         resource: &ResourceName,
@@ -145,6 +164,111 @@ impl S3Door {
         self.coordinator.admit(entry).await.map_err(s3_error_of)
     }
 
+    /// Records an upload's intent, before anything of it can land upstream: a fenced
+    /// write with the upload's token, which must be new.
+    pub(super) async fn record_intent(
+        &self,
+        caller: &Caller,
+        resource: &ResourceName,
+        upload: uuid::Uuid,
+        intent: &Intent,
+        fencing: &Fencing,
+    ) -> S3Result<()> {
+        let write = Write {
+            resource: resource.clone(),
+            key: layout::intent_key(upload),
+            token: fencing.token,
+            precondition: Precondition::MustNotExist,
+            op: WriteOp::Put(intent.encode()),
+        };
+        self.coordinator
+            .write(write, fencing, Some(&caller.name), FrontDoor::S3)
+            .await
+            .map(drop)
+            .map_err(s3_error_of)
+    }
+
+    /// Makes an uploaded object visible: in one fenced transaction, deletes the
+    /// upload's intent (which must still exist) and writes the key's mapping.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn commit(
+        &self,
+        caller: &Caller,
+        resource: &ResourceName,
+        upload: uuid::Uuid,
+        intent: Intent,
+        mapping_key: ObjectKey,
+        fencing: &Fencing,
+        (etag, size): (String, u64),
+    ) -> S3Result<()> {
+        let mapping = Mapping {
+            physical: intent.physical,
+            etag,
+            size,
+            content_type: intent.content_type,
+            metadata: intent.metadata,
+            written_at_ms: now_ms(),
+            token: fencing.token.get(),
+        };
+        let txn = Txn::new(vec![
+            TxnOp::Delete {
+                resource: resource.clone(),
+                key: layout::intent_key(upload),
+                token: fencing.token,
+                precondition: Precondition::MustExist,
+            },
+            TxnOp::Put {
+                resource: resource.clone(),
+                key: mapping_key,
+                token: fencing.token,
+                value: mapping.encode(),
+                precondition: Precondition::None,
+            },
+        ])
+        .map_err(|e| S3Error::with_message(S3ErrorCode::InternalError, e.to_string()))?;
+        let answered = self
+            .coordinator
+            .txn(
+                Arc::new(txn),
+                None,
+                fencing.holder.as_deref(),
+                Some(&caller.name),
+                FrontDoor::S3,
+            )
+            .await
+            .map_err(s3_error_of)?;
+        match answered {
+            Answered::Ran {
+                outcome: TxnOutcome::Applied(_),
+                ..
+            } => Ok(()),
+            Answered::Ran {
+                outcome: TxnOutcome::Stale(members),
+                ..
+            } => {
+                let member = members.into_iter().next().ok_or_else(|| {
+                    S3Error::with_message(S3ErrorCode::InternalError, "a stale outcome without a member")
+                })?;
+                Err(s3_error_of(ApiError::Stale {
+                    resource: member.resource,
+                    presented: member.presented,
+                    highest: member.highest,
+                }))
+            }
+            Answered::Ran {
+                outcome: TxnOutcome::PreconditionFailed { .. },
+                ..
+            } => Err(S3Error::with_message(
+                S3ErrorCode::InternalError,
+                "the upload outlived its intent (collected as abandoned); nothing was made visible, retry",
+            )),
+            _ => Err(S3Error::with_message(
+                S3ErrorCode::InternalError,
+                "an unexpected answer to the mapping's commit",
+            )),
+        }
+    }
+
     /// The mapping `key` names, if any.
     async fn mapping(&self, resource: &ResourceName, key: &ObjectKey) -> S3Result<Option<Mapping>> {
         let found = self
@@ -161,9 +285,30 @@ impl S3Door {
     }
 }
 
+/// The headers of an upload's physical object: its content type and user metadata.
+pub(super) fn object_headers(intent: &Intent) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    if let Some(content_type) = &intent.content_type {
+        if let Ok(value) = HeaderValue::from_str(content_type) {
+            headers.insert(http::header::CONTENT_TYPE, value);
+        }
+    }
+    for (name, value) in &intent.metadata {
+        let name = HeaderName::from_bytes(format!("x-amz-meta-{name}").as_bytes());
+        let value = HeaderValue::from_str(value);
+        if let (Ok(name), Ok(value)) = (name, value) {
+            headers.insert(name, value);
+        }
+    }
+    headers
+}
+
 /// The writer's token: `x-amz-meta-fencing-token` or the `Fencing-Token` header; both
 /// present and different is refused.
-fn token_of(headers: &HeaderMap, metadata: Option<&s3s::dto::Metadata>) -> S3Result<Fencing> {
+pub(super) fn token_of(
+    headers: &HeaderMap,
+    metadata: Option<&s3s::dto::Metadata>,
+) -> S3Result<Fencing> {
     let from_metadata = metadata
         .and_then(|metadata| metadata.get(TOKEN_METADATA))
         .map(|value| Token::parse(value.as_bytes()));
@@ -261,7 +406,7 @@ fn pascal_case(code: &str) -> String {
         .collect()
 }
 
-fn upstream_failed(error: &UpstreamError) -> S3Error {
+pub(super) fn upstream_failed(error: &UpstreamError) -> S3Error {
     tracing::warn!(%error, "S3 upstream request failed");
     S3Error::with_message(
         S3ErrorCode::ServiceUnavailable,
@@ -272,7 +417,7 @@ fn upstream_failed(error: &UpstreamError) -> S3Error {
 
 /// Reads a PUT body into memory, refusing one above `limit`, and claims the memory it
 /// takes from the gateway's body budget (`--max-body-memory`, the client's share).
-async fn read_body(
+pub(super) async fn read_body(
     body: Option<StreamingBlob>,
     limit: usize,
     memory: &mut BodyMemory,
@@ -312,17 +457,17 @@ async fn read_body(
     Ok(read.freeze())
 }
 
-fn now_ms() -> i64 {
+pub(super) fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-fn timestamp(ms: i64) -> Timestamp {
+pub(super) fn timestamp(ms: i64) -> Timestamp {
     let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0).unsigned_abs());
     Timestamp::from(at)
 }
 
 /// The ETag as S3's DTO has it (the value without quotes).
-fn etag(text: &str) -> s3s::dto::ETag {
+pub(super) fn etag(text: &str) -> s3s::dto::ETag {
     s3s::dto::ETag::Strong(text.trim_matches('"').to_owned())
 }
 
@@ -344,42 +489,24 @@ impl S3 for S3Door {
         let mut memory = self.coordinator.body_memory(client);
         let body = read_body(input.body, self.max_object, &mut memory).await?;
 
-        // The intent: the collector may remove an upload's physical key only once it
-        // took the intent, and the commit fails if the intent is gone.
         let upload = uuid::Uuid::new_v4();
-        let intent = layout::intent_key(upload);
-        let physical = layout::physical_key(&resource, fencing.token, upload);
-        let write = Write {
-            resource: resource.clone(),
-            key: intent.clone(),
-            token: fencing.token,
-            precondition: Precondition::MustNotExist,
-            op: WriteOp::Put(Bytes::from(physical.clone())),
+        let intent = Intent {
+            physical: layout::physical_key(&resource, fencing.token, upload),
+            bucket: input.bucket.clone(),
+            key: input.key.clone(),
+            token: fencing.token.get(),
+            upload_id: None,
+            content_type: input.content_type,
+            metadata: input.metadata.unwrap_or_default().into_iter().collect(),
+            created_at_ms: now_ms(),
         };
-        self.coordinator
-            .write(write, &fencing, Some(&caller.name), FrontDoor::S3)
-            .await
-            .map_err(s3_error_of)?;
-
-        let metadata: std::collections::BTreeMap<String, String> =
-            input.metadata.unwrap_or_default().into_iter().collect();
-        let mut headers = HeaderMap::new();
-        if let Some(content_type) = &input.content_type {
-            if let Ok(value) = HeaderValue::from_str(content_type) {
-                headers.insert(http::header::CONTENT_TYPE, value);
-            }
-        }
-        for (name, value) in &metadata {
-            let name = HeaderName::from_bytes(format!("x-amz-meta-{name}").as_bytes());
-            let value = HeaderValue::from_str(value);
-            if let (Ok(name), Ok(value)) = (name, value) {
-                headers.insert(name, value);
-            }
-        }
+        self.record_intent(&caller, &resource, upload, &intent, &fencing)
+            .await?;
         let size = body.len() as u64;
+        let headers = object_headers(&intent);
         let stored = match self
             .upstream
-            .put_new(&input.bucket, &physical, &headers, body)
+            .put_new(&intent.bucket, &intent.physical, &headers, body)
             .await
         {
             Ok(Conditional::Stored(stored)) => stored,
@@ -391,82 +518,50 @@ impl S3 for S3Door {
             }
             Err(error) => return Err(upstream_failed(&error)),
         };
-
-        let mapping = Mapping {
-            physical,
-            etag: stored.etag.clone(),
-            size,
-            content_type: input.content_type,
-            metadata,
-            written_at_ms: now_ms(),
-            token: fencing.token.get(),
-        };
-        let txn = Txn::new(vec![
-            TxnOp::Delete {
-                resource: resource.clone(),
-                key: intent,
-                token: fencing.token,
-                precondition: Precondition::MustExist,
-            },
-            TxnOp::Put {
-                resource: resource.clone(),
-                key: mapping_key,
-                token: fencing.token,
-                value: mapping.encode(),
-                precondition: Precondition::None,
-            },
-        ])
-        .map_err(|e| S3Error::with_message(S3ErrorCode::InternalError, e.to_string()))?;
-        let answered = self
-            .coordinator
-            .txn(
-                Arc::new(txn),
-                None,
-                fencing.holder.as_deref(),
-                Some(&caller.name),
-                FrontDoor::S3,
-            )
-            .await
-            .map_err(s3_error_of)?;
-        match answered {
-            Answered::Ran {
-                outcome: TxnOutcome::Applied(_),
-                ..
-            } => {}
-            Answered::Ran {
-                outcome: TxnOutcome::Stale(members),
-                ..
-            } => {
-                let member = members.into_iter().next().ok_or_else(|| {
-                    S3Error::with_message(S3ErrorCode::InternalError, "a stale outcome without a member")
-                })?;
-                return Err(s3_error_of(ApiError::Stale {
-                    resource: member.resource,
-                    presented: member.presented,
-                    highest: member.highest,
-                }));
-            }
-            Answered::Ran {
-                outcome: TxnOutcome::PreconditionFailed { .. },
-                ..
-            } => {
-                return Err(S3Error::with_message(
-                    S3ErrorCode::InternalError,
-                    "the upload outlived its intent (collected as abandoned); nothing was made visible, retry",
-                ))
-            }
-            _ => {
-                return Err(S3Error::with_message(
-                    S3ErrorCode::InternalError,
-                    "an unexpected answer to the mapping's commit",
-                ))
-            }
-        }
+        let etag_text = stored.etag.clone();
+        self.commit(
+            &caller,
+            &resource,
+            upload,
+            intent,
+            mapping_key,
+            &fencing,
+            (stored.etag, size),
+        )
+        .await?;
         let output = PutObjectOutput {
-            e_tag: Some(etag(&stored.etag)),
+            e_tag: Some(etag(&etag_text)),
             ..Default::default()
         };
         Ok(S3Response::new(output))
+    }
+
+    async fn create_multipart_upload(
+        &self,
+        req: S3Request<CreateMultipartUploadInput>,
+    ) -> S3Result<S3Response<CreateMultipartUploadOutput>> {
+        Ok(S3Response::new(self.create_multipart(req).await?))
+    }
+
+    async fn upload_part(
+        &self,
+        req: S3Request<UploadPartInput>,
+    ) -> S3Result<S3Response<UploadPartOutput>> {
+        Ok(S3Response::new(self.upload_part_of(req).await?))
+    }
+
+    async fn complete_multipart_upload(
+        &self,
+        req: S3Request<CompleteMultipartUploadInput>,
+    ) -> S3Result<S3Response<CompleteMultipartUploadOutput>> {
+        Ok(S3Response::new(self.complete_multipart(req).await?))
+    }
+
+    async fn abort_multipart_upload(
+        &self,
+        req: S3Request<AbortMultipartUploadInput>,
+    ) -> S3Result<S3Response<AbortMultipartUploadOutput>> {
+        Ok(S3Response::new(self.abort_multipart(req).await?))
     }
 
     async fn get_object(
@@ -537,6 +632,13 @@ impl S3 for S3Door {
             ..Default::default()
         };
         Ok(S3Response::new(output))
+    }
+
+    async fn list_objects_v2(
+        &self,
+        req: S3Request<ListObjectsV2Input>,
+    ) -> S3Result<S3Response<ListObjectsV2Output>> {
+        Ok(S3Response::new(self.list_v2(req).await?))
     }
 
     async fn delete_object(

@@ -20,14 +20,15 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
-/// What stays unencoded in an object key in a path: SigV4's unreserved characters and
-/// `/`.
-const KEY_PATH: &AsciiSet = &NON_ALPHANUMERIC
+/// What SigV4 leaves unencoded in a query value: the unreserved characters.
+const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'-')
     .remove(b'.')
     .remove(b'_')
-    .remove(b'~')
-    .remove(b'/');
+    .remove(b'~');
+
+/// What stays unencoded in an object key in a path: the unreserved characters and `/`.
+const KEY_PATH: &AsciiSet = &QUERY_VALUE.remove(b'/');
 
 /// The upstream's credentials and where it is.
 #[derive(Clone)]
@@ -160,6 +161,144 @@ impl Upstream {
         }
     }
 
+    /// HEADs an object: its ETag (quotes included) and size; `None` if it is missing.
+    pub async fn head(
+        &self,
+        bucket: &str,
+        key: &str,
+    ) -> Result<Option<(String, u64)>, UpstreamError> {
+        let response = self
+            .send(
+                Method::HEAD,
+                &object_path(bucket, key),
+                HeaderMap::new(),
+                Bytes::new(),
+            )
+            .await?;
+        match response.status() {
+            StatusCode::OK => {
+                let size = response
+                    .headers()
+                    .get(http::header::CONTENT_LENGTH)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                Ok(Some((etag_of(response.headers()), size)))
+            }
+            StatusCode::NOT_FOUND => Ok(None),
+            status => Err(UpstreamError::Answered {
+                status,
+                code: "no error code (HEAD)".into(),
+            }),
+        }
+    }
+
+    /// Starts a multipart upload of `key`; its upload id.
+    pub async fn create_multipart(
+        &self,
+        bucket: &str,
+        key: &str,
+        headers: &HeaderMap,
+    ) -> Result<String, UpstreamError> {
+        let path = format!("{}?uploads", object_path(bucket, key));
+        let response = self
+            .send(Method::POST, &path, headers.clone(), Bytes::new())
+            .await?;
+        if response.status() != StatusCode::OK {
+            return Err(answered(response).await);
+        }
+        let body = read_all(response).await?;
+        xml_value(&body, "UploadId").ok_or_else(|| UpstreamError::Answered {
+            status: StatusCode::OK,
+            code: "an answer to CreateMultipartUpload without an UploadId".into(),
+        })
+    }
+
+    /// Uploads one part; its ETag.
+    pub async fn upload_part(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        part_number: i32,
+        body: Bytes,
+    ) -> Result<String, UpstreamError> {
+        let path = format!(
+            "{}?partNumber={part_number}&uploadId={}",
+            object_path(bucket, key),
+            utf8_percent_encode(upload_id, QUERY_VALUE)
+        );
+        let response = self
+            .send(Method::PUT, &path, HeaderMap::new(), body)
+            .await?;
+        match response.status() {
+            StatusCode::OK => Ok(etag_of(response.headers())),
+            _ => Err(answered(response).await),
+        }
+    }
+
+    /// Completes a multipart upload from its parts, `(part number, ETag)` in order.
+    /// S3 may answer 200 with an error document: that is a failure too.
+    pub async fn complete_multipart(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+        parts: &[(i32, String)],
+    ) -> Result<(), UpstreamError> {
+        let path = format!(
+            "{}?uploadId={}",
+            object_path(bucket, key),
+            utf8_percent_encode(upload_id, QUERY_VALUE)
+        );
+        let mut xml = String::from("<CompleteMultipartUpload>");
+        for (number, etag) in parts {
+            let etag = etag
+                .replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;");
+            xml.push_str(&format!(
+                "<Part><PartNumber>{number}</PartNumber><ETag>{etag}</ETag></Part>"
+            ));
+        }
+        xml.push_str("</CompleteMultipartUpload>");
+        let response = self
+            .send(Method::POST, &path, HeaderMap::new(), Bytes::from(xml))
+            .await?;
+        if response.status() != StatusCode::OK {
+            return Err(answered(response).await);
+        }
+        let body = read_all(response).await?;
+        match xml_value(&body, "Code") {
+            Some(code) if body.contains("<Error>") => Err(UpstreamError::Answered {
+                status: StatusCode::OK,
+                code,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Aborts a multipart upload; one already gone counts as aborted.
+    pub async fn abort_multipart(
+        &self,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+    ) -> Result<(), UpstreamError> {
+        let path = format!(
+            "{}?uploadId={}",
+            object_path(bucket, key),
+            utf8_percent_encode(upload_id, QUERY_VALUE)
+        );
+        let response = self
+            .send(Method::DELETE, &path, HeaderMap::new(), Bytes::new())
+            .await?;
+        match response.status() {
+            StatusCode::NO_CONTENT | StatusCode::OK | StatusCode::NOT_FOUND => Ok(()),
+            _ => Err(answered(response).await),
+        }
+    }
+
     /// Signs and sends one request, within the upstream timeout for its head.
     async fn send(
         &self,
@@ -272,6 +411,31 @@ fn etag_of(headers: &HeaderMap) -> String {
         .and_then(|value| value.to_str().ok())
         .unwrap_or_default()
         .to_owned()
+}
+
+/// A whole (small) answer body as text, within the upstream timeout.
+async fn read_all(response: Response<Incoming>) -> Result<String, UpstreamError> {
+    let body = tokio::time::timeout(Duration::from_secs(30), response.into_body().collect())
+        .await
+        .map_err(|_| UpstreamError::Timeout(Duration::from_secs(30)))?
+        .map_err(|e| UpstreamError::Transport(e.to_string()))?
+        .to_bytes();
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The text of the first `<tag>` element of an XML answer, unescaped.
+fn xml_value(xml: &str, tag: &str) -> Option<String> {
+    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
+    let start = xml.find(&open)? + open.len();
+    let end = start + xml[start..].find(&close)?;
+    Some(
+        xml[start..end]
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&quot;", "\"")
+            .replace("&apos;", "'")
+            .replace("&amp;", "&"),
+    )
 }
 
 /// An upstream error answer, with its S3 `Code` if the body has one.

@@ -312,6 +312,21 @@ impl Store {
         }
     }
 
+    /// The live objects of `resource` whose keys start with `prefix` and sort after
+    /// `after` (byte order, as S3 lists), at most `limit` of them, in key order.
+    pub async fn list(
+        &self,
+        resource: &ResourceName,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Bytes)>, StoreError> {
+        match self {
+            Store::Postgres(store) => store.list(resource, prefix, after, limit).await,
+            Store::Embedded(store) => store.list(resource, prefix, after, limit).await,
+        }
+    }
+
     pub async fn fence(&self, resource: &ResourceName) -> Result<Option<Token>, StoreError> {
         match self {
             Store::Postgres(store) => store.fence(resource).await,

@@ -47,7 +47,19 @@ const STEPS: &[(&str, Step)] = &[
     ("boto3", |bed, k| {
         Box::pin(boto3_writes_through_the_door(bed, k))
     }),
+    ("multipart", |bed, k| {
+        Box::pin(a_multipart_upload_shows_at_its_completion(bed, k))
+    }),
+    ("multipart-stale", |bed, k| {
+        Box::pin(a_multipart_upload_that_lost_the_fence_never_shows(bed, k))
+    }),
+    ("list", |bed, k| {
+        Box::pin(listings_come_from_the_mappings(bed, k))
+    }),
 ];
+
+/// The smallest part an upstream takes in a multipart upload but for the last.
+const MIN_PART: usize = 5 << 20;
 
 #[tokio::test]
 async fn the_s3_door_fences_writes_to_a_real_object_store() {
@@ -558,4 +570,240 @@ async fn the_door_names_what_it_lacks() {
         let _ = std::fs::remove_dir_all(&dir);
         assert!(failure.logs.contains(says), "{args:?}: {failure}");
     }
+}
+
+/// CreateMultipartUpload with the token in metadata.
+async fn create_upload(s3: &S3Client, key: &str, term: u64) -> Reply {
+    let path = fencegate_tests::s3::client::object_path(BUCKET, key);
+    s3.request_path(
+        Method::POST,
+        &format!("{path}?uploads"),
+        &[("x-amz-meta-fencing-token", &token(term))],
+        "",
+    )
+    .await
+}
+
+async fn upload_part(s3: &S3Client, key: &str, upload: &str, number: u32, bytes: Vec<u8>) -> Reply {
+    let path = fencegate_tests::s3::client::object_path(BUCKET, key);
+    s3.request_path(
+        Method::PUT,
+        &format!("{path}?partNumber={number}&uploadId={upload}"),
+        &[],
+        bytes,
+    )
+    .await
+}
+
+async fn complete_upload(s3: &S3Client, key: &str, upload: &str, parts: &[(u32, String)]) -> Reply {
+    let path = fencegate_tests::s3::client::object_path(BUCKET, key);
+    let listed: String = parts
+        .iter()
+        .map(|(number, etag)| {
+            format!("<Part><PartNumber>{number}</PartNumber><ETag>{etag}</ETag></Part>")
+        })
+        .collect();
+    s3.request_path(
+        Method::POST,
+        &format!("{path}?uploadId={upload}"),
+        &[],
+        format!("<CompleteMultipartUpload>{listed}</CompleteMultipartUpload>"),
+    )
+    .await
+}
+
+/// Two parts, invisible until Complete, then the whole object under the key.
+async fn a_multipart_upload_shows_at_its_completion(bed: &DoorBed, key: &str) {
+    let s3 = bed.client(WRITER);
+    let term = current(bed).await;
+    assert_eq!(put(&s3, key, term, "small").await.status, 200);
+    let created = create_upload(&s3, key, term).await;
+    assert_eq!(created.status, 200, "{}", text(&created));
+    let upload = xml_values(&text(&created), "UploadId").remove(0);
+    let mut parts = Vec::new();
+    for (number, bytes) in [(1, vec![b'x'; MIN_PART]), (2, b"tail".to_vec())] {
+        let part = upload_part(&s3, key, &upload, number, bytes).await;
+        assert_eq!(part.status, 200, "part {number}: {}", text(&part));
+        parts.push((number, part.header("etag").unwrap().to_owned()));
+    }
+    assert_eq!(
+        body_of(&s3, key).await,
+        (200, "small".into()),
+        "parts are not visible before Complete"
+    );
+    let completed = complete_upload(&s3, key, &upload, &parts).await;
+    assert_eq!(completed.status, 200, "{}", text(&completed));
+    let etag = xml_values(&text(&completed), "ETag").remove(0);
+    assert!(etag.ends_with("-2\""), "the multipart ETag: {etag}");
+    let head = s3.head(BUCKET, key).await;
+    assert_eq!(
+        head.header("content-length"),
+        Some((MIN_PART + 4).to_string().as_str())
+    );
+    assert_eq!(head.header("etag"), Some(etag.as_str()));
+    let (status, body) = body_of(&s3, key).await;
+    assert_eq!(status, 200);
+    assert!(body.len() == MIN_PART + 4 && body.ends_with("xtail"));
+    // The upload is gone once completed; a forged id names none.
+    let again = complete_upload(&s3, key, &upload, &parts).await;
+    assert_eq!(
+        error_code(&again).as_deref(),
+        Some("NoSuchUpload"),
+        "{}",
+        text(&again)
+    );
+    let forged = upload_part(&s3, key, "not-an-upload", 1, b"x".to_vec()).await;
+    assert_eq!(
+        error_code(&forged).as_deref(),
+        Some("NoSuchUpload"),
+        "{}",
+        text(&forged)
+    );
+}
+
+/// An upload whose term is overtaken while its parts go up: its next part is refused
+/// from the fence cache, its Complete is refused at the commit, and the key keeps what
+/// it had.
+async fn a_multipart_upload_that_lost_the_fence_never_shows(bed: &DoorBed, key: &str) {
+    let s3 = bed.client(WRITER);
+    let term = current(bed).await;
+    assert_eq!(put(&s3, key, term, "kept").await.status, 200);
+    let created = create_upload(&s3, key, term).await;
+    assert_eq!(created.status, 200, "{}", text(&created));
+    let upload = xml_values(&text(&created), "UploadId").remove(0);
+    let part = upload_part(&s3, key, &upload, 1, b"by the old term".to_vec()).await;
+    assert_eq!(part.status, 200, "{}", text(&part));
+    let parts = vec![(1, part.header("etag").unwrap().to_owned())];
+
+    advance(bed, term + 1).await;
+    let late_part = upload_part(&s3, key, &upload, 2, b"more".to_vec()).await;
+    assert_stale(&late_part, term, term + 1);
+    let completed = complete_upload(&s3, key, &upload, &parts).await;
+    assert_stale(&completed, term, term + 1);
+    assert_eq!(body_of(&s3, key).await, (200, "kept".into()));
+}
+
+/// Advances `orders` to `term` over the HTTP API.
+async fn advance(bed: &DoorBed, term: u64) {
+    let http = Client::new(bed.gateway.url());
+    let advanced = http
+        .request(
+            Method::POST,
+            &advance_path("orders"),
+            &[
+                ("fencing-token", &token(term)),
+                ("authorization", &format!("Bearer {HTTP_KEY}")),
+            ],
+            "",
+        )
+        .await;
+    assert_eq!(
+        advanced.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&advanced.body)
+    );
+}
+
+/// ListObjectsV2 lists logical keys from the mappings — never the bucket's physical
+/// keys — in byte order, folds keys under a delimiter, and pages with a continuation
+/// token; deleted keys are not listed.
+async fn listings_come_from_the_mappings(bed: &DoorBed, key: &str) {
+    let s3 = bed.client(WRITER);
+    let term = current(bed).await;
+    let dir = key.trim_end_matches(".json");
+    let names = [
+        "a.json",
+        "b/1.json",
+        "b/2.json",
+        "c.json",
+        "d/e/f.json",
+        "gone.json",
+    ];
+    for name in names {
+        let reply = put(&s3, &format!("{dir}/{name}"), term, name).await;
+        assert_eq!(reply.status, 200, "{}", text(&reply));
+    }
+    let path = fencegate_tests::s3::client::object_path(BUCKET, &format!("{dir}/gone.json"));
+    let deleted = s3
+        .request_path(
+            Method::DELETE,
+            &path,
+            &[("fencing-token", &token(term))],
+            "",
+        )
+        .await;
+    assert_eq!(deleted.status, 204, "{}", text(&deleted));
+    let prefix = format!("{dir}/");
+    let expected: Vec<String> = ["a.json", "b/1.json", "b/2.json", "c.json", "d/e/f.json"]
+        .iter()
+        .map(|name| format!("{prefix}{name}"))
+        .collect();
+
+    let reader = bed.client(READER);
+    let all = reader.list(BUCKET, &[("prefix", &prefix)]).await;
+    assert_eq!(all.status, 200, "{}", text(&all));
+    assert_eq!(xml_values(&text(&all), "Key"), expected);
+
+    let folded = reader
+        .list(BUCKET, &[("prefix", &prefix), ("delimiter", "/")])
+        .await;
+    let folded = text(&folded);
+    assert_eq!(
+        xml_values(&folded, "Key"),
+        [format!("{prefix}a.json"), format!("{prefix}c.json")]
+    );
+    let common: Vec<String> = xml_values(&folded, "Prefix")
+        .into_iter()
+        .filter(|p| p != &prefix)
+        .collect();
+    assert_eq!(common, [format!("{prefix}b/"), format!("{prefix}d/")]);
+
+    // Pages of two, through every key once, in order.
+    let mut paged = Vec::new();
+    let mut continuation: Option<String> = None;
+    for _ in 0..10 {
+        let mut params = vec![("prefix", prefix.as_str()), ("max-keys", "2")];
+        if let Some(token) = &continuation {
+            params.push(("continuation-token", token.as_str()));
+        }
+        let page = reader.list(BUCKET, &params).await;
+        assert_eq!(page.status, 200, "{}", text(&page));
+        let page = text(&page);
+        let keys = xml_values(&page, "Key");
+        assert!(keys.len() <= 2, "{page}");
+        paged.extend(keys);
+        match xml_values(&page, "NextContinuationToken").pop() {
+            Some(next) => continuation = Some(next),
+            None => break,
+        }
+    }
+    assert_eq!(paged, expected);
+
+    // The whole bucket reaches its own resource, which the reader is not granted.
+    let everything = reader.list(BUCKET, &[]).await;
+    assert_eq!(everything.status, 403, "{}", text(&everything));
+    // The door's physical keys never show.
+    let orders = reader.list(BUCKET, &[("prefix", "orders/")]).await;
+    let every_key = xml_values(&text(&orders), "Key");
+    assert!(!every_key.is_empty());
+    assert!(
+        every_key.iter().all(|k| k.starts_with("orders/")),
+        "{every_key:?}"
+    );
+    let forged = reader
+        .list(
+            BUCKET,
+            &[
+                ("prefix", &prefix),
+                ("continuation-token", "bm90LWEtY3Vyc29y"),
+            ],
+        )
+        .await;
+    assert_eq!(
+        error_code(&forged).as_deref(),
+        Some("InvalidArgument"),
+        "{}",
+        text(&forged)
+    );
 }

@@ -401,6 +401,45 @@ impl EmbeddedStore {
         .await
     }
 
+    pub async fn list(
+        &self,
+        resource: &ResourceName,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, Bytes)>, StoreError> {
+        let (resource, prefix) = (resource.clone(), prefix.to_owned());
+        let after = after.map(str::to_owned);
+        self.read(move |db| {
+            let txn = db.begin_read()?;
+            let objects = txn.open_table(OBJECTS)?;
+            let start = match &after {
+                Some(after) if after.as_str() >= prefix.as_str() => after.as_str(),
+                _ => prefix.as_str(),
+            };
+            let mut found = Vec::new();
+            for entry in objects.range((resource.as_str(), start)..)? {
+                let (key, row) = entry?;
+                let (owner, key) = key.value();
+                if owner != resource.as_str() || !key.starts_with(prefix.as_str()) {
+                    break;
+                }
+                if after.as_deref() == Some(key) {
+                    continue;
+                }
+                let (_token, _version, _born, value) = row.value();
+                if let Some(value) = value {
+                    found.push((key.to_owned(), Bytes::copy_from_slice(value)));
+                    if found.len() == limit {
+                        break;
+                    }
+                }
+            }
+            Ok(found)
+        })
+        .await
+    }
+
     pub async fn fence(&self, resource: &ResourceName) -> Result<Option<Token>, StoreError> {
         let resource = resource.clone();
         self.read(move |db| {

@@ -347,6 +347,22 @@ pub(crate) async fn read_row(
         .map_err(|e| classify(e, Sent::NoCommit))
 }
 
+/// Every row `sql` answers, outside a transaction of the caller's.
+pub(crate) async fn read_rows(
+    client: &Object,
+    sql: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+    let statement = client
+        .prepare_cached(sql)
+        .await
+        .map_err(|e| classify(e, Sent::NoCommit))?;
+    client
+        .query(&statement, params)
+        .await
+        .map_err(|e| classify(e, Sent::NoCommit))
+}
+
 /// Runs `statement` (a future of a statement on `client`, not yet polled) in a
 /// transaction of its own: `BEGIN` and the statement are sent together, `COMMIT` once
 /// the statement has answered ([`committing`] first). So a deadline that passes while

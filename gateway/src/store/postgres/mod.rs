@@ -472,6 +472,30 @@ impl PgStore {
         .await
     }
 
+    pub async fn list(
+        &self,
+        resource: &ResourceName,
+        prefix: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<(String, bytes::Bytes)>, StoreError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let after = after.unwrap_or("");
+        self.with_client(async |client| {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                [&resource.as_str(), &prefix, &after, &limit];
+            let rows = connection::read_rows(client, statements::LIST_OBJECTS, &params).await?;
+            Ok(rows
+                .iter()
+                .map(|row| {
+                    let value: &[u8] = row.get(1);
+                    (row.get(0), bytes::Bytes::copy_from_slice(value))
+                })
+                .collect())
+        })
+        .await
+    }
+
     pub async fn fence(&self, resource: &ResourceName) -> Result<Option<Token>, StoreError> {
         self.with_client(async |client| read_fence(client, resource).await)
             .await

@@ -629,6 +629,11 @@ pub const OBJECT_VERSION: &str =
 
 pub const GET_OBJECT: &str =
     "SELECT value, version, token FROM fencegate.objects WHERE resource = $1 AND key = $2 AND value IS NOT NULL";
+/// Live objects of a resource under a key prefix, after a key, in byte order.
+pub const LIST_OBJECTS: &str = "SELECT key, value FROM fencegate.objects \
+     WHERE resource = $1 AND value IS NOT NULL AND starts_with(key, $2) \
+       AND key COLLATE \"C\" > $3 \
+     ORDER BY key COLLATE \"C\" LIMIT $4";
 pub const GET_FENCE: &str = "SELECT highest FROM fencegate.fences WHERE resource = $1";
 pub const PING: &str = "SELECT 1";
 /// Which server this is: its system identifier, its timeline (the last checkpoint's
