@@ -103,10 +103,17 @@ impl DoorBed {
         }
     }
 
-    /// Another gateway on the same database and upstream (a replica).
+    /// Another gateway on the same database and upstream (a replica), through the
+    /// proxy.
     pub fn replica(&self) -> GatewayBuilder {
         self.files
             .builder(&self.db, &format!("http://{}", self.proxy.addr()))
+    }
+
+    /// Another gateway on the same database, straight to radosgw (not through the
+    /// proxy, so a hold does not stop it).
+    pub fn direct_replica(&self) -> GatewayBuilder {
+        self.files.builder(&self.db, &self.rgw.endpoint())
     }
 
     /// A client of the door signing with `key` (one of [`WRITER`], [`READER`]).

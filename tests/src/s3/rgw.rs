@@ -114,6 +114,31 @@ impl Radosgw {
         self.started_in
     }
 
+    /// Kills radosgw alone (SIGKILL), leaving the cluster and its objects; the S3
+    /// endpoint refuses connections until [`Radosgw::start_gateway`].
+    pub async fn stop_gateway(&mut self) {
+        let at = self
+            .daemons
+            .iter()
+            .position(|daemon| daemon.name == "client.rgw")
+            .expect("radosgw runs");
+        let mut daemon = self.daemons.remove(at);
+        let _ = daemon.child.start_kill();
+        let _ = daemon.child.wait().await;
+    }
+
+    /// Starts radosgw again on the same port and waits until it answers.
+    pub async fn start_gateway(&mut self) {
+        let conf = self.conf();
+        let c = conf.to_str().expect("temp paths are UTF-8").to_owned();
+        self.spawn(
+            "client.rgw",
+            "radosgw",
+            &["-c", &c, "-n", "client.rgw", "-f"],
+        );
+        self.wait_answers().await;
+    }
+
     fn conf(&self) -> PathBuf {
         self.dir.join("ceph.conf")
     }
@@ -211,6 +236,11 @@ impl Radosgw {
         )
         .await;
 
+        self.wait_answers().await;
+    }
+
+    /// Waits until radosgw answers a signed ListBuckets.
+    async fn wait_answers(&mut self) {
         let client = self.client();
         let started = Instant::now();
         loop {

@@ -807,3 +807,118 @@ async fn listings_come_from_the_mappings(bed: &DoorBed, key: &str) {
         text(&forged)
     );
 }
+
+/// Faults around the door, each judged by what readers see afterwards: no older term's
+/// bytes after a newer term's acknowledged write, no acknowledged write lost.
+#[tokio::test]
+async fn the_s3_door_keeps_its_promise_through_faults() {
+    let mut bed = DoorBed::start().await;
+    a_door_paused_mid_upload_cannot_publish_an_older_term(&bed).await;
+    a_gateway_killed_during_a_multipart_upload_loses_nothing(&mut bed).await;
+    an_upstream_restart_loses_no_acknowledged_write(&mut bed).await;
+}
+
+/// Gateway A checks and sends term T's upload, which is held in the network; A is
+/// stopped (SIGSTOP); gateway B, straight to the bucket, writes term T+1; the upload
+/// is let through and A resumes. A's commit finds the fence at T+1: the writer gets
+/// 409, and every reader keeps seeing term T+1's bytes.
+async fn a_door_paused_mid_upload_cannot_publish_an_older_term(bed: &DoorBed) {
+    let key = "orders/paused.json";
+    let a = bed.client(WRITER);
+    let b_gateway = bed.direct_replica().spawn().await;
+    let b = S3Client::new(
+        format!("http://{}", b_gateway.s3_addr()),
+        WRITER.0,
+        WRITER.1,
+    );
+    let term = 100;
+    assert_eq!(put(&a, key, term, "term 100").await.status, 200);
+
+    bed.proxy.hold();
+    let late = {
+        let a = a.clone();
+        tokio::spawn(async move { put(&a, key, term, "term 100, paused").await })
+    };
+    fencegate_tests::eventually(Duration::from_secs(10), "the upload is held", || async {
+        bed.proxy.held_bytes() > 0
+    })
+    .await;
+    bed.gateway.signal("STOP");
+    let newer = put(&b, key, term + 1, "term 101").await;
+    assert_eq!(newer.status, 200, "{}", text(&newer));
+    bed.proxy.release();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    bed.gateway.signal("CONT");
+
+    let late = late.await.expect("the paused PUT's task");
+    assert_stale(&late, term, term + 1);
+    assert_eq!(body_of(&b, key).await, (200, "term 101".into()));
+    assert_eq!(body_of(&a, key).await, (200, "term 101".into()));
+}
+
+/// A multipart upload's record lives in the fence's store, not in a gateway: after
+/// kill -9 of the gateway that started it, another gateway completes it, and the
+/// object shows; an upload of a term overtaken meanwhile is refused at Complete.
+async fn a_gateway_killed_during_a_multipart_upload_loses_nothing(bed: &mut DoorBed) {
+    let (key, stale_key) = ("orders/killed.json", "orders/killed-stale.json");
+    let s3 = bed.client(WRITER);
+    let term = current(bed).await;
+    let mut uploads = Vec::new();
+    for key in [key, stale_key] {
+        let created = create_upload(&s3, key, term).await;
+        assert_eq!(created.status, 200, "{}", text(&created));
+        let upload = xml_values(&text(&created), "UploadId").remove(0);
+        let part = upload_part(&s3, key, &upload, 1, format!("all of {key}").into_bytes()).await;
+        assert_eq!(part.status, 200, "{}", text(&part));
+        uploads.push((upload, vec![(1, part.header("etag").unwrap().to_owned())]));
+    }
+    bed.gateway.kill().await;
+
+    let after = bed.replica().spawn().await;
+    let s3 = S3Client::new(format!("http://{}", after.s3_addr()), WRITER.0, WRITER.1);
+    let (upload, parts) = &uploads[0];
+    let completed = complete_upload(&s3, key, upload, parts).await;
+    assert_eq!(completed.status, 200, "{}", text(&completed));
+    assert_eq!(body_of(&s3, key).await, (200, format!("all of {key}")));
+
+    let http = Client::new(after.url());
+    let advanced = http
+        .request(
+            Method::POST,
+            &advance_path("orders"),
+            &[
+                ("fencing-token", &token(term + 1)),
+                ("authorization", &format!("Bearer {HTTP_KEY}")),
+            ],
+            "",
+        )
+        .await;
+    assert_eq!(advanced.status, 200);
+    let (upload, parts) = &uploads[1];
+    let completed = complete_upload(&s3, stale_key, upload, parts).await;
+    assert_stale(&completed, term, term + 1);
+    assert_eq!(s3.get(BUCKET, stale_key).await.status, 404);
+    bed.gateway = after;
+}
+
+/// radosgw killed and started again: a PUT while it is down fails with a retryable
+/// error and shows nothing; every acknowledged object is there afterwards, and the
+/// retried PUT is applied.
+async fn an_upstream_restart_loses_no_acknowledged_write(bed: &mut DoorBed) {
+    let key = "orders/restart.json";
+    let s3 = bed.client(WRITER);
+    let term = current(bed).await;
+    assert_eq!(put(&s3, key, term, "before").await.status, 200);
+    bed.rgw.stop_gateway().await;
+    let failed = put(&s3, key, term, "while down").await;
+    assert_eq!(failed.status, 503, "{}", text(&failed));
+    bed.rgw.start_gateway().await;
+    assert_eq!(body_of(&s3, key).await, (200, "before".into()));
+    assert_eq!(
+        body_of(&s3, "orders/paused.json").await,
+        (200, "term 101".into())
+    );
+    let retried = put(&s3, key, term, "after").await;
+    assert_eq!(retried.status, 200, "{}", text(&retried));
+    assert_eq!(body_of(&s3, key).await, (200, "after".into()));
+}
