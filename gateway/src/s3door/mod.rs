@@ -9,6 +9,7 @@
 //! The S3 protocol — routing, XML, error documents, and the verification of SigV4
 //! signatures (header, presigned, and aws-chunked streaming uploads) — is `s3s`'s.
 
+mod batch;
 pub mod keys;
 pub mod layout;
 mod listing;

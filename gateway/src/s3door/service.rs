@@ -17,9 +17,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use s3s::dto::{
     AbortMultipartUploadInput, AbortMultipartUploadOutput, CompleteMultipartUploadInput,
     CompleteMultipartUploadOutput, CreateMultipartUploadInput, CreateMultipartUploadOutput,
-    DeleteObjectInput, DeleteObjectOutput, GetObjectInput, GetObjectOutput, HeadObjectInput,
-    HeadObjectOutput, ListObjectsV2Input, ListObjectsV2Output, PutObjectInput, PutObjectOutput,
-    StreamingBlob, Timestamp, UploadPartInput, UploadPartOutput,
+    DeleteObjectInput, DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput, GetObjectInput,
+    GetObjectOutput, HeadObjectInput, HeadObjectOutput, ListObjectsV2Input, ListObjectsV2Output,
+    PutObjectInput, PutObjectOutput, StreamingBlob, Timestamp, UploadPartInput, UploadPartOutput,
 };
 use s3s::{s3_error, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, S3};
 
@@ -632,6 +632,13 @@ impl S3 for S3Door {
             ..Default::default()
         };
         Ok(S3Response::new(output))
+    }
+
+    async fn delete_objects(
+        &self,
+        req: S3Request<DeleteObjectsInput>,
+    ) -> S3Result<S3Response<DeleteObjectsOutput>> {
+        Ok(S3Response::new(self.delete_batch(req).await?))
     }
 
     async fn list_objects_v2(

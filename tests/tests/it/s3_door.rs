@@ -56,6 +56,9 @@ const STEPS: &[(&str, Step)] = &[
     ("list", |bed, k| {
         Box::pin(listings_come_from_the_mappings(bed, k))
     }),
+    ("delete-batch", |bed, k| {
+        Box::pin(a_batch_delete_is_fenced_per_resource(bed, k))
+    }),
 ];
 
 /// The smallest part an upstream takes in a multipart upload but for the last.
@@ -806,6 +809,61 @@ async fn listings_come_from_the_mappings(bed: &DoorBed, key: &str) {
         "{}",
         text(&forged)
     );
+}
+
+/// DeleteObjects: every key of a resource in one fenced transaction; a stale token
+/// fails that resource's keys, each with its own `<Error>`; a key of a resource the
+/// caller may not write fails alone.
+async fn a_batch_delete_is_fenced_per_resource(bed: &DoorBed, key: &str) {
+    let s3 = bed.client(WRITER);
+    let term = current(bed).await;
+    let dir = key.trim_end_matches(".json");
+    let keys: Vec<String> = (1..=3).map(|n| format!("{dir}/{n}.json")).collect();
+    for key in &keys {
+        assert_eq!(put(&s3, key, term, key).await.status, 200);
+    }
+    let batch = |names: &[&str]| {
+        let objects: String = names
+            .iter()
+            .map(|name| format!("<Object><Key>{name}</Key></Object>"))
+            .collect();
+        format!("<Delete>{objects}</Delete>")
+    };
+    let send = |token: u64, body: String| {
+        let s3 = s3.clone();
+        async move {
+            s3.request_path(
+                Method::POST,
+                &format!("/{BUCKET}?delete"),
+                &[("fencing-token", &token.to_string())],
+                body,
+            )
+            .await
+        }
+    };
+    let stale = send(term - 1, batch(&[&keys[0], &keys[1]])).await;
+    assert_eq!(stale.status, 200, "{}", text(&stale));
+    let stale = text(&stale);
+    assert_eq!(
+        xml_values(&stale, "Code"),
+        ["StaleFencingToken", "StaleFencingToken"],
+        "{stale}"
+    );
+    assert!(xml_values(&stale, "Deleted").is_empty());
+    for key in &keys {
+        assert_eq!(body_of(&s3, key).await, (200, key.clone()));
+    }
+    let mixed = send(term, batch(&[&keys[0], &keys[1], "invoices/1.json"])).await;
+    let mixed = text(&mixed);
+    let deleted: Vec<String> = xml_values(&mixed, "Deleted")
+        .iter()
+        .flat_map(|entry| xml_values(entry, "Key"))
+        .collect();
+    assert_eq!(deleted, [keys[0].clone(), keys[1].clone()], "{mixed}");
+    assert_eq!(xml_values(&mixed, "Code"), ["AccessDenied"], "{mixed}");
+    assert_eq!(s3.get(BUCKET, &keys[0]).await.status, 404);
+    assert_eq!(s3.get(BUCKET, &keys[1]).await.status, 404);
+    assert_eq!(body_of(&s3, &keys[2]).await, (200, keys[2].clone()));
 }
 
 /// Faults around the door, each judged by what readers see afterwards: no older term's
