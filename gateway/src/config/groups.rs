@@ -419,6 +419,30 @@ pub struct S3Args {
     #[arg(long, env = "FENCEGATE_S3_UPSTREAM_TIMEOUT", default_value = DEFAULT_S3_UPSTREAM_TIMEOUT, value_parser = humantime::parse_duration, value_name = "DURATION", help_heading = heading::S3_DOOR)]
     pub s3_upstream_timeout: Duration,
 
+    /// How often the collector sweeps unreferenced uploads.
+    ///
+    /// How often each gateway's collector removes the physical objects no mapping
+    /// names (refused uploads, overwritten and deleted objects) and the intents of
+    /// abandoned uploads (docs/s3.md).
+    #[arg(long, env = "FENCEGATE_S3_GC_INTERVAL", default_value = DEFAULT_S3_GC_INTERVAL, value_parser = humantime::parse_duration, value_name = "DURATION", help_heading = heading::S3_DOOR)]
+    pub s3_gc_interval: Duration,
+
+    /// How long an unreferenced object stays before it is removed.
+    ///
+    /// How long a physical object no mapping names stays before the collector removes
+    /// it: a reader that resolved a mapping just before an overwrite still finds its
+    /// object within this time.
+    #[arg(long, env = "FENCEGATE_S3_GC_GRACE", default_value = DEFAULT_S3_GC_GRACE, value_parser = humantime::parse_duration, value_name = "DURATION", help_heading = heading::S3_DOOR)]
+    pub s3_gc_grace: Duration,
+
+    /// Longest an upload may take from its start to its commit.
+    ///
+    /// Longest an upload (a PUT, or a multipart upload from Create to Complete) may
+    /// take; the collector then removes its intent, and its commit fails with nothing
+    /// made visible.
+    #[arg(long, env = "FENCEGATE_S3_UPLOAD_MAX_AGE", default_value = DEFAULT_S3_UPLOAD_MAX_AGE, value_parser = humantime::parse_duration, value_name = "DURATION", help_heading = heading::S3_DOOR)]
+    pub s3_upload_max_age: Duration,
+
     /// Skip the start-up check of the upstream's conditional writes.
     ///
     /// Start without racing concurrent If-None-Match PUTs in each bucket. The check

@@ -84,6 +84,9 @@ pub const DEFAULT_PG_IDLE_IN_TRANSACTION_TIMEOUT: &str = "60s";
 pub const DEFAULT_S3_REGION: &str = "us-east-1";
 pub const DEFAULT_S3_MAX_OBJECT: &str = "64MiB";
 pub const DEFAULT_S3_UPSTREAM_TIMEOUT: &str = "30s";
+pub const DEFAULT_S3_GC_INTERVAL: &str = "10m";
+pub const DEFAULT_S3_GC_GRACE: &str = "1h";
+pub const DEFAULT_S3_UPLOAD_MAX_AGE: &str = "24h";
 
 /// The headings that group the flags in `--help` and `-h`, by door and concern.
 pub mod heading {

@@ -10,6 +10,7 @@
 //! signatures (header, presigned, and aws-chunked streaming uploads) — is `s3s`'s.
 
 mod batch;
+pub mod collector;
 pub mod keys;
 pub mod layout;
 mod listing;
@@ -112,6 +113,9 @@ pub async fn open(
     for bucket in &args.s3_buckets {
         layout::check_bucket(bucket).map_err(|e| S3StartError(format!("--s3-bucket {e}")))?;
     }
+    if args.s3_gc_interval.is_zero() {
+        return Err(S3StartError("--s3-gc-interval must be above zero".into()));
+    }
     let keys = Arc::new(S3Keys::load(keys_path).map_err(S3StartError)?);
     if let Some(auth) = coordinator.authenticator() {
         let identities = auth.identities();
@@ -156,6 +160,28 @@ pub async fn open(
         buckets: args.s3_buckets.iter().cloned().collect(),
         max_object: args.s3_max_object,
     };
+    let mut places: Vec<(String, fencegate_proto::ResourceName)> = args
+        .s3_resources
+        .iter()
+        .map(|rule| (rule.bucket.clone(), rule.resource.clone()))
+        .chain(args.s3_buckets.iter().filter_map(|bucket| {
+            let resource = fencegate_proto::ResourceName::new(bucket.as_str()).ok()?;
+            Some((bucket.clone(), resource))
+        }))
+        .collect();
+    places.sort();
+    places.dedup();
+    let collector = collector::Collector {
+        coordinator: Arc::clone(coordinator),
+        upstream: door.upstream.clone(),
+        places,
+        options: collector::CollectorOptions {
+            interval: args.s3_gc_interval,
+            grace: args.s3_gc_grace,
+            upload_max_age: args.s3_upload_max_age,
+        },
+    };
+    tokio::spawn(collector.run(coordinator.shutdown().clone()));
     let mut builder = s3s::service::S3ServiceBuilder::new(door);
     builder.set_auth(keys::KeyLookup(keys));
     Ok(Some((listener, Arc::new(builder.build()))))

@@ -193,6 +193,46 @@ impl Upstream {
         }
     }
 
+    /// One page of the keys under `prefix`, with when each was last modified, and the
+    /// continuation token of the next page if there is one.
+    pub async fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        continuation: Option<&str>,
+    ) -> Result<(Vec<(String, String)>, Option<String>), UpstreamError> {
+        let mut params = vec![("list-type", "2".to_owned()), ("prefix", prefix.to_owned())];
+        if let Some(token) = continuation {
+            params.push(("continuation-token", token.to_owned()));
+        }
+        params.sort();
+        let query: Vec<String> = params
+            .iter()
+            .map(|(name, value)| format!("{name}={}", utf8_percent_encode(value, QUERY_VALUE)))
+            .collect();
+        let path = format!("/{bucket}?{}", query.join("&"));
+        let response = self
+            .send(Method::GET, &path, HeaderMap::new(), Bytes::new())
+            .await?;
+        if response.status() != StatusCode::OK {
+            return Err(answered(response).await);
+        }
+        let body = read_all(response).await?;
+        let mut keys = Vec::new();
+        for contents in body.split("<Contents>").skip(1) {
+            if let (Some(key), Some(modified)) = (
+                xml_value(contents, "Key"),
+                xml_value(contents, "LastModified"),
+            ) {
+                keys.push((key, modified));
+            }
+        }
+        let next = (xml_value(&body, "IsTruncated").as_deref() == Some("true"))
+            .then(|| xml_value(&body, "NextContinuationToken"))
+            .flatten();
+        Ok((keys, next))
+    }
+
     /// Starts a multipart upload of `key`; its upload id.
     pub async fn create_multipart(
         &self,

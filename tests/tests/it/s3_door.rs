@@ -980,3 +980,75 @@ async fn an_upstream_restart_loses_no_acknowledged_write(bed: &mut DoorBed) {
     assert_eq!(retried.status, 200, "{}", text(&retried));
     assert_eq!(body_of(&s3, key).await, (200, "after".into()));
 }
+
+/// The collector (here a replica's, sweeping every 300 ms, with a grace of one second
+/// and an upload bound of two): it removes the physical objects of overwritten and
+/// refused uploads, never one a mapping names; and once it took an abandoned upload's
+/// intent, that upload can no longer be made visible.
+#[tokio::test]
+async fn the_collector_removes_only_what_nothing_names() {
+    let bed = DoorBed::start().await;
+    let collecting = bed
+        .direct_replica()
+        .args(&[
+            "--s3-gc-interval",
+            "300ms",
+            "--s3-gc-grace",
+            "1s",
+            "--s3-upload-max-age",
+            "2s",
+        ])
+        .spawn()
+        .await;
+    let s3 = bed.client(WRITER);
+    let key = "orders/collected.json";
+    for body in ["first", "second", "third"] {
+        assert_eq!(put(&s3, key, 7, body).await.status, 200);
+    }
+    fencegate_tests::eventually(
+        Duration::from_secs(20),
+        "the overwritten objects are collected",
+        || async { bed.physical_keys().await.len() == 1 },
+    )
+    .await;
+    assert_eq!(body_of(&s3, key).await, (200, "third".into()));
+
+    // An upload held past the upload bound: its intent is collected meanwhile, so
+    // its commit fails, and the object it landed is collected in turn.
+    bed.proxy.hold();
+    let held = {
+        let s3 = s3.clone();
+        tokio::spawn(async move { put(&s3, key, 7, "held too long").await })
+    };
+    fencegate_tests::eventually(Duration::from_secs(10), "the upload is held", || async {
+        bed.proxy.held_bytes() > 0
+    })
+    .await;
+    fencegate_tests::eventually(
+        Duration::from_secs(20),
+        "the collector takes the held upload's intent",
+        || async {
+            collecting
+                .events("S3 door: collected unreferenced uploads")
+                .iter()
+                .any(|event| event["fields"]["intents"].as_u64() >= Some(1))
+        },
+    )
+    .await;
+    bed.proxy.release();
+    let held = held.await.expect("the held PUT's task");
+    assert_eq!(held.status, 500, "{}", text(&held));
+    assert!(
+        text(&held).contains("outlived its intent"),
+        "{}",
+        text(&held)
+    );
+    assert_eq!(body_of(&s3, key).await, (200, "third".into()));
+    fencegate_tests::eventually(
+        Duration::from_secs(20),
+        "the late upload's object is collected",
+        || async { bed.physical_keys().await.len() == 1 },
+    )
+    .await;
+    assert_eq!(body_of(&s3, key).await, (200, "third".into()));
+}
