@@ -59,6 +59,21 @@ pub struct Collector {
     pub(super) options: CollectorOptions,
 }
 
+/// Whether a listed physical object goes: nothing keeps it, and it was last modified
+/// (an RFC 3339 time, as S3 lists it) more than `grace` before `now`. An object whose
+/// time does not parse stays.
+fn collectable(
+    kept: bool,
+    modified: &str,
+    now: chrono::DateTime<chrono::Utc>,
+    grace: chrono::TimeDelta,
+) -> bool {
+    let old = chrono::DateTime::parse_from_rfc3339(modified)
+        .map(|at| now - at.with_timezone(&chrono::Utc) > grace)
+        .unwrap_or(false);
+    old && !kept
+}
+
 impl Collector {
     /// Sweeps every place once per interval until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
@@ -129,10 +144,7 @@ impl Collector {
         let grace =
             chrono::Duration::from_std(self.options.grace).unwrap_or(chrono::TimeDelta::MAX);
         for (key, modified) in listed {
-            let old = chrono::DateTime::parse_from_rfc3339(&modified)
-                .map(|at| now - at.with_timezone(&chrono::Utc) > grace)
-                .unwrap_or(false);
-            if old && !kept.contains(&key) {
+            if collectable(kept.contains(&key), &modified, now, grace) {
                 self.upstream
                     .delete(bucket, &key)
                     .await
@@ -207,5 +219,24 @@ impl Collector {
                 .await;
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_old_objects_nothing_keeps_are_collected() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-12-07T12:00:00Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        let grace = chrono::TimeDelta::hours(1);
+        let two_hours_ago = "2026-12-07T10:00:00.000Z";
+        let a_minute_ago = "2026-12-07T11:59:00.000Z";
+        assert!(collectable(false, two_hours_ago, now, grace));
+        assert!(!collectable(true, two_hours_ago, now, grace), "a mapping keeps it");
+        assert!(!collectable(false, a_minute_ago, now, grace), "within the grace");
+        assert!(!collectable(false, "yesterday", now, grace), "an unreadable time");
     }
 }
