@@ -235,8 +235,17 @@ mod tests {
         let two_hours_ago = "2026-12-07T10:00:00.000Z";
         let a_minute_ago = "2026-12-07T11:59:00.000Z";
         assert!(collectable(false, two_hours_ago, now, grace));
-        assert!(!collectable(true, two_hours_ago, now, grace), "a mapping keeps it");
-        assert!(!collectable(false, a_minute_ago, now, grace), "within the grace");
-        assert!(!collectable(false, "yesterday", now, grace), "an unreadable time");
+        assert!(
+            !collectable(true, two_hours_ago, now, grace),
+            "a mapping keeps it"
+        );
+        assert!(
+            !collectable(false, a_minute_ago, now, grace),
+            "within the grace"
+        );
+        assert!(
+            !collectable(false, "yesterday", now, grace),
+            "an unreadable time"
+        );
     }
 }

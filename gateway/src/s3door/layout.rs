@@ -96,18 +96,16 @@ impl Resources {
 
 impl Resources {
     /// Every resource a key of `bucket` under `prefix` may belong to, in name order:
-    /// each rule whose prefix and `prefix` overlap, and the bucket's own resource
-    /// unless a rule covers every key under `prefix`.
+    /// each rule for keys under `prefix`, and the resource of `prefix` itself — the
+    /// longest rule whose prefix `prefix` starts with, else the bucket's own.
     pub fn covering(&self, bucket: &str, prefix: &str) -> Result<Vec<ResourceName>, String> {
         let rules = self.rules.iter().filter(|rule| rule.bucket == bucket);
         let mut covering: Vec<ResourceName> = rules
             .clone()
-            .filter(|rule| rule.prefix.starts_with(prefix) || prefix.starts_with(&rule.prefix))
+            .filter(|rule| rule.prefix.starts_with(prefix) && rule.prefix != prefix)
             .map(|rule| rule.resource.clone())
             .collect();
-        if !rules.clone().any(|rule| prefix.starts_with(&rule.prefix)) {
-            covering.push(ResourceName::new(bucket).map_err(|e| e.to_string())?);
-        }
+        covering.push(self.resolve(bucket, prefix)?);
         covering.sort();
         covering.dedup();
         Ok(covering)
