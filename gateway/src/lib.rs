@@ -157,7 +157,7 @@ pub async fn run(
     let pg_addr = (door.as_ref().map(|(listener, ..)| listener.local_addr()))
         .transpose()
         .map_err(StartError::Listener)?;
-    let s3_addr = (s3.as_ref().map(|(listener, _)| listener.local_addr()))
+    let s3_addr = (s3.as_ref().map(|door| door.listener.local_addr()))
         .transpose()
         .map_err(StartError::Listener)?;
     tracing::info!(
@@ -200,8 +200,8 @@ pub async fn run(
     };
     let grace = config.http.shutdown_timeout;
     let s3 = async {
-        if let Some((listener, service)) = s3 {
-            s3door::serve(listener, service, stop.clone(), grace).await;
+        if let Some(door) = s3 {
+            s3door::serve(door, stop.clone(), grace).await;
         }
     };
     tokio::join!(signal, http, pg, s3);

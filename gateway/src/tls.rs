@@ -44,6 +44,8 @@ pub enum Listener {
     Http,
     /// The Postgres door.
     Postgres,
+    /// The S3 door.
+    S3,
 }
 
 impl Listener {
@@ -53,6 +55,7 @@ impl Listener {
         match self {
             Listener::Http => ["--tls-cert", "--tls-key", "--tls-client-ca"],
             Listener::Postgres => ["--pg-tls-cert", "--pg-tls-key", "(no client CA)"],
+            Listener::S3 => ["--s3-tls-cert", "--s3-tls-key", "(no client CA)"],
         }
     }
 
@@ -61,7 +64,7 @@ impl Listener {
     /// ALPN and is served all the same.
     fn alpn(self) -> Vec<Vec<u8>> {
         let protocols: &[&[u8]] = match self {
-            Listener::Http => &[b"h2", b"http/1.1"],
+            Listener::Http | Listener::S3 => &[b"h2", b"http/1.1"],
             Listener::Postgres => &[POSTGRES_ALPN],
         };
         protocols.iter().map(|protocol| protocol.to_vec()).collect()
@@ -97,6 +100,19 @@ impl TlsFiles {
         let (cert, key) = args.pg_tls_cert.clone().zip(args.pg_tls_key.clone())?;
         Some(TlsFiles {
             listener: Listener::Postgres,
+            cert,
+            key,
+            client_ca: None,
+        })
+    }
+}
+
+impl TlsFiles {
+    /// The S3 door's files, if `--s3-tls-cert` is given.
+    pub fn s3(args: &crate::config::S3Args) -> Option<TlsFiles> {
+        let (cert, key) = args.s3_tls_cert.clone().zip(args.s3_tls_key.clone())?;
+        Some(TlsFiles {
+            listener: Listener::S3,
             cert,
             key,
             client_ca: None,

@@ -360,6 +360,25 @@ pub struct S3Args {
     #[arg(long, env = "FENCEGATE_S3_LISTEN", default_value = "off", value_parser = parse_listen, value_name = "ADDR", help_heading = heading::S3_DOOR)]
     pub s3_listen: Listen,
 
+    /// PEM certificate chain of the S3 door's TLS (with --s3-tls-key).
+    ///
+    /// PEM certificate chain of the S3 door's TLS (with --s3-tls-key): the door then
+    /// speaks HTTPS only. Reloaded when the files change.
+    #[arg(long, env = "FENCEGATE_S3_TLS_CERT", requires = "s3_tls_key", value_name = "FILE", help_heading = heading::S3_DOOR)]
+    pub s3_tls_cert: Option<std::path::PathBuf>,
+
+    /// PEM private key of the S3 door's TLS certificate.
+    #[arg(long, env = "FENCEGATE_S3_TLS_KEY", requires = "s3_tls_cert", value_name = "FILE", help_heading = heading::S3_DOOR)]
+    pub s3_tls_key: Option<std::path::PathBuf>,
+
+    /// Run the S3 door on a non-loopback address without TLS.
+    ///
+    /// Run the S3 door on a non-loopback --s3-listen address without --s3-tls-cert:
+    /// SigV4 signs the headers, but object bytes then cross the network in cleartext,
+    /// and an unsigned-payload body could be altered on the way.
+    #[arg(long, env = "FENCEGATE_S3_INSECURE_CLEARTEXT", help_heading = heading::S3_DOOR)]
+    pub s3_insecure_cleartext: bool,
+
     /// The S3-compatible server behind the door (http://host:port).
     ///
     /// The S3-compatible server the door keeps objects in, as `http://host:port`

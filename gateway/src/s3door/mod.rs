@@ -89,7 +89,7 @@ fn upstream_credentials(args: &S3Args) -> Result<UpstreamCredentials, S3StartErr
 pub async fn open(
     args: &S3Args,
     coordinator: &Arc<Coordinator>,
-) -> Result<Option<(TcpListener, Arc<s3s::service::S3Service>)>, S3StartError> {
+) -> Result<Option<S3Listener>, S3StartError> {
     let Listen::On(addr) = args.s3_listen else {
         return Ok(None);
     };
@@ -112,6 +112,13 @@ pub async fn open(
     }
     for bucket in &args.s3_buckets {
         layout::check_bucket(bucket).map_err(|e| S3StartError(format!("--s3-bucket {e}")))?;
+    }
+    if args.s3_tls_cert.is_none() && !args.s3_insecure_cleartext && !addr.ip().is_loopback() {
+        return Err(S3StartError(format!(
+            "--s3-listen {addr} is reachable from other hosts, and without --s3-tls-cert \
+             object bytes would cross the network in cleartext: give --s3-tls-cert and \
+             --s3-tls-key, listen on a loopback address, or pass --s3-insecure-cleartext"
+        )));
     }
     if args.s3_gc_interval.is_zero() {
         return Err(S3StartError("--s3-gc-interval must be above zero".into()));
@@ -149,6 +156,8 @@ pub async fn open(
                 })?;
         }
     }
+    let tls = crate::tls::Tls::start(crate::tls::TlsFiles::s3(args))
+        .map_err(|e| S3StartError(e.to_string()))?;
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| S3StartError(format!("could not listen on {addr} (--s3-listen): {e}")))?;
@@ -184,17 +193,32 @@ pub async fn open(
     tokio::spawn(collector.run(coordinator.shutdown().clone()));
     let mut builder = s3s::service::S3ServiceBuilder::new(door);
     builder.set_auth(keys::KeyLookup(keys));
-    Ok(Some((listener, Arc::new(builder.build()))))
+    Ok(Some(S3Listener {
+        listener,
+        service: Arc::new(builder.build()),
+        tls,
+    }))
 }
 
-/// Serves the door's connections until `shutdown`, then gives those still open
-/// `grace` to finish.
-pub async fn serve(
-    listener: TcpListener,
+/// The door's listener, its service and its TLS, if it has a certificate.
+pub struct S3Listener {
+    pub listener: TcpListener,
     service: Arc<s3s::service::S3Service>,
-    shutdown: CancellationToken,
-    grace: Duration,
-) {
+    tls: Option<Arc<crate::tls::Tls>>,
+}
+
+/// Longest a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves the door's connections — over TLS only, with a certificate — until
+/// `shutdown`, then gives those still open `grace` to finish. Each handshake runs in
+/// its connection's own task, within [`HANDSHAKE_TIMEOUT`].
+pub async fn serve(door: S3Listener, shutdown: CancellationToken, grace: Duration) {
+    let S3Listener {
+        listener,
+        service,
+        tls,
+    } = door;
     let builder = auto::Builder::new(TokioExecutor::new());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     while let Some((stream, peer)) = crate::accept::next(&listener, &shutdown, "s3").await {
@@ -205,12 +229,33 @@ pub async fn serve(
                 request.extensions_mut().insert(Peer(peer.ip()));
                 async move { service.call(request.map(s3s::Body::from)).await }
             });
-        let connection = builder
-            .serve_connection(TokioIo::new(stream), handler)
-            .into_owned();
-        let connection = graceful.watch(connection);
+        let (builder, watcher, tls) = (builder.clone(), graceful.watcher(), tls.clone());
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
+            let served = match tls {
+                None => {
+                    let connection = builder.serve_connection(TokioIo::new(stream), handler);
+                    watcher.watch(connection.into_owned()).await
+                }
+                Some(tls) => {
+                    let handshake = tls.acceptor().accept(stream);
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+                        Ok(Ok(stream)) => {
+                            let connection =
+                                builder.serve_connection(TokioIo::new(stream), handler);
+                            watcher.watch(connection.into_owned()).await
+                        }
+                        Ok(Err(error)) => {
+                            tracing::debug!(%peer, %error, "S3 door: tls handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "S3 door: tls handshake not finished in time");
+                            return;
+                        }
+                    }
+                }
+            };
+            if let Err(error) = served {
                 tracing::debug!(%error, "S3 door connection ended with an error");
             }
         });

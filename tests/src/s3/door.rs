@@ -80,6 +80,11 @@ impl DoorBed {
     /// Starts everything; `data/orders/*` is the resource `orders`, and the writer may
     /// read and write it, the reader only read.
     pub async fn start() -> DoorBed {
+        DoorBed::start_with(&[]).await
+    }
+
+    /// [`DoorBed::start`], with more flags for the gateway.
+    pub async fn start_with(extra: &[&str]) -> DoorBed {
         let rgw = Radosgw::start().await;
         rgw.client().create_bucket(BUCKET).await;
         let upstream: std::net::SocketAddr = rgw
@@ -92,6 +97,7 @@ impl DoorBed {
         let files = DoorFiles::new(rgw.access_key(), rgw.secret_key());
         let gateway = files
             .builder(&db, &format!("http://{}", proxy.addr()))
+            .args(extra)
             .spawn()
             .await;
         DoorBed {

@@ -560,6 +560,19 @@ async fn the_door_names_what_it_lacks() {
             ],
             "--s3-listen needs --s3-keys-file",
         ),
+        (
+            vec![
+                "--s3-listen",
+                "0.0.0.0:0",
+                "--s3-upstream",
+                "http://127.0.0.1:1",
+                "--s3-keys-file",
+                "/nonexistent",
+                "--s3-bucket",
+                "data",
+            ],
+            "reachable from other hosts",
+        ),
     ] {
         let dir =
             std::env::temp_dir().join(format!("fencegate-s3-flags-{:08x}", rand::random::<u32>()));
@@ -1051,4 +1064,47 @@ async fn the_collector_removes_only_what_nothing_names() {
     )
     .await;
     assert_eq!(body_of(&s3, key).await, (200, "third".into()));
+}
+
+/// With `--s3-tls-cert`, the door speaks HTTPS: boto3, trusting the test CA, runs the
+/// seed's scenario over it.
+#[tokio::test]
+async fn the_door_speaks_https_with_a_certificate() {
+    let certs = fencegate_tests::tls::Certs::generate();
+    let (cert, key) = (
+        certs.cert.display().to_string(),
+        certs.key.display().to_string(),
+    );
+    let bed = DoorBed::start_with(&["--s3-tls-cert", &cert, "--s3-tls-key", &key]).await;
+    let endpoint = format!("https://localhost:{}", bed.gateway.s3_addr().port());
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/s3/boto3_seed.py");
+    let output = tokio::process::Command::new("python3")
+        .arg(script)
+        .args([
+            &endpoint,
+            WRITER.0,
+            WRITER.1,
+            BUCKET,
+            "orders/over-tls.json",
+            "5",
+        ])
+        .env("AWS_CA_BUNDLE", &certs.ca)
+        .output()
+        .await
+        .expect("python3 runs");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "boto3 over HTTPS failed:\n{said}");
+    assert!(
+        said.contains("late PUT refused: StaleFencingToken"),
+        "{said}"
+    );
+    // Cleartext to the TLS door gets no answer.
+    let plain = Client::new(format!("http://{}", bed.gateway.s3_addr()))
+        .try_request(Method::GET, "/data/orders/over-tls.json", &[], "")
+        .await;
+    assert!(plain.is_err() || plain.is_ok_and(|reply| reply.status != 200));
 }
