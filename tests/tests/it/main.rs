@@ -61,6 +61,7 @@ mod replay_command;
 mod replay_network;
 mod replay_scenarios;
 mod s3_door;
+mod s3_history;
 mod s3_upstream;
 mod seed;
 mod sql_fenced;
