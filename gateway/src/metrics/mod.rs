@@ -10,6 +10,7 @@ mod bounds;
 pub(crate) mod door;
 mod labels;
 mod retries;
+mod s3;
 mod trust;
 
 use door::DoorMetrics;
@@ -95,6 +96,7 @@ pub struct Metrics {
     trust: TrustMetrics,
     bounds: BoundMetrics,
     retries: RetryMetrics,
+    s3: s3::S3Metrics,
 }
 
 /// The series of one (route, outcome), resolved once: answering a request then costs
@@ -250,6 +252,7 @@ impl Metrics {
         let pg = DoorMetrics::new();
         let trust = TrustMetrics::new();
         let bounds = BoundMetrics::new();
+        let s3 = s3::S3Metrics::new();
         let retries = RetryMetrics::new();
         for collector in [
             Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
@@ -272,6 +275,7 @@ impl Metrics {
         .chain(trust.collectors())
         .chain(bounds.collectors())
         .chain(retries.collectors())
+        .chain(s3.collectors())
         {
             registry
                 .register(collector)
@@ -299,6 +303,7 @@ impl Metrics {
             trust,
             bounds,
             retries,
+            s3,
         }
     }
 
@@ -338,6 +343,34 @@ impl Metrics {
     }
 
     /// Counts an error with a fence SQLSTATE that the fence did not raise.
+    /// Counts a request the S3 door answered.
+    pub fn s3_answered(&self, method: &str, status: u16, elapsed: std::time::Duration) {
+        let method = s3::S3_METHODS
+            .iter()
+            .find(|known| **known == method)
+            .copied()
+            .unwrap_or("other");
+        let class = match status {
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        self.s3.requests.with_label_values(&[method, class]).inc();
+        self.s3
+            .duration
+            .with_label_values(&[method])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Counts what the S3 door's collector removed (`kind`: object, intent).
+    pub fn s3_collected(&self, kind: &str, count: usize) {
+        self.s3
+            .collected
+            .with_label_values(&[kind])
+            .inc_by(count as u64);
+    }
+
     /// Counts a stale rejection by the door it came through.
     pub fn door_stale_rejected(&self, door: &str) {
         self.trust

@@ -86,7 +86,13 @@ impl Collector {
                 () = shutdown.cancelled() => return,
             }
             for (bucket, resource) in &self.places {
-                match self.sweep(bucket, resource).await {
+                let swept = self.sweep(bucket, resource).await;
+                if let Ok(swept) = &swept {
+                    let metrics = self.coordinator.metrics();
+                    metrics.s3_collected("object", swept.objects);
+                    metrics.s3_collected("intent", swept.intents);
+                }
+                match swept {
                     Ok(swept) if swept != Swept::default() => tracing::info!(
                         bucket = bucket.as_str(),
                         resource = resource.as_str(),

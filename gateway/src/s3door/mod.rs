@@ -196,6 +196,7 @@ pub async fn open(
     Ok(Some(S3Listener {
         listener,
         service: Arc::new(builder.build()),
+        coordinator: Arc::clone(coordinator),
         tls,
     }))
 }
@@ -204,6 +205,7 @@ pub async fn open(
 pub struct S3Listener {
     pub listener: TcpListener,
     service: Arc<s3s::service::S3Service>,
+    coordinator: Arc<Coordinator>,
     tls: Option<Arc<crate::tls::Tls>>,
 }
 
@@ -217,17 +219,28 @@ pub async fn serve(door: S3Listener, shutdown: CancellationToken, grace: Duratio
     let S3Listener {
         listener,
         service,
+        coordinator,
         tls,
     } = door;
     let builder = auto::Builder::new(TokioExecutor::new());
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
     while let Some((stream, peer)) = crate::accept::next(&listener, &shutdown, "s3").await {
-        let service = Arc::clone(&service);
+        let (service, coordinator) = (Arc::clone(&service), Arc::clone(&coordinator));
         let handler =
             hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
-                let service = Arc::clone(&service);
+                let (service, coordinator) = (Arc::clone(&service), Arc::clone(&coordinator));
                 request.extensions_mut().insert(Peer(peer.ip()));
-                async move { service.call(request.map(s3s::Body::from)).await }
+                async move {
+                    let (started, method) = (std::time::Instant::now(), request.method().clone());
+                    let answer = service.call(request.map(s3s::Body::from)).await;
+                    let status = answer
+                        .as_ref()
+                        .map_or(500, |answer| answer.status().as_u16());
+                    coordinator
+                        .metrics()
+                        .s3_answered(method.as_str(), status, started.elapsed());
+                    answer
+                }
             });
         let (builder, watcher, tls) = (builder.clone(), graceful.watcher(), tls.clone());
         tokio::spawn(async move {

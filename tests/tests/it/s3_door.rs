@@ -129,9 +129,20 @@ async fn a_late_put_of_an_older_term_is_refused(bed: &DoorBed, key: &str) {
     assert_eq!(reply.status, 200, "{}", text(&reply));
     let before = bed.physical_keys().await;
     let counted = door_stale_rejections(bed).await;
+    let refused_puts = door_metric(
+        bed,
+        r#"fencegate_s3_requests_total{method="PUT",status="4xx"}"#,
+    )
+    .await;
     let late = put(&s3, key, 41, "term 41, late").await;
     assert_stale(&late, 41, 42);
     assert_eq!(door_stale_rejections(bed).await, counted + 1.0);
+    let now_refused = door_metric(
+        bed,
+        r#"fencegate_s3_requests_total{method="PUT",status="4xx"}"#,
+    )
+    .await;
+    assert_eq!(now_refused, refused_puts + 1.0);
     assert_eq!(body_of(&s3, key).await, (200, "term 42".into()));
     assert_eq!(
         bed.physical_keys().await,
@@ -315,6 +326,11 @@ async fn reads_resolve_through_the_mapping(bed: &DoorBed, key: &str) {
 
 /// `fencegate_door_stale_rejections_total{door="s3"}`.
 async fn door_stale_rejections(bed: &DoorBed) -> f64 {
+    door_metric(bed, r#"fencegate_door_stale_rejections_total{door="s3"}"#).await
+}
+
+/// One series of the gateway's metrics.
+async fn door_metric(bed: &DoorBed, series: &str) -> f64 {
     let http = Client::new(bed.gateway.url());
     let reply = http
         .request(
@@ -331,11 +347,8 @@ async fn door_stale_rejections(bed: &DoorBed) -> f64 {
         String::from_utf8_lossy(&reply.body)
     );
     let text = String::from_utf8_lossy(&reply.body);
-    fencegate_tests::http::metric_value(
-        &text,
-        r#"fencegate_door_stale_rejections_total{door="s3"}"#,
-    )
-    .expect("the door's stale rejections are exported")
+    fencegate_tests::http::metric_value(&text, series)
+        .unwrap_or_else(|| panic!("{series} is not exported"))
 }
 
 /// The highest token of `orders`, read over the HTTP API.
