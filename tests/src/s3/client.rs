@@ -52,7 +52,11 @@ impl S3Client {
             identity: Credentials::new(access_key, secret_key, None, None, "fencegate-tests")
                 .into(),
             unsigned_payload: false,
-            inner: hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http(),
+            inner: {
+                let mut connector = HttpConnector::new();
+                connector.set_nodelay(true);
+                hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector)
+            },
         }
     }
 

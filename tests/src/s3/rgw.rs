@@ -114,6 +114,22 @@ impl Radosgw {
         self.started_in
     }
 
+    /// The radosgw process's id, while it runs.
+    pub fn gateway_pid(&self) -> Option<u32> {
+        self.daemons
+            .iter()
+            .find(|daemon| daemon.name == "client.rgw")
+            .and_then(|daemon| daemon.child.id())
+    }
+
+    /// The ids of every daemon of the cluster (monitor, OSD, radosgw).
+    pub fn pids(&self) -> Vec<u32> {
+        self.daemons
+            .iter()
+            .filter_map(|daemon| daemon.child.id())
+            .collect()
+    }
+
     /// Kills radosgw alone (SIGKILL), leaving the cluster and its objects; the S3
     /// endpoint refuses connections until [`Radosgw::start_gateway`].
     pub async fn stop_gateway(&mut self) {
@@ -420,7 +436,7 @@ paxos propose interval = 0.1
 paxos min wait = 0.01
 
 [client.rgw]
-rgw frontends = beast endpoint=127.0.0.1:{rgw_port}
+rgw frontends = beast endpoint=127.0.0.1:{rgw_port} tcp_nodelay=1
 rgw data = {dir}/rgw
 "
     )
