@@ -17,6 +17,10 @@ from botocore.config import Config
 import fencegate
 from fencegate import S3_WRITE_OPERATIONS, fence_s3_client
 
+# boto3 warns on Python 3.9, the oldest this package supports, that it will stop
+# supporting it; that is boto3's policy, not something these tests can act on.
+pytestmark = pytest.mark.filterwarnings("ignore:Boto3 will no longer support Python 3.9")
+
 B = {"Bucket": "data", "Key": "orders/2026-12.json"}
 UPLOAD = {**B, "UploadId": "u-1"}
 
