@@ -14,6 +14,8 @@
  *   once when the gateway says the term is over.
  * - {@link fencedTransaction}: a node-postgres transaction that presents the token
  *   first, through the gateway's Postgres door or straight to Postgres.
+ * - {@link addFencingToken}: an `@aws-sdk/client-s3` client whose writes carry the
+ *   token in the `Fencing-Token` header, for the gateway's S3 door.
  * - One error class per stable error code.
  *
  * @packageDocumentation
@@ -56,5 +58,13 @@ export {
   retryPolicy,
 } from './retry.js';
 export type { RetryPolicy } from './retry.js';
+export {
+  FENCING_TOKEN_HEADER,
+  FENCING_TOKEN_MIDDLEWARE,
+  S3_WRITE_OPERATIONS,
+  addFencingToken,
+  fencingTokenMiddleware,
+} from './s3.js';
+export type { FencingTokenMiddleware, MiddlewareStackHolder, TokenSource } from './s3.js';
 export type { TlsFiles } from './transport.js';
 export { VERSION } from './version.js';

@@ -127,6 +127,26 @@ impl DoorBed {
         S3Client::new(format!("http://{}", self.gateway.s3_addr()), key.0, key.1)
     }
 
+    /// The highest token of the resource `orders`, read over the HTTP API (0 before
+    /// its first write).
+    pub async fn highest(&self) -> u64 {
+        let reply = crate::http::Client::new(self.gateway.url())
+            .request(
+                http::Method::GET,
+                "/v1/fences/orders",
+                &[("authorization", &format!("Bearer {HTTP_KEY}"))],
+                "",
+            )
+            .await;
+        assert_eq!(
+            reply.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        reply.json()["highest"].as_u64().unwrap_or(0)
+    }
+
     /// The physical objects the bucket holds under the door's root, read from radosgw
     /// directly.
     pub async fn physical_keys(&self) -> Vec<String> {

@@ -60,6 +60,7 @@ mod readiness;
 mod replay_command;
 mod replay_network;
 mod replay_scenarios;
+mod s3_clients;
 mod s3_door;
 mod s3_history;
 mod s3_upstream;

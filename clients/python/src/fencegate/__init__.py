@@ -14,6 +14,8 @@ accepted for the resource. This package is the writer's side:
   ``lost`` signal that fires at once when the gateway says the term is over.
 - :func:`fenced_transaction`: a psycopg 3 or asyncpg transaction that presents the
   token first, through the gateway's Postgres door or straight to Postgres.
+- :func:`fence_s3_client`: a boto3 client whose writes carry the token in the
+  ``Fencing-Token`` header, for the gateway's S3 door.
 - :mod:`fencegate.errors`: one exception class per stable error code.
 """
 
@@ -89,10 +91,12 @@ from .models import (
     TxnResult,
     WriteResult,
 )
+from .s3 import S3_WRITE_OPERATIONS, fence_s3_client
 
 __all__ = [
     "ERROR_CLASSES",
     "NO_RETRY",
+    "S3_WRITE_OPERATIONS",
     "AsyncGateway",
     "AsyncLease",
     "BackendUnavailable",
@@ -162,5 +166,6 @@ __all__ = [
     "WriteResult",
     "__version__",
     "fence_error",
+    "fence_s3_client",
     "fenced_transaction",
 ]
