@@ -29,6 +29,9 @@ const TERMS: u64 = 12;
 /// Keys of the resource written.
 const KEYS: [&str; 2] = ["orders/history/a.json", "orders/history/b.json"];
 
+/// Reads the readers make at least, over the run.
+const MIN_READS: usize = 2 * TERMS as usize;
+
 /// The fence's resource, as the checker names it.
 const RESOURCE: &str = "orders";
 
@@ -47,16 +50,19 @@ async fn a_random_run_through_the_s3_door_is_linearizable() {
     let history = Recorder::new();
 
     let reading = Arc::new(AtomicBool::new(true));
+    let reads_done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let readers: Vec<_> = [(&through_proxy, 100), (&direct, 101)]
         .into_iter()
         .map(|(s3, client)| {
             let (s3, history, reading) = (s3.clone(), history.clone(), Arc::clone(&reading));
+            let reads_done = Arc::clone(&reads_done);
             tokio::spawn(async move {
                 let mut turn = 0;
                 while reading.load(Ordering::SeqCst) {
                     let key = KEYS[turn % KEYS.len()];
                     turn += 1;
                     read(&s3, client, key, &history).await;
+                    reads_done.fetch_add(1, Ordering::SeqCst);
                     tokio::time::sleep(Duration::from_millis(15)).await;
                 }
             })
@@ -119,6 +125,11 @@ async fn a_random_run_through_the_s3_door_is_linearizable() {
             "a zombie's late PUT was not refused: {late:?}"
         );
     }
+    // The readers read on until they have read at least a few times per term.
+    fencegate_tests::eventually(Duration::from_secs(30), "the readers read", || async {
+        reads_done.load(Ordering::SeqCst) >= MIN_READS
+    })
+    .await;
     reading.store(false, Ordering::SeqCst);
     for reader in readers {
         reader.await.expect("a reader's task");
@@ -132,7 +143,10 @@ async fn a_random_run_through_the_s3_door_is_linearizable() {
     let counts = Counts::of(&entries);
     eprintln!("{counts:?}");
     assert!(counts.stale > 0, "the run refused no zombie (seed {seed})");
-    assert!(counts.reads > 20, "the readers read too little: {counts:?}");
+    assert!(
+        counts.reads >= MIN_READS,
+        "the readers read too little: {counts:?}"
+    );
     let violations = check(&entries);
     assert!(
         violations.is_empty(),
