@@ -11,8 +11,9 @@
 //! default flags). Objects are 4 KiB; each client writes its own keys. Direct PUTs are
 //! plain PUTs of the key; door PUTs carry a token and go through the mapped layout
 //! (intent, write-once upload, fenced commit). GETs read keys written before. CPU per
-//! request: utime + stime from `/proc/<pid>/stat` of the gateway, and of the Ceph
-//! daemons (radosgw, monitor, OSD), over each cell. Results: the median of the rounds.
+//! request: utime + stime from `/proc/<pid>/stat` of the gateway, of every `postgres`
+//! process (the store's server and backends; the pool's backends live through a cell),
+//! and of the Ceph daemons (radosgw, monitor, OSD), over each cell. Results: the median of the rounds.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -61,9 +62,24 @@ fn cpu_of(pids: &[u32]) -> f64 {
     pids.iter().map(|pid| cpu_seconds(*pid)).sum()
 }
 
+/// Every process of the machine named `postgres` (the server and its backends).
+fn postgres_pids() -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|comm| comm.trim() == "postgres")
+        })
+        .collect()
+}
+
 struct Cell {
     per_second: f64,
     gateway_us: f64,
+    postgres_us: f64,
     ceph_us: f64,
 }
 
@@ -92,8 +108,8 @@ async fn main() {
     println!(
         "S3 door vs radosgw direct: {rounds} rounds x {seconds} s per cell, {OBJECT}-byte objects"
     );
-    println!("| op | clients | direct req/s | door req/s | door / direct | gateway CPU µs/req (door) | Ceph CPU µs/req direct | Ceph CPU µs/req door |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| op | clients | direct req/s | door req/s | door / direct | gateway CPU µs/req (door) | Postgres CPU µs/req (door) | Ceph CPU µs/req direct | Ceph CPU µs/req door |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for kind in [Kind::Put, Kind::Get] {
         for &count in &clients {
             let mut cells: Vec<(Cell, Cell)> = Vec::new();
@@ -129,10 +145,11 @@ async fn main() {
             };
             let (d, g) = (median(&|c| c.0.per_second), median(&|c| c.1.per_second));
             println!(
-                "| {} | {count} | {d:.0} | {g:.0} | {:.2} | {:.0} | {:.0} | {:.0} |",
+                "| {} | {count} | {d:.0} | {g:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.0} |",
                 if kind == Kind::Put { "PUT" } else { "GET" },
                 g / d,
                 median(&|c| c.1.gateway_us),
+                median(&|c| c.1.postgres_us),
                 median(&|c| c.0.ceph_us),
                 median(&|c| c.1.ceph_us),
             );
@@ -180,7 +197,9 @@ async fn measure(
     }
     let done = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
+    let postgres = postgres_pids();
     let (gateway_before, ceph_before) = (cpu_of(gateway), cpu_of(ceph));
+    let postgres_before = cpu_of(&postgres);
     let started = Instant::now();
     let tasks: Vec<_> = (0..clients)
         .map(|client| {
@@ -235,6 +254,7 @@ async fn measure(
     Cell {
         per_second: requests / elapsed,
         gateway_us: (cpu_of(gateway) - gateway_before) / requests * 1e6,
+        postgres_us: (cpu_of(&postgres) - postgres_before) / requests * 1e6,
         ceph_us: (cpu_of(ceph) - ceph_before) / requests * 1e6,
     }
 }
