@@ -12,7 +12,8 @@ use s3s::dto::{DeleteObjectsInput, DeleteObjectsOutput, DeletedObject, Error as 
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Result};
 
 use super::layout;
-use super::service::{s3_error_of, token_of, S3Door};
+use super::service::S3Door;
+use super::wire::{s3_error_of, token_of};
 use crate::auth::Action;
 use crate::coordinator::FrontDoor;
 use crate::error::ApiError;

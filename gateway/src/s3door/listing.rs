@@ -14,7 +14,8 @@ use s3s::dto::{CommonPrefix, ListObjectsV2Input, ListObjectsV2Output, Object};
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Result};
 
 use super::layout::{self, Mapping};
-use super::service::{s3_error_of, S3Door};
+use super::service::S3Door;
+use super::wire::s3_error_of;
 use crate::auth::Action;
 
 /// Most keys a listing answers in one page, as S3.
@@ -119,7 +120,7 @@ impl S3Door {
                         mapping.etag.trim_matches('"').to_owned(),
                     )),
                     size: Some(i64::try_from(mapping.size).unwrap_or(i64::MAX)),
-                    last_modified: Some(super::service::timestamp(mapping.written_at_ms)),
+                    last_modified: Some(super::wire::timestamp(mapping.written_at_ms)),
                     storage_class: Some(s3s::dto::ObjectStorageClass::from_static("STANDARD")),
                     ..Default::default()
                 }),

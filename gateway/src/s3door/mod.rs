@@ -17,6 +17,7 @@ mod listing;
 mod multipart;
 pub mod service;
 pub mod upstream;
+mod wire;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -10,7 +10,7 @@
 //! `409 StaleFencingToken` at Complete.
 
 use fencegate_proto::headers::{Fencing, Precondition};
-use fencegate_proto::{ObjectKey, ResourceName, Token};
+use fencegate_proto::Token;
 use s3s::dto::{
     AbortMultipartUploadInput, AbortMultipartUploadOutput, CompleteMultipartUploadInput,
     CompleteMultipartUploadOutput, CreateMultipartUploadInput, CreateMultipartUploadOutput,
@@ -19,21 +19,13 @@ use s3s::dto::{
 use s3s::{S3Error, S3ErrorCode, S3Request, S3Result};
 
 use super::layout::{self, Intent};
-use super::service::{
-    etag, now_ms, object_headers, read_body, s3_error_of, token_of, upstream_failed, Caller, S3Door,
+use super::service::{Caller, Pending, S3Door};
+use super::wire::{
+    etag, now_ms, object_headers, read_body, s3_error_of, token_of, upstream_failed,
 };
 use crate::auth::Action;
 use crate::coordinator::FrontDoor;
 use crate::store::{Write, WriteOp};
-
-/// An upload found by its id: where it lives and what it recorded.
-struct Found {
-    resource: ResourceName,
-    mapping_key: ObjectKey,
-    upload: uuid::Uuid,
-    intent: Intent,
-    fencing: Fencing,
-}
 
 impl S3Door {
     pub(super) async fn create_multipart(
@@ -176,16 +168,7 @@ impl S3Door {
                 )
             })?;
         let etag_text = object_etag.clone();
-        self.commit(
-            &caller,
-            &found.resource,
-            found.upload,
-            found.intent,
-            found.mapping_key,
-            &found.fencing,
-            (object_etag, size),
-        )
-        .await?;
+        self.commit(&caller, found, (object_etag, size)).await?;
         Ok(CompleteMultipartUploadOutput {
             bucket: Some(input.bucket),
             key: Some(input.key),
@@ -231,7 +214,7 @@ impl S3Door {
         bucket: &str,
         key: &str,
         upload_id: &str,
-    ) -> S3Result<Found> {
+    ) -> S3Result<Pending> {
         let (resource, mapping_key) = self.authorise(caller, Action::Write, bucket, key)?;
         let no_such = || {
             S3Error::with_message(
@@ -255,7 +238,7 @@ impl S3Door {
         }
         let token = Token::new(intent.token)
             .map_err(|e| S3Error::with_message(S3ErrorCode::InternalError, e.to_string()))?;
-        Ok(Found {
+        Ok(Pending {
             resource,
             mapping_key,
             upload,

@@ -10,30 +10,29 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
 use fencegate_proto::headers::{Fencing, Precondition};
-use fencegate_proto::{ObjectKey, ResourceName, Token};
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use fencegate_proto::{ObjectKey, ResourceName};
+use http::StatusCode;
 use s3s::dto::{
     AbortMultipartUploadInput, AbortMultipartUploadOutput, CompleteMultipartUploadInput,
     CompleteMultipartUploadOutput, CreateMultipartUploadInput, CreateMultipartUploadOutput,
     DeleteObjectInput, DeleteObjectOutput, DeleteObjectsInput, DeleteObjectsOutput, GetObjectInput,
     GetObjectOutput, HeadObjectInput, HeadObjectOutput, ListObjectsV2Input, ListObjectsV2Output,
-    PutObjectInput, PutObjectOutput, StreamingBlob, Timestamp, UploadPartInput, UploadPartOutput,
+    PutObjectInput, PutObjectOutput, StreamingBlob, UploadPartInput, UploadPartOutput,
 };
 use s3s::{s3_error, S3Error, S3ErrorCode, S3Request, S3Response, S3Result, S3};
 
 use super::keys::S3Keys;
 use super::layout::{self, Intent, Mapping, Resources};
-use super::upstream::{Conditional, Upstream, UpstreamError};
+use super::upstream::{Conditional, Upstream};
+use super::wire::{
+    etag, now_ms, object_headers, read_body, s3_error_of, timestamp, token_of, upstream_failed,
+};
 use crate::auth::{Action, Identity};
-use crate::coordinator::{BodyMemory, Coordinator, FencedRequest, FrontDoor, WritePermit};
+use crate::coordinator::{Coordinator, FencedRequest, FrontDoor, WritePermit};
 use crate::error::ApiError;
 use crate::store::txn::{Answered, Txn, TxnOp, TxnOutcome};
 use crate::store::{Write, WriteOp};
-
-/// The metadata name (`x-amz-meta-fencing-token`) a writer's token may come in.
-pub const TOKEN_METADATA: &str = "fencing-token";
 
 /// The peer of the connection a request came on, added by the listener.
 #[derive(Debug, Clone, Copy)]
@@ -49,6 +48,17 @@ pub struct S3Door {
     pub(super) buckets: std::collections::BTreeSet<String>,
     /// Largest single PUT body the door takes.
     pub(super) max_object: usize,
+}
+
+/// An upload between its intent and its commit: where it goes, and with which token.
+pub(super) struct Pending {
+    pub(super) resource: ResourceName,
+    /// The store key of the logical key's mapping.
+    pub(super) mapping_key: ObjectKey,
+    /// The intent's uuid (a multipart upload's id, to its client).
+    pub(super) upload: uuid::Uuid,
+    pub(super) intent: Intent,
+    pub(super) fencing: Fencing,
 }
 
 /// Who a request is, as far as the gateway's grants go.
@@ -188,19 +198,23 @@ impl S3Door {
             .map_err(s3_error_of)
     }
 
-    /// Makes an uploaded object visible: in one fenced transaction, deletes the
-    /// upload's intent (which must still exist) and writes the key's mapping.
-    #[allow(clippy::too_many_arguments)]
+    /// Makes an uploaded object (its ETag and size) visible: in one fenced
+    /// transaction, deletes the upload's intent (which must still exist) and writes the
+    /// key's mapping.
     pub(super) async fn commit(
         &self,
         caller: &Caller,
-        resource: &ResourceName,
-        upload: uuid::Uuid,
-        intent: Intent,
-        mapping_key: ObjectKey,
-        fencing: &Fencing,
+        pending: Pending,
         (etag, size): (String, u64),
     ) -> S3Result<()> {
+        let Pending {
+            resource,
+            mapping_key,
+            upload,
+            intent,
+            fencing,
+        } = pending;
+        let (resource, fencing) = (&resource, &fencing);
         let mapping = Mapping {
             physical: intent.physical,
             etag,
@@ -285,192 +299,6 @@ impl S3Door {
     }
 }
 
-/// The headers of an upload's physical object: its content type and user metadata.
-pub(super) fn object_headers(intent: &Intent) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    if let Some(content_type) = &intent.content_type {
-        if let Ok(value) = HeaderValue::from_str(content_type) {
-            headers.insert(http::header::CONTENT_TYPE, value);
-        }
-    }
-    for (name, value) in &intent.metadata {
-        let name = HeaderName::from_bytes(format!("x-amz-meta-{name}").as_bytes());
-        let value = HeaderValue::from_str(value);
-        if let (Ok(name), Ok(value)) = (name, value) {
-            headers.insert(name, value);
-        }
-    }
-    headers
-}
-
-/// The writer's token: `x-amz-meta-fencing-token` or the `Fencing-Token` header; both
-/// present and different is refused.
-pub(super) fn token_of(
-    headers: &HeaderMap,
-    metadata: Option<&s3s::dto::Metadata>,
-) -> S3Result<Fencing> {
-    let from_metadata = metadata
-        .and_then(|metadata| metadata.get(TOKEN_METADATA))
-        .map(|value| Token::parse(value.as_bytes()));
-    let from_header = match Fencing::from_headers(headers) {
-        Ok(fencing) => Some(Ok(fencing)),
-        Err(fencegate_proto::ProtoError::MissingToken) => None,
-        Err(error) => Some(Err(error)),
-    };
-    let invalid = |e: &dyn std::fmt::Display| {
-        S3Error::with_message(S3ErrorCode::InvalidArgument, format!("fencing token: {e}"))
-    };
-    match (from_metadata, from_header) {
-        (None, None) => Err(S3Error::with_message(
-            S3ErrorCode::Custom("MissingFencingToken".into()),
-            "a write through the S3 door needs a fencing token: send it as the object \
-             metadata fencing-token (x-amz-meta-fencing-token) or the Fencing-Token header",
-        )
-        .with_status(StatusCode::BAD_REQUEST)),
-        (Some(Err(e)), _) => Err(invalid(&e)),
-        (_, Some(Err(e))) => Err(invalid(&e)),
-        (Some(Ok(token)), None) => Ok(Fencing {
-            token,
-            holder: None,
-        }),
-        (None, Some(Ok(fencing))) => Ok(fencing),
-        (Some(Ok(token)), Some(Ok(fencing))) if token == fencing.token => Ok(fencing),
-        (Some(Ok(token)), Some(Ok(fencing))) => Err(invalid(&format!(
-            "the metadata says {token} and the Fencing-Token header {}",
-            fencing.token
-        ))),
-    }
-}
-
-trait WithStatus {
-    fn with_status(self, status: StatusCode) -> Self;
-}
-
-impl WithStatus for S3Error {
-    fn with_status(mut self, status: StatusCode) -> S3Error {
-        self.set_status_code(status);
-        self
-    }
-}
-
-/// The S3 error answering `error`, with the stale token's own code and header.
-pub(super) fn s3_error_of(error: ApiError) -> S3Error {
-    let message = error.to_string();
-    match &error {
-        ApiError::Stale { highest, .. } => {
-            let mut s3 =
-                S3Error::with_message(S3ErrorCode::Custom("StaleFencingToken".into()), message)
-                    .with_status(StatusCode::CONFLICT);
-            let mut headers = HeaderMap::new();
-            headers.insert(
-                HeaderName::from_static("fencing-highest"),
-                HeaderValue::from(highest.get()),
-            );
-            s3.set_headers(headers);
-            s3
-        }
-        ApiError::Forbidden { .. } | ApiError::Unauthenticated => {
-            S3Error::with_message(S3ErrorCode::AccessDenied, message)
-        }
-        ApiError::Proto(_) => S3Error::with_message(S3ErrorCode::InvalidArgument, message),
-        ApiError::Overloaded(_)
-        | ApiError::ShuttingDown
-        | ApiError::NotSynchronouslyReplicated
-        | ApiError::IssuerUnavailable { .. }
-        | ApiError::Store(crate::store::StoreError::Unavailable { .. }) => {
-            S3Error::with_message(S3ErrorCode::SlowDown, message)
-                .with_status(StatusCode::SERVICE_UNAVAILABLE)
-        }
-        ApiError::Store(crate::store::StoreError::Internal(_)) => {
-            S3Error::with_message(S3ErrorCode::InternalError, message)
-        }
-        _ => {
-            let code = error.code();
-            let status =
-                StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            let name = pascal_case(code.as_str());
-            S3Error::with_message(S3ErrorCode::Custom(name.into()), message).with_status(status)
-        }
-    }
-}
-
-/// `token_not_issued` → `TokenNotIssued`: the gateway's error codes in S3's style.
-fn pascal_case(code: &str) -> String {
-    code.split('_')
-        .map(|word| {
-            let mut chars = word.chars();
-            chars.next().map_or_else(String::new, |first| {
-                first.to_ascii_uppercase().to_string() + chars.as_str()
-            })
-        })
-        .collect()
-}
-
-pub(super) fn upstream_failed(error: &UpstreamError) -> S3Error {
-    tracing::warn!(%error, "S3 upstream request failed");
-    S3Error::with_message(
-        S3ErrorCode::ServiceUnavailable,
-        format!("the upstream object store failed ({error}); nothing was made visible, retry"),
-    )
-    .with_status(StatusCode::SERVICE_UNAVAILABLE)
-}
-
-/// Reads a PUT body into memory, refusing one above `limit`, and claims the memory it
-/// takes from the gateway's body budget (`--max-body-memory`, the client's share).
-pub(super) async fn read_body(
-    body: Option<StreamingBlob>,
-    limit: usize,
-    memory: &mut BodyMemory,
-) -> S3Result<Bytes> {
-    use futures_util::StreamExt;
-    let Some(mut body) = body else {
-        return Ok(Bytes::new());
-    };
-    let mut read = BytesMut::new();
-    while let Some(chunk) = body.next().await {
-        let chunk = chunk.map_err(|e| {
-            S3Error::with_message(
-                S3ErrorCode::IncompleteBody,
-                format!("the body could not be read: {e}"),
-            )
-        })?;
-        if read.len() + chunk.len() > limit {
-            return Err(S3Error::with_message(
-                S3ErrorCode::EntityTooLarge,
-                format!(
-                    "a single PUT through the door takes at most {limit} bytes \
-                     (--s3-max-object); larger objects go as multipart uploads"
-                ),
-            ));
-        }
-        memory
-            .grow_to(read.len() + chunk.len())
-            .map_err(|overload| {
-                S3Error::with_message(
-                    S3ErrorCode::SlowDown,
-                    ApiError::Overloaded(overload).to_string(),
-                )
-                .with_status(StatusCode::SERVICE_UNAVAILABLE)
-            })?;
-        read.extend_from_slice(&chunk);
-    }
-    Ok(read.freeze())
-}
-
-pub(super) fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
-pub(super) fn timestamp(ms: i64) -> Timestamp {
-    let at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0).unsigned_abs());
-    Timestamp::from(at)
-}
-
-/// The ETag as S3's DTO has it (the value without quotes).
-pub(super) fn etag(text: &str) -> s3s::dto::ETag {
-    s3s::dto::ETag::Strong(text.trim_matches('"').to_owned())
-}
-
 #[async_trait::async_trait]
 impl S3 for S3Door {
     async fn put_object(
@@ -519,16 +347,14 @@ impl S3 for S3Door {
             Err(error) => return Err(upstream_failed(&error)),
         };
         let etag_text = stored.etag.clone();
-        self.commit(
-            &caller,
-            &resource,
+        let pending = Pending {
+            resource,
+            mapping_key,
             upload,
             intent,
-            mapping_key,
-            &fencing,
-            (stored.etag, size),
-        )
-        .await?;
+            fencing,
+        };
+        self.commit(&caller, pending, (stored.etag, size)).await?;
         let output = PutObjectOutput {
             e_tag: Some(etag(&etag_text)),
             ..Default::default()

@@ -114,28 +114,23 @@ async fn main() {
         for &count in &clients {
             let mut cells: Vec<(Cell, Cell)> = Vec::new();
             for round in 0..rounds {
-                let direct_cell = measure(
-                    Target::Direct,
+                let spec = |target| Spec {
+                    target,
                     kind,
-                    &direct,
-                    count,
+                    clients: count,
                     duration,
                     round,
-                    &[],
-                    &ceph,
-                )
-                .await;
-                let door_cell = measure(
-                    Target::Door,
-                    kind,
-                    &door,
-                    count,
-                    duration,
-                    round,
-                    &[gateway.pid()],
-                    &ceph,
-                )
-                .await;
+                };
+                let direct_watch = Watched {
+                    gateway: &[],
+                    ceph: &ceph,
+                };
+                let door_watch = Watched {
+                    gateway: &[gateway.pid()],
+                    ceph: &ceph,
+                };
+                let direct_cell = measure(spec(Target::Direct), &direct, &direct_watch).await;
+                let door_cell = measure(spec(Target::Door), &door, &door_watch).await;
                 cells.push((direct_cell, door_cell));
             }
             let median = |pick: &dyn Fn(&(Cell, Cell)) -> f64| {
@@ -157,18 +152,34 @@ async fn main() {
     }
 }
 
-/// One cell: `clients` tasks doing `kind` against `target` for `duration`.
-#[allow(clippy::too_many_arguments)]
-async fn measure(
+/// One cell of the table, in one round.
+#[derive(Clone, Copy)]
+struct Spec {
     target: Target,
     kind: Kind,
-    s3: &S3Client,
     clients: usize,
     duration: Duration,
     round: usize,
-    gateway: &[u32],
-    ceph: &[u32],
-) -> Cell {
+}
+
+/// The processes whose CPU a cell reports: the gateway's (none for a direct cell) and
+/// the Ceph daemons.
+struct Watched<'a> {
+    gateway: &'a [u32],
+    ceph: &'a [u32],
+}
+
+/// One cell: `spec.clients` tasks doing `spec.kind` against `spec.target` through
+/// `s3` for `spec.duration`.
+async fn measure(spec: Spec, s3: &S3Client, watched: &Watched<'_>) -> Cell {
+    let Spec {
+        target,
+        kind,
+        clients,
+        duration,
+        round,
+    } = spec;
+    let Watched { gateway, ceph } = *watched;
     let prefix = format!(
         "orders/bench/{}/{}-{round}",
         if target == Target::Door {

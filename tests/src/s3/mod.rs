@@ -7,3 +7,4 @@ pub mod rgw;
 pub use client::S3Client;
 pub use rgw::Radosgw;
 pub mod door;
+pub mod recorded;

@@ -14,9 +14,11 @@ use std::time::Duration;
 
 use http::Method;
 
+use fencegate_tests::history::{now, Entry, Op, Outcome, Recorder};
 use fencegate_tests::http::{advance_path, Client, Reply};
 use fencegate_tests::s3::client::{error_code, text, xml_values};
 use fencegate_tests::s3::door::{DoorBed, DoorFiles, BUCKET, HTTP_KEY, READER, WRITER};
+use fencegate_tests::s3::recorded;
 use fencegate_tests::s3::S3Client;
 
 type Step = for<'a> fn(&'a DoorBed, &'a str) -> Pin<Box<dyn Future<Output = ()> + 'a>>;
@@ -892,21 +894,81 @@ async fn a_batch_delete_is_fenced_per_resource(bed: &DoorBed, key: &str) {
     assert_eq!(body_of(&s3, &keys[2]).await, (200, keys[2].clone()));
 }
 
-/// Faults around the door, each judged by what readers see afterwards: no older term's
-/// bytes after a newer term's acknowledged write, no acknowledged write lost.
+/// Faults around the door, judged twice: each step asserts what its writer and readers
+/// see, and every write, advance and read of the whole run goes into one history that
+/// must be linearizable against the fenced register (`fencegate_tests::history`): no
+/// older term's bytes after a newer term's acknowledged write, no acknowledged write
+/// lost.
 #[tokio::test]
 async fn the_s3_door_keeps_its_promise_through_faults() {
     let mut bed = DoorBed::start().await;
-    a_door_paused_mid_upload_cannot_publish_an_older_term(&bed).await;
-    a_gateway_killed_during_a_multipart_upload_loses_nothing(&mut bed).await;
-    an_upstream_restart_loses_no_acknowledged_write(&mut bed).await;
+    let history = Recorder::new();
+    a_door_paused_mid_upload_cannot_publish_an_older_term(&bed, &history).await;
+    a_gateway_killed_during_a_multipart_upload_loses_nothing(&mut bed, &history).await;
+    an_upstream_restart_loses_no_acknowledged_write(&mut bed, &history).await;
+    let entries = history.entries();
+    assert!(entries.len() >= 15, "{} operations", entries.len());
+    let violations = fencegate_tests::history::check(&entries);
+    assert!(
+        violations.is_empty(),
+        "the faults' history is not linearizable:\n{}",
+        violations
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// Reads `key` through every client in `readers`, recorded, and returns what the
+/// first one read.
+async fn read_all(readers: &[&S3Client], key: &str, history: &Recorder) -> (u16, String) {
+    for (at, s3) in readers.iter().enumerate() {
+        recorded::read(s3, 500 + at as u32, key, history).await;
+    }
+    body_of(readers[0], key).await
+}
+
+/// Advances `orders` to `term` through `gateway`'s HTTP API, recorded.
+async fn recorded_advance(
+    gateway: &fencegate_tests::gateway::Gateway,
+    term: u64,
+    history: &Recorder,
+) {
+    let http = Client::new(gateway.url());
+    let invoked = now();
+    let advanced = http
+        .request(
+            Method::POST,
+            &advance_path("orders"),
+            &[
+                ("fencing-token", &token(term)),
+                ("authorization", &format!("Bearer {HTTP_KEY}")),
+            ],
+            "",
+        )
+        .await;
+    assert_eq!(
+        advanced.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&advanced.body)
+    );
+    history.record(Entry {
+        client: 900,
+        resource: recorded::RESOURCE.to_owned(),
+        op: Op::Advance { token: term },
+        invoked,
+        completed: now(),
+        outcome: Outcome::Applied { version: None },
+    });
 }
 
 /// Gateway A checks and sends term T's upload, which is held in the network; A is
 /// stopped (SIGSTOP); gateway B, straight to the bucket, writes term T+1; the upload
 /// is let through and A resumes. A's commit finds the fence at T+1: the writer gets
 /// 409, and every reader keeps seeing term T+1's bytes.
-async fn a_door_paused_mid_upload_cannot_publish_an_older_term(bed: &DoorBed) {
+async fn a_door_paused_mid_upload_cannot_publish_an_older_term(bed: &DoorBed, history: &Recorder) {
     let key = "orders/paused.json";
     let a = bed.client(WRITER);
     let b_gateway = bed.direct_replica().spawn().await;
@@ -916,34 +978,49 @@ async fn a_door_paused_mid_upload_cannot_publish_an_older_term(bed: &DoorBed) {
         WRITER.1,
     );
     let term = 100;
-    assert_eq!(put(&a, key, term, "term 100").await.status, 200);
+    let first = recorded::write(&a, 1, key, term, "term 100", history).await;
+    assert_eq!(first, Outcome::Applied { version: None });
+    read_all(&[&a, &b], key, history).await;
 
     bed.proxy.hold();
     let late = {
-        let a = a.clone();
-        tokio::spawn(async move { put(&a, key, term, "term 100, paused").await })
+        let (a, history) = (a.clone(), history.clone());
+        tokio::spawn(async move {
+            recorded::write(&a, 2, key, term, "term 100, paused", &history).await
+        })
     };
     fencegate_tests::eventually(Duration::from_secs(10), "the upload is held", || async {
         bed.proxy.held_bytes() > 0
     })
     .await;
     bed.gateway.signal("STOP");
-    let newer = put(&b, key, term + 1, "term 101").await;
-    assert_eq!(newer.status, 200, "{}", text(&newer));
+    let newer = recorded::write(&b, 3, key, term + 1, "term 101", history).await;
+    assert_eq!(newer, Outcome::Applied { version: None });
+    read_all(&[&b], key, history).await;
     bed.proxy.release();
     tokio::time::sleep(Duration::from_millis(200)).await;
     bed.gateway.signal("CONT");
 
     let late = late.await.expect("the paused PUT's task");
-    assert_stale(&late, term, term + 1);
-    assert_eq!(body_of(&b, key).await, (200, "term 101".into()));
-    assert_eq!(body_of(&a, key).await, (200, "term 101".into()));
+    assert_eq!(
+        late,
+        Outcome::Stale {
+            highest: Some(term + 1)
+        }
+    );
+    assert_eq!(
+        read_all(&[&b, &a], key, history).await,
+        (200, "term 101".into())
+    );
 }
 
 /// A multipart upload's record lives in the fence's store, not in a gateway: after
 /// kill -9 of the gateway that started it, another gateway completes it, and the
 /// object shows; an upload of a term overtaken meanwhile is refused at Complete.
-async fn a_gateway_killed_during_a_multipart_upload_loses_nothing(bed: &mut DoorBed) {
+async fn a_gateway_killed_during_a_multipart_upload_loses_nothing(
+    bed: &mut DoorBed,
+    history: &Recorder,
+) {
     let (key, stale_key) = ("orders/killed.json", "orders/killed-stale.json");
     let s3 = bed.client(WRITER);
     let term = current(bed).await;
@@ -961,50 +1038,90 @@ async fn a_gateway_killed_during_a_multipart_upload_loses_nothing(bed: &mut Door
     let after = bed.replica().spawn().await;
     let s3 = S3Client::new(format!("http://{}", after.s3_addr()), WRITER.0, WRITER.1);
     let (upload, parts) = &uploads[0];
-    let completed = complete_upload(&s3, key, upload, parts).await;
-    assert_eq!(completed.status, 200, "{}", text(&completed));
-    assert_eq!(body_of(&s3, key).await, (200, format!("all of {key}")));
+    let completed = recorded_complete(&s3, key, term, upload, parts, history).await;
+    assert_eq!(completed, Outcome::Applied { version: None });
+    assert_eq!(
+        read_all(&[&s3], key, history).await,
+        (200, format!("all of {key}"))
+    );
 
-    let http = Client::new(after.url());
-    let advanced = http
-        .request(
-            Method::POST,
-            &advance_path("orders"),
-            &[
-                ("fencing-token", &token(term + 1)),
-                ("authorization", &format!("Bearer {HTTP_KEY}")),
-            ],
-            "",
-        )
-        .await;
-    assert_eq!(advanced.status, 200);
+    recorded_advance(&after, term + 1, history).await;
     let (upload, parts) = &uploads[1];
-    let completed = complete_upload(&s3, stale_key, upload, parts).await;
-    assert_stale(&completed, term, term + 1);
-    assert_eq!(s3.get(BUCKET, stale_key).await.status, 404);
+    let completed = recorded_complete(&s3, stale_key, term, upload, parts, history).await;
+    assert_eq!(
+        completed,
+        Outcome::Stale {
+            highest: Some(term + 1)
+        }
+    );
+    assert_eq!(read_all(&[&s3], stale_key, history).await.0, 404);
     bed.gateway = after;
+}
+
+/// CompleteMultipartUpload, recorded as the write of the upload's bytes (`all of
+/// <key>`, as the steps upload them) that takes effect at its commit.
+async fn recorded_complete(
+    s3: &S3Client,
+    key: &str,
+    term: u64,
+    upload: &str,
+    parts: &[(u32, String)],
+    history: &Recorder,
+) -> Outcome {
+    let invoked = now();
+    let reply = complete_upload(s3, key, upload, parts).await;
+    let outcome = recorded::write_outcome(&reply);
+    history.record(Entry {
+        client: 800,
+        resource: recorded::RESOURCE.to_owned(),
+        op: Op::Write {
+            key: key.to_owned(),
+            token: term,
+            value: format!("all of {key}"),
+            if_version: None,
+        },
+        invoked,
+        completed: now(),
+        outcome: outcome.clone(),
+    });
+    outcome
 }
 
 /// radosgw killed and started again: a PUT while it is down fails with a retryable
 /// error and shows nothing; every acknowledged object is there afterwards, and the
 /// retried PUT is applied.
-async fn an_upstream_restart_loses_no_acknowledged_write(bed: &mut DoorBed) {
+async fn an_upstream_restart_loses_no_acknowledged_write(bed: &mut DoorBed, history: &Recorder) {
     let key = "orders/restart.json";
     let s3 = bed.client(WRITER);
     let term = current(bed).await;
-    assert_eq!(put(&s3, key, term, "before").await.status, 200);
+    let before = recorded::write(&s3, 10, key, term, "before", history).await;
+    assert_eq!(before, Outcome::Applied { version: None });
     bed.rgw.stop_gateway().await;
+    let invoked = now();
     let failed = put(&s3, key, term, "while down").await;
     assert_eq!(failed.status, 503, "{}", text(&failed));
+    history.record(Entry {
+        client: 11,
+        resource: recorded::RESOURCE.to_owned(),
+        op: Op::Write {
+            key: key.to_owned(),
+            token: term,
+            value: "while down".into(),
+            if_version: None,
+        },
+        invoked,
+        completed: now(),
+        outcome: Outcome::Indeterminate,
+    });
     bed.rgw.start_gateway().await;
-    assert_eq!(body_of(&s3, key).await, (200, "before".into()));
+    assert_eq!(read_all(&[&s3], key, history).await, (200, "before".into()));
     assert_eq!(
-        body_of(&s3, "orders/paused.json").await,
+        read_all(&[&s3], "orders/paused.json", history).await,
         (200, "term 101".into())
     );
-    let retried = put(&s3, key, term, "after").await;
-    assert_eq!(retried.status, 200, "{}", text(&retried));
-    assert_eq!(body_of(&s3, key).await, (200, "after".into()));
+    let retried = recorded::write(&s3, 12, key, term, "after", history).await;
+    assert_eq!(retried, Outcome::Applied { version: None });
+    assert_eq!(read_all(&[&s3], key, history).await, (200, "after".into()));
 }
 
 /// The collector (here a replica's, sweeping every 300 ms, with a grace of one second
@@ -1080,7 +1197,9 @@ async fn the_collector_removes_only_what_nothing_names() {
 }
 
 /// With `--s3-tls-cert`, the door speaks HTTPS: boto3, trusting the test CA, runs the
-/// seed's scenario over it.
+/// seed's scenario over it, word for word: `orders/2026-12.json` written under term 41,
+/// then term 42, then term 41's late PUT refused with 409 `StaleFencingToken`, the
+/// object still holding term 42's bytes.
 #[tokio::test]
 async fn the_door_speaks_https_with_a_certificate() {
     let certs = fencegate_tests::tls::Certs::generate();
@@ -1098,8 +1217,8 @@ async fn the_door_speaks_https_with_a_certificate() {
             WRITER.0,
             WRITER.1,
             BUCKET,
-            "orders/over-tls.json",
-            "5",
+            "orders/2026-12.json",
+            "41",
         ])
         .env("AWS_CA_BUNDLE", &certs.ca)
         .output()
@@ -1115,9 +1234,14 @@ async fn the_door_speaks_https_with_a_certificate() {
         said.contains("late PUT refused: StaleFencingToken"),
         "{said}"
     );
+    assert!(said.contains("the object holds 'term 42'"), "{said}");
+    assert!(
+        said.contains("multipart upload of 6291456 bytes in 2 parts"),
+        "{said}"
+    );
     // Cleartext to the TLS door gets no answer.
     let plain = Client::new(format!("http://{}", bed.gateway.s3_addr()))
-        .try_request(Method::GET, "/data/orders/over-tls.json", &[], "")
+        .try_request(Method::GET, "/data/orders/2026-12.json", &[], "")
         .await;
     assert!(plain.is_err() || plain.is_ok_and(|reply| reply.status != 200));
 }

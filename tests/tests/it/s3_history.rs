@@ -17,10 +17,9 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 
-use fencegate_tests::history::{check, now, Counts, Entry, Op, Outcome, Recorder};
-use fencegate_tests::http::Reply;
-use fencegate_tests::s3::client::{error_code, object_path, text};
-use fencegate_tests::s3::door::{DoorBed, BUCKET, WRITER};
+use fencegate_tests::history::{check, Counts, Outcome, Recorder};
+use fencegate_tests::s3::door::{DoorBed, WRITER};
+use fencegate_tests::s3::recorded::{read, write};
 use fencegate_tests::s3::S3Client;
 
 /// Terms in a run.
@@ -31,9 +30,6 @@ const KEYS: [&str; 2] = ["orders/history/a.json", "orders/history/b.json"];
 
 /// Reads the readers make at least, over the run.
 const MIN_READS: usize = 2 * TERMS as usize;
-
-/// The fence's resource, as the checker names it.
-const RESOURCE: &str = "orders";
 
 #[tokio::test]
 async fn a_random_run_through_the_s3_door_is_linearizable() {
@@ -157,86 +153,4 @@ async fn a_random_run_through_the_s3_door_is_linearizable() {
             .collect::<Vec<_>>()
             .join("\n")
     );
-}
-
-/// A PUT with the token in metadata, recorded.
-async fn write(
-    s3: &S3Client,
-    client: u32,
-    key: &str,
-    term: u64,
-    value: &str,
-    history: &Recorder,
-) -> Outcome {
-    let op = Op::Write {
-        key: key.to_owned(),
-        token: term,
-        value: value.to_owned(),
-        if_version: None,
-    };
-    let invoked = now();
-    let reply = s3
-        .try_put(
-            BUCKET,
-            key,
-            &[("x-amz-meta-fencing-token", &term.to_string())],
-            value.to_owned(),
-        )
-        .await;
-    let completed = now();
-    let outcome = match &reply {
-        Ok(reply) => write_outcome(reply),
-        Err(_) => Outcome::Indeterminate,
-    };
-    history.record(Entry {
-        client,
-        resource: RESOURCE.to_owned(),
-        op,
-        invoked,
-        completed,
-        outcome: outcome.clone(),
-    });
-    outcome
-}
-
-fn write_outcome(reply: &Reply) -> Outcome {
-    match reply.status {
-        200 => Outcome::Applied { version: None },
-        409 if error_code(reply).as_deref() == Some("StaleFencingToken") => Outcome::Stale {
-            highest: reply.header("fencing-highest").and_then(|h| h.parse().ok()),
-        },
-        // Refused before anything was tried.
-        400 | 403 => panic!("a write of the run was refused: {}", text(reply)),
-        _ => Outcome::Indeterminate,
-    }
-}
-
-/// A GET, recorded.
-async fn read(s3: &S3Client, client: u32, key: &str, history: &Recorder) {
-    let invoked = now();
-    let reply = s3
-        .try_request_path(http::Method::GET, &object_path(BUCKET, key), &[], "")
-        .await;
-    let completed = now();
-    let outcome = match reply {
-        Ok(reply) if reply.status == 200 => Outcome::Read {
-            value: Some(text(&reply)),
-            version: None,
-        },
-        Ok(reply) if reply.status == 404 => Outcome::Read {
-            value: None,
-            version: None,
-        },
-        _ => Outcome::NotApplied,
-    };
-    history.record(Entry {
-        client,
-        resource: RESOURCE.to_owned(),
-        op: Op::Read {
-            key: key.to_owned(),
-        },
-        invoked,
-        completed,
-        outcome,
-    });
 }
