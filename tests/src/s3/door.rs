@@ -175,7 +175,7 @@ fn write_files(dir: &Path, access_key: &str, secret_key: &str) {
         "auth.toml",
         format!(
             "[[identity]]\nname = \"writer\"\nkeys = [\"{}\"]\n\
-             grants = [{{ resources = [\"orders\"], actions = [\"read\", \"write\", \"advance\"] }}, \
+             grants = [{{ resources = [\"orders\"], actions = [\"read\", \"write\", \"advance\", \"lease\"] }}, \
              {{ resources = [], actions = [\"metrics\"] }}]\n\n\
              [[identity]]\nname = \"reader\"\n\
              grants = [{{ resources = [\"orders\"], actions = [\"read\"] }}]\n",

@@ -1245,3 +1245,46 @@ async fn the_door_speaks_https_with_a_certificate() {
         .await;
     assert!(plain.is_err() || plain.is_ok_and(|reply| reply.status != 200));
 }
+
+/// Issuer bindings (`--issued-by`) hold at the S3 door as on the others: with `orders`
+/// bound to the gateway's hosted leases, a token no lease issued is refused with 403
+/// `TokenNotIssued` and nothing reaches the bucket; the token of a lease the writer
+/// holds is taken.
+#[tokio::test]
+async fn issuer_bindings_hold_at_the_s3_door() {
+    let bed = DoorBed::start_with(&["--issued-by", "gateway:orders"]).await;
+    let s3 = bed.client(WRITER);
+    let key = "orders/issued.json";
+    let refused = put(&s3, key, 7, "no lease issued this").await;
+    assert_eq!(refused.status, 403, "{}", text(&refused));
+    assert_eq!(
+        error_code(&refused).as_deref(),
+        Some("TokenNotIssued"),
+        "{}",
+        text(&refused)
+    );
+    assert!(bed.physical_keys().await.is_empty());
+
+    let http = Client::new(bed.gateway.url());
+    let granted = http
+        .request(
+            Method::POST,
+            "/v1/leases/orders/acquire",
+            &[
+                ("content-type", "application/json"),
+                ("authorization", &format!("Bearer {HTTP_KEY}")),
+            ],
+            r#"{"holder": "writer-1", "ttl_ms": 60000}"#,
+        )
+        .await;
+    assert_eq!(
+        granted.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&granted.body)
+    );
+    let term = granted.json()["token"].as_u64().expect("a lease's token");
+    let taken = put(&s3, key, term, "under the lease").await;
+    assert_eq!(taken.status, 200, "{}", text(&taken));
+    assert_eq!(body_of(&s3, key).await, (200, "under the lease".into()));
+}
