@@ -215,7 +215,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves the door's connections — over TLS only, with a certificate — until
 /// `shutdown`, then gives those still open `grace` to finish. Each handshake runs in
-/// its connection's own task, within [`HANDSHAKE_TIMEOUT`].
+/// its connection's own task, within `HANDSHAKE_TIMEOUT`.
 pub async fn serve(door: S3Listener, shutdown: CancellationToken, grace: Duration) {
     let S3Listener {
         listener,
