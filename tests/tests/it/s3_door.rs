@@ -1125,9 +1125,10 @@ async fn an_upstream_restart_loses_no_acknowledged_write(bed: &mut DoorBed, hist
 }
 
 /// The collector (here a replica's, sweeping every 300 ms, with a grace of one second
-/// and an upload bound of two): it removes the physical objects of overwritten and
-/// refused uploads, never one a mapping names; and once it took an abandoned upload's
-/// intent, that upload can no longer be made visible.
+/// and an upload bound of five, which no PUT of the test takes): it removes the
+/// physical objects of overwritten and refused uploads, never one a mapping names; and
+/// once it took an abandoned upload's intent, that upload can no longer be made
+/// visible.
 #[tokio::test]
 async fn the_collector_removes_only_what_nothing_names() {
     let bed = DoorBed::start().await;
@@ -1139,7 +1140,7 @@ async fn the_collector_removes_only_what_nothing_names() {
             "--s3-gc-grace",
             "1s",
             "--s3-upload-max-age",
-            "2s",
+            "5s",
         ])
         .spawn()
         .await;
