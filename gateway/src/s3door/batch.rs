@@ -13,10 +13,9 @@ use s3s::{S3Error, S3ErrorCode, S3Request, S3Result};
 
 use super::layout;
 use super::service::S3Door;
-use super::wire::{s3_error_of, token_of};
+use super::wire::{s3_error_of, stale_error, token_of};
 use crate::auth::Action;
 use crate::coordinator::FrontDoor;
-use crate::error::ApiError;
 use crate::store::txn::{Answered, Txn, TxnOp, TxnOutcome};
 
 /// Most keys one DeleteObjects may name, as S3.
@@ -125,19 +124,7 @@ impl S3Door {
             Answered::Ran {
                 outcome: TxnOutcome::Stale(members),
                 ..
-            } => {
-                let member = members.into_iter().next().ok_or_else(|| {
-                    S3Error::with_message(
-                        S3ErrorCode::InternalError,
-                        "a stale outcome without a member",
-                    )
-                })?;
-                Err(s3_error_of(ApiError::Stale {
-                    resource: member.resource,
-                    presented: member.presented,
-                    highest: member.highest,
-                }))
-            }
+            } => Err(stale_error(members)),
             _ => Err(S3Error::with_message(
                 S3ErrorCode::InternalError,
                 "an unexpected answer to the deletion's transaction",

@@ -20,9 +20,7 @@ use s3s::{S3Error, S3ErrorCode, S3Request, S3Result};
 
 use super::layout::{self, Intent};
 use super::service::{Caller, Pending, S3Door};
-use super::wire::{
-    etag, now_ms, object_headers, read_body, s3_error_of, token_of, upstream_failed,
-};
+use super::wire::{etag, now_ms, object_headers, s3_error_of, token_of, upstream_failed};
 use crate::auth::Action;
 use crate::coordinator::FrontDoor;
 use crate::store::{Write, WriteOp};
@@ -83,11 +81,8 @@ impl S3Door {
     ) -> S3Result<UploadPartOutput> {
         let caller = self.caller(&req)?;
         let input = req.input;
-        let found = self
-            .upload(&caller, &input.bucket, &input.key, &input.upload_id)
-            .await?;
-        let _permit = self
-            .admit(&caller, &found.resource, &found.mapping_key, &found.fencing)
+        let (found, _permit) = self
+            .admitted_upload(&caller, &input.bucket, &input.key, &input.upload_id)
             .await?;
         if !(1..=10_000).contains(&input.part_number) {
             return Err(S3Error::with_message(
@@ -95,9 +90,7 @@ impl S3Door {
                 "part numbers go from 1 to 10000",
             ));
         }
-        let client = self.coordinator.client(Some(&caller.name), caller.peer);
-        let mut memory = self.coordinator.body_memory(client);
-        let body = read_body(input.body, self.max_object, &mut memory).await?;
+        let (body, _memory) = self.read_body(&caller, input.body).await?;
         let upload_id = found.intent.upload_id.as_deref().unwrap_or_default();
         let part_etag = self
             .upstream
@@ -122,11 +115,8 @@ impl S3Door {
     ) -> S3Result<CompleteMultipartUploadOutput> {
         let caller = self.caller(&req)?;
         let input = req.input;
-        let found = self
-            .upload(&caller, &input.bucket, &input.key, &input.upload_id)
-            .await?;
-        let _permit = self
-            .admit(&caller, &found.resource, &found.mapping_key, &found.fencing)
+        let (found, _permit) = self
+            .admitted_upload(&caller, &input.bucket, &input.key, &input.upload_id)
             .await?;
         let parts: Vec<(i32, String)> = input
             .multipart_upload
@@ -205,6 +195,23 @@ impl S3Door {
             .write(write, &found.fencing, Some(&caller.name), FrontDoor::S3)
             .await;
         Ok(AbortMultipartUploadOutput::default())
+    }
+
+    /// The upload `upload_id` of `key`, let in by the checks of every write with its
+    /// token ([`S3Door::admit`]: a stale upload stops here); the permit is held until
+    /// the request is done with.
+    async fn admitted_upload(
+        &self,
+        caller: &Caller,
+        bucket: &str,
+        key: &str,
+        upload_id: &str,
+    ) -> S3Result<(Pending, crate::coordinator::WritePermit)> {
+        let found = self.upload(caller, bucket, key, upload_id).await?;
+        let permit = self
+            .admit(caller, &found.resource, &found.mapping_key, &found.fencing)
+            .await?;
+        Ok((found, permit))
     }
 
     /// The upload `upload_id` of `key`, if the caller may write it.

@@ -26,11 +26,11 @@ use super::keys::S3Keys;
 use super::layout::{self, Intent, Mapping, Resources};
 use super::upstream::{Conditional, Upstream};
 use super::wire::{
-    etag, now_ms, object_headers, read_body, s3_error_of, timestamp, token_of, upstream_failed,
+    etag, now_ms, object_headers, read_body, s3_error_of, stale_error, timestamp, token_of,
+    upstream_failed,
 };
 use crate::auth::{Action, Identity};
 use crate::coordinator::{Coordinator, FencedRequest, FrontDoor, WritePermit};
-use crate::error::ApiError;
 use crate::store::txn::{Answered, Txn, TxnOp, TxnOutcome};
 use crate::store::{Write, WriteOp};
 
@@ -259,16 +259,7 @@ impl S3Door {
             Answered::Ran {
                 outcome: TxnOutcome::Stale(members),
                 ..
-            } => {
-                let member = members.into_iter().next().ok_or_else(|| {
-                    S3Error::with_message(S3ErrorCode::InternalError, "a stale outcome without a member")
-                })?;
-                Err(s3_error_of(ApiError::Stale {
-                    resource: member.resource,
-                    presented: member.presented,
-                    highest: member.highest,
-                }))
-            }
+            } => Err(stale_error(members)),
             Answered::Ran {
                 outcome: TxnOutcome::PreconditionFailed { .. },
                 ..
@@ -281,6 +272,19 @@ impl S3Door {
                 "an unexpected answer to the mapping's commit",
             )),
         }
+    }
+
+    /// Reads a request's body, with the claim on the body budget it holds (the caller's
+    /// share of `--max-body-memory`), released when the claim is dropped.
+    pub(super) async fn read_body(
+        &self,
+        caller: &Caller,
+        body: Option<StreamingBlob>,
+    ) -> S3Result<(bytes::Bytes, crate::coordinator::BodyMemory)> {
+        let client = self.coordinator.client(Some(&caller.name), caller.peer);
+        let mut memory = self.coordinator.body_memory(client);
+        let body = read_body(body, self.max_object, &mut memory).await?;
+        Ok((body, memory))
     }
 
     /// The mapping `key` names, if any.
@@ -313,9 +317,7 @@ impl S3 for S3Door {
         let _permit = self
             .admit(&caller, &resource, &mapping_key, &fencing)
             .await?;
-        let client = self.coordinator.client(Some(&caller.name), caller.peer);
-        let mut memory = self.coordinator.body_memory(client);
-        let body = read_body(input.body, self.max_object, &mut memory).await?;
+        let (body, _memory) = self.read_body(&caller, input.body).await?;
 
         let upload = uuid::Uuid::new_v4();
         let intent = Intent {

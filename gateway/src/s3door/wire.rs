@@ -126,6 +126,22 @@ pub(super) fn s3_error_of(error: ApiError) -> S3Error {
     }
 }
 
+/// The answer to a transaction refused as stale: its first stale member's, as a single
+/// write's would be.
+pub(super) fn stale_error(members: Vec<crate::store::txn::StaleMember>) -> S3Error {
+    match members.into_iter().next() {
+        Some(member) => s3_error_of(ApiError::Stale {
+            resource: member.resource,
+            presented: member.presented,
+            highest: member.highest,
+        }),
+        None => S3Error::with_message(
+            S3ErrorCode::InternalError,
+            "a stale outcome without a member",
+        ),
+    }
+}
+
 /// `token_not_issued` → `TokenNotIssued`: the gateway's error codes in S3's style.
 fn pascal_case(code: &str) -> String {
     code.split('_')
@@ -148,7 +164,8 @@ pub(super) fn upstream_failed(error: &UpstreamError) -> S3Error {
 }
 
 /// Reads a PUT body into memory, refusing one above `limit`, and claims the memory it
-/// takes from the gateway's body budget (`--max-body-memory`, the client's share).
+/// takes from the gateway's body budget (`--max-body-memory`, the client's share);
+/// [`super::service::S3Door::read_body`] keeps the claim with the body.
 pub(super) async fn read_body(
     body: Option<StreamingBlob>,
     limit: usize,

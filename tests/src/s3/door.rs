@@ -147,6 +147,28 @@ impl DoorBed {
         reply.json()["highest"].as_u64().unwrap_or(0)
     }
 
+    /// Advances `orders` to `term` over the gateway's HTTP API; panics unless it is
+    /// applied.
+    pub async fn advance(&self, term: u64) {
+        let reply = crate::http::Client::new(self.gateway.url())
+            .request(
+                http::Method::POST,
+                &crate::http::advance_path("orders"),
+                &[
+                    ("fencing-token", &term.to_string()),
+                    ("authorization", &format!("Bearer {HTTP_KEY}")),
+                ],
+                "",
+            )
+            .await;
+        assert_eq!(
+            reply.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+    }
+
     /// The physical objects the bucket holds under the door's root, read from radosgw
     /// directly.
     pub async fn physical_keys(&self) -> Vec<String> {

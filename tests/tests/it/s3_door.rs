@@ -15,7 +15,7 @@ use std::time::Duration;
 use http::Method;
 
 use fencegate_tests::history::{now, Entry, Op, Outcome, Recorder};
-use fencegate_tests::http::{advance_path, Client, Reply};
+use fencegate_tests::http::{Client, Reply};
 use fencegate_tests::s3::client::{error_code, text, xml_values};
 use fencegate_tests::s3::door::{DoorBed, DoorFiles, BUCKET, HTTP_KEY, READER, WRITER};
 use fencegate_tests::s3::recorded;
@@ -231,20 +231,7 @@ async fn bad_signatures_reach_nothing(bed: &DoorBed, key: &str) {
     );
     assert_eq!(bed.physical_keys().await, before);
     // Nothing raised the fence either: the highest token is still below 50.
-    let http = Client::new(bed.gateway.url());
-    let fence = http
-        .request(
-            Method::GET,
-            "/v1/fences/orders",
-            &[("authorization", &format!("Bearer {HTTP_KEY}"))],
-            "",
-        )
-        .await;
-    assert!(
-        fence.json()["highest"].as_u64().unwrap() < 50,
-        "{}",
-        fence.json()
-    );
+    assert!(bed.highest().await < 50);
 }
 
 async fn grants_apply_to_the_resolved_resource(bed: &DoorBed, key: &str) {
@@ -285,7 +272,7 @@ async fn grants_apply_to_the_resolved_resource(bed: &DoorBed, key: &str) {
 
 async fn reads_resolve_through_the_mapping(bed: &DoorBed, key: &str) {
     let s3 = bed.client(WRITER);
-    let highest = current(bed).await;
+    let highest = bed.highest().await;
     let reply = s3
         .put(
             BUCKET,
@@ -353,25 +340,9 @@ async fn door_metric(bed: &DoorBed, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("{series} is not exported"))
 }
 
-/// The highest token of `orders`, read over the HTTP API.
-async fn current(bed: &DoorBed) -> u64 {
-    let http = Client::new(bed.gateway.url());
-    let fence = http
-        .request(
-            Method::GET,
-            "/v1/fences/orders",
-            &[("authorization", &format!("Bearer {HTTP_KEY}"))],
-            "",
-        )
-        .await;
-    fence.json()["highest"]
-        .as_u64()
-        .expect("orders has a fence")
-}
-
 async fn deletes_are_fenced(bed: &DoorBed, key: &str) {
     let s3 = bed.client(WRITER);
-    let highest = current(bed).await;
+    let highest = bed.highest().await;
     assert_eq!(put(&s3, key, highest, "to delete").await.status, 200);
     let path = fencegate_tests::s3::client::object_path(BUCKET, key);
     let stale = s3
@@ -408,7 +379,7 @@ async fn deletes_are_fenced(bed: &DoorBed, key: &str) {
 /// nothing.
 async fn an_upload_held_past_a_term_change_never_shows(bed: &DoorBed, key: &str) {
     let s3 = bed.client(WRITER);
-    let term = current(bed).await;
+    let term = bed.highest().await;
     assert_eq!(put(&s3, key, term, "before the hold").await.status, 200);
     let before = bed.physical_keys().await;
 
@@ -422,25 +393,7 @@ async fn an_upload_held_past_a_term_change_never_shows(bed: &DoorBed, key: &str)
         bed.proxy.held_bytes() > 0
     })
     .await;
-    let http = Client::new(bed.gateway.url());
-    let next = token(term + 1);
-    let advanced = http
-        .request(
-            Method::POST,
-            &advance_path("orders"),
-            &[
-                ("fencing-token", &next),
-                ("authorization", &format!("Bearer {HTTP_KEY}")),
-            ],
-            "",
-        )
-        .await;
-    assert_eq!(
-        advanced.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&advanced.body)
-    );
+    bed.advance(term + 1).await;
     bed.proxy.release();
 
     let late = late.await.expect("the late PUT's task");
@@ -453,7 +406,7 @@ async fn an_upload_held_past_a_term_change_never_shows(bed: &DoorBed, key: &str)
 
 /// boto3, the Python SDK, unchanged but for the endpoint: the seed's script.
 async fn boto3_writes_through_the_door(bed: &DoorBed, key: &str) {
-    let term = current(bed).await;
+    let term = bed.highest().await;
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/clients/s3/boto3_seed.py");
     let output = tokio::process::Command::new("python3")
         .arg(script)
@@ -646,7 +599,7 @@ async fn complete_upload(s3: &S3Client, key: &str, upload: &str, parts: &[(u32, 
 /// Two parts, invisible until Complete, then the whole object under the key.
 async fn a_multipart_upload_shows_at_its_completion(bed: &DoorBed, key: &str) {
     let s3 = bed.client(WRITER);
-    let term = current(bed).await;
+    let term = bed.highest().await;
     assert_eq!(put(&s3, key, term, "small").await.status, 200);
     let created = create_upload(&s3, key, term).await;
     assert_eq!(created.status, 200, "{}", text(&created));
@@ -697,7 +650,7 @@ async fn a_multipart_upload_shows_at_its_completion(bed: &DoorBed, key: &str) {
 /// it had.
 async fn a_multipart_upload_that_lost_the_fence_never_shows(bed: &DoorBed, key: &str) {
     let s3 = bed.client(WRITER);
-    let term = current(bed).await;
+    let term = bed.highest().await;
     assert_eq!(put(&s3, key, term, "kept").await.status, 200);
     let created = create_upload(&s3, key, term).await;
     assert_eq!(created.status, 200, "{}", text(&created));
@@ -706,7 +659,7 @@ async fn a_multipart_upload_that_lost_the_fence_never_shows(bed: &DoorBed, key: 
     assert_eq!(part.status, 200, "{}", text(&part));
     let parts = vec![(1, part.header("etag").unwrap().to_owned())];
 
-    advance(bed, term + 1).await;
+    bed.advance(term + 1).await;
     let late_part = upload_part(&s3, key, &upload, 2, b"more".to_vec()).await;
     assert_stale(&late_part, term, term + 1);
     let completed = complete_upload(&s3, key, &upload, &parts).await;
@@ -714,34 +667,12 @@ async fn a_multipart_upload_that_lost_the_fence_never_shows(bed: &DoorBed, key: 
     assert_eq!(body_of(&s3, key).await, (200, "kept".into()));
 }
 
-/// Advances `orders` to `term` over the HTTP API.
-async fn advance(bed: &DoorBed, term: u64) {
-    let http = Client::new(bed.gateway.url());
-    let advanced = http
-        .request(
-            Method::POST,
-            &advance_path("orders"),
-            &[
-                ("fencing-token", &token(term)),
-                ("authorization", &format!("Bearer {HTTP_KEY}")),
-            ],
-            "",
-        )
-        .await;
-    assert_eq!(
-        advanced.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&advanced.body)
-    );
-}
-
 /// ListObjectsV2 lists logical keys from the mappings — never the bucket's physical
 /// keys — in byte order, folds keys under a delimiter, and pages with a continuation
 /// token; deleted keys are not listed.
 async fn listings_come_from_the_mappings(bed: &DoorBed, key: &str) {
     let s3 = bed.client(WRITER);
-    let term = current(bed).await;
+    let term = bed.highest().await;
     let dir = key.trim_end_matches(".json");
     let names = [
         "a.json",
@@ -844,7 +775,7 @@ async fn listings_come_from_the_mappings(bed: &DoorBed, key: &str) {
 /// caller may not write fails alone.
 async fn a_batch_delete_is_fenced_per_resource(bed: &DoorBed, key: &str) {
     let s3 = bed.client(WRITER);
-    let term = current(bed).await;
+    let term = bed.highest().await;
     let dir = key.trim_end_matches(".json");
     let keys: Vec<String> = (1..=3).map(|n| format!("{dir}/{n}.json")).collect();
     for key in &keys {
@@ -929,31 +860,10 @@ async fn read_all(readers: &[&S3Client], key: &str, history: &Recorder) -> (u16,
     body_of(readers[0], key).await
 }
 
-/// Advances `orders` to `term` through `gateway`'s HTTP API, recorded.
-async fn recorded_advance(
-    gateway: &fencegate_tests::gateway::Gateway,
-    term: u64,
-    history: &Recorder,
-) {
-    let http = Client::new(gateway.url());
+/// Advances `orders` to `term` through the bed's gateway, recorded.
+async fn recorded_advance(bed: &DoorBed, term: u64, history: &Recorder) {
     let invoked = now();
-    let advanced = http
-        .request(
-            Method::POST,
-            &advance_path("orders"),
-            &[
-                ("fencing-token", &token(term)),
-                ("authorization", &format!("Bearer {HTTP_KEY}")),
-            ],
-            "",
-        )
-        .await;
-    assert_eq!(
-        advanced.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&advanced.body)
-    );
+    bed.advance(term).await;
     history.record(Entry {
         client: 900,
         resource: recorded::RESOURCE.to_owned(),
@@ -1023,7 +933,7 @@ async fn a_gateway_killed_during_a_multipart_upload_loses_nothing(
 ) {
     let (key, stale_key) = ("orders/killed.json", "orders/killed-stale.json");
     let s3 = bed.client(WRITER);
-    let term = current(bed).await;
+    let term = bed.highest().await;
     let mut uploads = Vec::new();
     for key in [key, stale_key] {
         let created = create_upload(&s3, key, term).await;
@@ -1035,8 +945,8 @@ async fn a_gateway_killed_during_a_multipart_upload_loses_nothing(
     }
     bed.gateway.kill().await;
 
-    let after = bed.replica().spawn().await;
-    let s3 = S3Client::new(format!("http://{}", after.s3_addr()), WRITER.0, WRITER.1);
+    bed.gateway = bed.replica().spawn().await;
+    let s3 = bed.client(WRITER);
     let (upload, parts) = &uploads[0];
     let completed = recorded_complete(&s3, key, term, upload, parts, history).await;
     assert_eq!(completed, Outcome::Applied { version: None });
@@ -1045,7 +955,7 @@ async fn a_gateway_killed_during_a_multipart_upload_loses_nothing(
         (200, format!("all of {key}"))
     );
 
-    recorded_advance(&after, term + 1, history).await;
+    recorded_advance(bed, term + 1, history).await;
     let (upload, parts) = &uploads[1];
     let completed = recorded_complete(&s3, stale_key, term, upload, parts, history).await;
     assert_eq!(
@@ -1055,7 +965,6 @@ async fn a_gateway_killed_during_a_multipart_upload_loses_nothing(
         }
     );
     assert_eq!(read_all(&[&s3], stale_key, history).await.0, 404);
-    bed.gateway = after;
 }
 
 /// CompleteMultipartUpload, recorded as the write of the upload's bytes (`all of
@@ -1093,7 +1002,7 @@ async fn recorded_complete(
 async fn an_upstream_restart_loses_no_acknowledged_write(bed: &mut DoorBed, history: &Recorder) {
     let key = "orders/restart.json";
     let s3 = bed.client(WRITER);
-    let term = current(bed).await;
+    let term = bed.highest().await;
     let before = recorded::write(&s3, 10, key, term, "before", history).await;
     assert_eq!(before, Outcome::Applied { version: None });
     bed.rgw.stop_gateway().await;
